@@ -1,0 +1,44 @@
+# One command each: `make demo` and `make test` set themselves up from nothing.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup codegen check lint types drift test bench demo clean
+
+setup: $(STAMP)
+
+# The CPU build of torch goes in first: a bare `torch` requirement would pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+codegen: setup
+	$(PY) -m codegen
+
+drift: setup
+	$(PY) -m codegen --check
+
+lint: setup
+	$(PY) -m ruff check engram codegen tests benchmarks scripts
+	$(PY) -m ruff format --check engram codegen tests benchmarks scripts
+
+types: setup
+	$(PY) -m mypy
+
+test: setup
+	$(PY) -m pytest -q
+
+check: lint types drift test
+
+bench: setup
+	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+demo: setup
+	$(PY) -m engram validate schema/examples/valid-v41-dp8-shared.json
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

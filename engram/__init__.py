@@ -1,0 +1,1 @@
+"""engram: Engram / PLE n-gram embedding tables for LLM serving."""

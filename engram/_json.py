@@ -1,0 +1,91 @@
+"""JSON-value helpers the generated validators call: JSON Schema's notion of types and equality,
+which differs from Python's (True is not 1 there, and 1.0 is an integer)."""
+
+from __future__ import annotations
+
+import reprlib
+from collections.abc import Callable
+from typing import Any
+
+from engram.errors import Problem
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_integer(v: Any) -> bool:
+    if isinstance(v, bool):
+        return False
+    return isinstance(v, int) or (isinstance(v, float) and v.is_integer())
+
+
+def _json_equal(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a is b
+    if _is_number(a) and _is_number(b):
+        return bool(a == b)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_json_equal(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_json_equal(a[k], b[k]) for k in a)
+    return type(a) is type(b) and bool(a == b)
+
+
+def _unique(items: list[Any]) -> bool:
+    return not any(_json_equal(items[i], items[j]) for i in range(len(items)) for j in range(i))
+
+
+def _describe(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, str):
+        return f"the string {v!r}"
+    if isinstance(v, dict):
+        return "an object"
+    return "an array" if isinstance(v, list) else repr(v)
+
+
+def _got(v: Any) -> str:
+    return "; got " + _describe(v)
+
+
+def _escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def _at(doc: Any, parts: tuple[str, ...]) -> Any:
+    """The value at a path of keys, or None where the path leaves the document."""
+    for part in parts:
+        if not isinstance(doc, dict) or part not in doc:
+            return None
+        doc = doc[part]
+    return doc
+
+
+def _passes(check: Callable[[Any, str, list[Problem]], None], v: Any) -> bool:
+    scratch: list[Problem] = []
+    check(v, "", scratch)
+    return not scratch
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 3, 8, 8, 80, 80
+
+
+class _Shown:
+    """Wraps a user value for messages: `{value!r}` prints a bounded repr, whatever the input's size."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return _REPR.repr(self.value)
+
+
+def _shown(value: Any) -> _Shown:
+    return _Shown(value)

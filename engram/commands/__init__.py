@@ -1,0 +1,5 @@
+"""Subcommands of `engram`. Each module has register(subparsers), which sets `run` on its parser."""
+
+from engram.commands import schema_docs, validate
+
+COMMANDS = (validate, schema_docs)

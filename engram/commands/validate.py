@@ -1,0 +1,98 @@
+"""`engram validate` and `engram hash`: check a deployment before anything is loaded."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import msgspec
+
+from engram.config import (
+    PARTS,
+    Deployment,
+    add_deployment_args,
+    add_engram_args,
+    checked_parts,
+    deployment_flag_values,
+    engram_flag_inputs,
+    read_deployment,
+    validate_deployment,
+)
+from engram.errors import ConfigError, Problem
+
+
+def register(subparsers: Any) -> None:
+    for name, run, summary in (
+        ("validate", run_validate, "check a deployment document and flags against every Engram rule"),
+        ("hash", run_hash, "print the EngramConfig digest (vLLM-compatible compute_hash)"),
+    ):
+        parser = subparsers.add_parser(name, help=summary, description=summary)
+        add_deployment_inputs(parser)
+        if name == "validate":
+            parser.add_argument("--json", action="store_true", help="print the verdict as JSON")
+        parser.set_defaults(run=run)
+
+
+def add_deployment_inputs(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("document", nargs="?", metavar="DEPLOYMENT.json", help="deployment document; '-' reads stdin")
+    add_engram_args(parser)
+    add_deployment_args(parser)
+
+
+def document_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    source: Any = args.document
+    if source == "-":
+        source = sys.stdin.buffer.read()
+    objects, fields = engram_flag_inputs(args.engram_config)
+    return read_deployment(source, engram_json=objects, overrides=fields, flags=deployment_flag_values(args))
+
+
+def deployment_from_args(args: argparse.Namespace) -> Deployment:
+    return validate_deployment(document_from_args(args))
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    checked: list[str] = []
+    try:
+        document = document_from_args(args)
+        checked = checked_parts(document)
+        deployment = validate_deployment(document)
+    except ConfigError as exc:
+        if not args.json:
+            raise
+        _print_json(valid=False, checked=checked, errors=exc.errors)
+        return 2
+    if args.json:
+        _print_json(valid=True, checked=deployment.checked, deployment=deployment)
+        return 0
+    unchecked = [p for p in PARTS if p not in deployment.checked]
+    print(
+        f"valid: {', '.join(deployment.checked)} checked"
+        + (f"; not given, not checked: {', '.join(unchecked)}" if unchecked else "")
+    )
+    print("engram: " + " ".join(f"{k}={json.dumps(v)}" for k, v in msgspec.to_builtins(deployment.engram).items()))
+    if deployment.parallel_size is not None:
+        print(f"embedding group size: {deployment.parallel_size}")
+    print(f"hash: {deployment.engram.compute_hash()}")
+    return 0
+
+
+def run_hash(args: argparse.Namespace) -> int:
+    print(deployment_from_args(args).engram.compute_hash())
+    return 0
+
+
+def _print_json(
+    *, valid: bool, checked: list[str], deployment: Deployment | None = None, errors: list[Problem] | None = None
+) -> None:
+    result = {
+        "valid": valid,
+        "checked": checked,
+        "engram": msgspec.to_builtins(deployment.engram) if deployment else None,
+        "hash": deployment.engram.compute_hash() if deployment else None,
+        "parallel_size": deployment.parallel_size if deployment else None,
+        "errors": [p._asdict() for p in errors or []],
+    }
+    print(json.dumps(result, indent=2))

@@ -1,0 +1,295 @@
+"""Build validated Engram configs from files, JSON, dicts, the environment and command-line flags.
+
+The structs, validators and flags are generated from schema/engram.schema.json (engram._generated);
+this module only gathers the inputs, applies precedence, and raises one ConfigError listing every
+problem. Precedence, lowest first: schema default, environment, the document, --engram-config JSON,
+--engram-config.<field> (and FIELD=VALUE overrides); later flags beat earlier ones.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from engram._env import env_bool, parse_bool
+from engram._generated.cli import DEPLOYMENT_FLAGS, ENGRAM_FIELDS, add_deployment_args, add_engram_args
+from engram._generated.structs import (
+    ENV_DEFAULTS,
+    INTEGER_FIELDS,
+    SECTIONS,
+    EngramConfig,
+    EngramConfigInput,
+    LoadConfig,
+    ModelConfig,
+    ParallelConfig,
+    resolve_engram_config,
+)
+from engram._generated.validators import check_document, check_EngramConfig_rules
+from engram.errors import ConfigError, Problem
+from engram.hostmem import HostLimits, verify_host_memory
+
+__all__ = [
+    "ConfigError",
+    "Deployment",
+    "EngramConfig",
+    "HostLimits",
+    "LoadConfig",
+    "ModelConfig",
+    "ParallelConfig",
+    "Problem",
+    "add_deployment_args",
+    "add_engram_args",
+    "checked_parts",
+    "get_parallel_size",
+    "load_config",
+    "load_deployment",
+    "read_deployment",
+    "validate_deployment",
+    "verify_host_memory",
+]
+
+PARTS = ("engram", "model", "parallel", "load", "platform")
+
+Source = Mapping[str, Any] | str | bytes | os.PathLike[str] | None
+# (label for messages, field, raw text) of one --engram-config.<field> flag or FIELD=VALUE override.
+Override = tuple[str, str, str]
+
+_INPUT_DECODER = msgspec.json.Decoder(EngramConfigInput)
+_JSON_DECODER = msgspec.json.Decoder()
+
+
+def get_parallel_size(config: EngramConfig, parallel: ParallelConfig) -> int:
+    return config.get_parallel_size(parallel)
+
+
+def load_config(
+    source: Source = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Iterable[str] = (),
+) -> EngramConfig:
+    """An EngramConfig from a dict, JSON text or bytes, or a path to a JSON file, then the environment
+    (`env=None` reads os.environ) and `FIELD=VALUE` overrides. Raises ConfigError listing every problem."""
+    if env is None:
+        env = os.environ
+    if not overrides and type(source) is bytes:  # the hot path: one JSON document, nothing to merge
+        fast = _decode_fast(source, env)
+        if fast is not None:
+            return fast
+    parsed = [_split_override(o) for o in overrides]
+    section = _read_object(source, "")
+    problems: list[Problem] = []
+    _apply_overrides(section, parsed, problems)
+    return _build_engram(section, env, problems)
+
+
+def _decode_fast(data: bytes, env: Mapping[str, str]) -> EngramConfig | None:
+    """msgspec checks types and unknown fields in C; None sends the caller to the full walk, which
+    then reports every problem instead of msgspec's first."""
+    try:
+        config = resolve_engram_config(_INPUT_DECODER.decode(data), env)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+    problems: list[Problem] = []
+    check_EngramConfig_rules(config, "/engram", problems)
+    if problems:
+        raise ConfigError(problems)
+    return config
+
+
+def _build_engram(section: dict[str, Any], env: Mapping[str, str], problems: list[Problem]) -> EngramConfig:
+    _fill_env_defaults(section, env, problems)
+    check_document({"engram": section}, "", problems)
+    if problems:
+        raise ConfigError(problems)
+    return msgspec.convert(section, EngramConfig)
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """A validated deployment: the resolved EngramConfig and whichever other parts were given."""
+
+    engram: EngramConfig
+    model: ModelConfig | None = None
+    parallel: ParallelConfig | None = None
+    load: LoadConfig | None = None
+    platform: str | None = None
+
+    @property
+    def checked(self) -> list[str]:
+        return checked_parts({k: getattr(self, k) for k in PARTS})
+
+    @property
+    def parallel_size(self) -> int | None:
+        return None if self.parallel is None else self.engram.get_parallel_size(self.parallel)
+
+
+def load_deployment(
+    source: Source = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    engram_json: Iterable[str] = (),
+    overrides: Iterable[Override] = (),
+    flags: Mapping[tuple[str, ...], Any] | None = None,
+) -> Deployment:
+    """A deployment document (dict, JSON text or bytes, path), then `flags` (pointer -> value, from the
+    deployment flags), `engram_json` objects and `overrides` on the engram section. Absent parts are
+    not checked. Raises ConfigError listing every problem."""
+    document = read_deployment(source, engram_json=engram_json, overrides=overrides, flags=flags)
+    return validate_deployment(document, env=env)
+
+
+def read_deployment(
+    source: Source = None,
+    *,
+    engram_json: Iterable[str] = (),
+    overrides: Iterable[Override] = (),
+    flags: Mapping[tuple[str, ...], Any] | None = None,
+) -> dict[str, Any]:
+    """The deployment document with every input applied, not yet validated."""
+    document = _read_object(source, "")
+    problems: list[Problem] = []
+    for pointer, value in (flags or {}).items():
+        _set(document, pointer, value, problems)
+    engram = document.setdefault("engram", {})
+    if isinstance(engram, dict):
+        for text in engram_json:
+            engram.update(_read_object(text, "/engram", label="--engram-config"))
+        _apply_overrides(engram, overrides, problems)
+    if problems:
+        raise ConfigError(problems)
+    return document
+
+
+def validate_deployment(document: dict[str, Any], *, env: Mapping[str, str] | None = None) -> Deployment:
+    """Fill environment defaults into the engram section, check the whole document, build the parts."""
+    problems: list[Problem] = []
+    engram = document.get("engram", {})
+    if isinstance(engram, dict):
+        _fill_env_defaults(engram, os.environ if env is None else env, problems)
+    check_document(document, "", problems)
+    if problems:
+        raise ConfigError(problems)
+    parts: dict[str, Any] = {
+        key: _convert(key, document.get(key, {})) for key in SECTIONS if key in document or key == "engram"
+    }
+    return Deployment(platform=document.get("platform"), **parts)
+
+
+def checked_parts(document: Mapping[str, Any]) -> list[str]:
+    """The parts a document gives (engram always: its absent fields take defaults)."""
+    return [k for k in PARTS if k == "engram" or document.get(k) is not None]
+
+
+def engram_flag_inputs(recorded: Iterable[tuple[str, str]] | None) -> tuple[list[str], list[Override]]:
+    """Split what add_engram_args recorded into JSON objects and dotted-field overrides, in order."""
+    objects: list[str] = []
+    fields: list[Override] = []
+    for flag, raw in recorded or ():
+        if flag == "--engram-config":
+            objects.append(raw)
+        else:
+            fields.append((flag, flag.removeprefix("--engram-config."), raw))
+    return objects, fields
+
+
+def deployment_flag_values(namespace: Any) -> dict[tuple[str, ...], Any]:
+    """The deployment flags a user gave, as pointer -> value (JSON-or-file flags already parsed)."""
+    values: dict[tuple[str, ...], Any] = {}
+    for flag in DEPLOYMENT_FLAGS:
+        value = getattr(namespace, "__".join(flag.pointer), None)
+        if value is None:
+            continue
+        values[flag.pointer] = (
+            _read_object(value, "/" + "/".join(flag.pointer), label=flag.flag) if flag.kind == "object" else value
+        )
+    return values
+
+
+def _convert(section: str, value: dict[str, Any]) -> msgspec.Struct:
+    # JSON Schema accepts 2.0 for an integer; msgspec wants an int.
+    value = {k: int(v) if k in INTEGER_FIELDS[section] and isinstance(v, float) else v for k, v in value.items()}
+    return msgspec.convert(value, SECTIONS[section])
+
+
+def _fill_env_defaults(section: dict[str, Any], env: Mapping[str, str], problems: list[Problem]) -> None:
+    """Absent fields with environment defaults take them now, so the rules see resolved values."""
+    for name, (variables, default) in ENV_DEFAULTS.items():
+        if name in section:
+            continue
+        try:
+            section[name] = env_bool(env, variables, default, f"/engram/{name}")
+        except ConfigError as exc:
+            problems.extend(exc.errors)
+
+
+def _split_override(text: str) -> Override:
+    name, sep, raw = text.partition("=")
+    if not sep:
+        raise ConfigError([Problem("/engram", "override", f"override {text!r} must look like FIELD=VALUE")])
+    return (f"override {text!r}", name.strip(), raw)
+
+
+def _apply_overrides(section: dict[str, Any], overrides: Iterable[Override], problems: list[Problem]) -> None:
+    for label, name, raw in overrides:
+        kind = ENGRAM_FIELDS.get(name)
+        if kind is None:
+            known = ", ".join(ENGRAM_FIELDS)
+            problems.append(
+                Problem(f"/engram/{name}", "unknown-field", f"{label}: unknown field {name!r}; known fields: {known}")
+            )
+        elif kind == "boolean":
+            value = parse_bool(raw)
+            if value is None:
+                problems.append(Problem(f"/engram/{name}", "type", f"{label}: expected true or false; got {raw!r}"))
+            else:
+                section[name] = value
+        else:
+            try:
+                section[name] = _JSON_DECODER.decode(raw)
+            except msgspec.DecodeError:
+                section[name] = raw
+
+
+def _set(document: dict[str, Any], pointer: tuple[str, ...], value: Any, problems: list[Problem]) -> None:
+    *parents, last = pointer
+    node = document
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            problems.append(Problem("/" + part, "type", f"expected an object to set {'/'.join(pointer)} in"))
+            return
+    node[last] = value
+
+
+def _read_object(source: Source, pointer: str, *, label: str | None = None) -> dict[str, Any]:
+    """A JSON object from a mapping, JSON text/bytes, or a file path. Any failure is a ConfigError
+    naming where the input came from."""
+    where = label or "input"
+    if source is None:
+        return {}
+    if isinstance(source, Mapping):
+        return dict(source)
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        data = bytes(source)
+    elif isinstance(source, str) and source.lstrip()[:1] in tuple('{["-0123456789'):
+        data = source.encode()
+    else:
+        path = Path(source)
+        where = f"{label + ' ' if label else ''}{str(path)!r}"
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise ConfigError([Problem(pointer, "source", f"cannot read {where}: {exc.strerror or exc}")]) from None
+    try:
+        value = _JSON_DECODER.decode(data)
+    except msgspec.DecodeError as exc:
+        raise ConfigError([Problem(pointer, "json", f"{where} is not valid JSON: {exc}")]) from None
+    if not isinstance(value, dict):
+        raise ConfigError([Problem(pointer, "type", f"{where} must be a JSON object; got {type(value).__name__}")])
+    return value

@@ -1,0 +1,81 @@
+"""Will the tables fit in one node's host memory? The limit is the smaller of physical RAM and the
+cgroup (v2, else v1) memory limit; both can be passed in, so tests need not depend on this machine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+from engram.errors import ConfigError, Problem
+
+if TYPE_CHECKING:
+    from engram._generated.structs import EngramConfig, ParallelConfig
+
+GIB = 1 << 30
+# cgroup v1 reports "no limit" as a huge page-aligned number rather than "max".
+_V1_UNLIMITED = 1 << 60
+
+
+class HostLimits(NamedTuple):
+    physical_bytes: int
+    cgroup_bytes: int | None = None  # None: no cgroup limit
+
+    @property
+    def available(self) -> int:
+        return min(self.physical_bytes, self.cgroup_bytes or self.physical_bytes)
+
+
+def read_host_limits(proc: Path = Path("/proc"), cgroup: Path = Path("/sys/fs/cgroup")) -> HostLimits:
+    physical = 0
+    for line in (proc / "meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            physical = int(line.split()[1]) * 1024
+    return HostLimits(physical, _cgroup_limit(cgroup))
+
+
+def _cgroup_limit(root: Path) -> int | None:
+    for path in (root / "memory.max", root / "memory" / "memory.limit_in_bytes"):
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text == "max" or not text.isdigit() or int(text) >= _V1_UNLIMITED:
+            return None
+        return int(text)
+    return None
+
+
+def pinned_bytes_per_node(config: EngramConfig, table_bytes: int, parallel: ParallelConfig) -> int:
+    """Host bytes the tables pin on one node with private copies: every local replica holds the whole
+    table across its TP ranks, or its 1/DP share of it with embedding_across_dp."""
+    local = parallel.data_parallel_size_local or parallel.data_parallel_size
+    if config.embedding_across_dp:
+        return table_bytes * local // parallel.data_parallel_size
+    return table_bytes * local
+
+
+def verify_host_memory(
+    config: EngramConfig, table_bytes: int, parallel: ParallelConfig, limits: HostLimits | None = None
+) -> None:
+    """Skipped for GPU tables (cpu_offload false) and for dp_shared_memory, whose /dev/shm capacity
+    check runs at load time instead."""
+    if not config.cpu_offload or config.dp_shared_memory:
+        return
+    limits = read_host_limits() if limits is None else limits
+    needed = pinned_bytes_per_node(config, table_bytes, parallel)
+    if needed <= limits.available:
+        return
+    cgroup = "no cgroup limit" if limits.cgroup_bytes is None else f"cgroup limit {limits.cgroup_bytes:,}"
+    raise ConfigError(
+        [
+            Problem(
+                "/engram/cpu_offload",
+                "host-memory",
+                f"Engram tables need {needed:,} bytes ({needed / GIB:.1f} GiB) of pinned host memory per node, "
+                f"but only {limits.available:,} bytes ({limits.available / GIB:.1f} GiB) are available "
+                f"(physical RAM {limits.physical_bytes:,}, {cgroup}). Keep the tables on the GPU with "
+                "--engram-config '{\"cpu_offload\": false}', share one copy per node with dp_shared_memory, "
+                "or shard them across replicas with embedding_across_dp.",
+            )
+        ]
+    )

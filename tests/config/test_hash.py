@@ -1,0 +1,52 @@
+"""compute_hash is vLLM's digest: sha256(json.dumps(factors, sort_keys=True)), over all four fields."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+
+import pytest
+
+from engram.config import ConfigError, EngramConfig, load_config
+
+FIELDS = ("cpu_offload", "embedding_across_dp", "dp_shared_memory", "thp_packing")
+COMBOS = [dict(zip(FIELDS, values, strict=True)) for values in itertools.product([False, True], repeat=4)]
+
+
+def is_valid(fields: dict[str, bool]) -> bool:
+    if fields["dp_shared_memory"] and not fields["cpu_offload"]:
+        return False
+    return not (fields["thp_packing"] and (not fields["cpu_offload"] or fields["dp_shared_memory"]))
+
+
+@pytest.mark.parametrize("fields", COMBOS, ids=lambda f: "-".join(k for k, v in f.items() if v) or "none")
+def test_every_combination(fields: dict[str, bool]) -> None:
+    if not is_valid(fields):
+        with pytest.raises(ConfigError):
+            load_config(fields, env={})
+        return
+    config = load_config(fields, env={})
+    assert config.hash_factors() == fields
+    expected = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+    assert config.compute_hash() == expected
+
+
+def test_pinned_digests() -> None:
+    # Literal digests: a change to field names, separators or key order shows up here.
+    assert EngramConfig().compute_hash() == "4ce4300125cad523fef001326f906f459aa6889959a06ac5758ad238ed3fbcec"
+    assert load_config({"dp_shared_memory": True}, env={}).compute_hash() == (
+        "a56ef8a6cf7201e40893a008895a4eaff3695e00dd240da34b9d1ef61a66f083"
+    )
+
+
+def test_hash_is_stable_across_processes() -> None:
+    import subprocess
+    import sys
+
+    code = "from engram.config import EngramConfig; print(EngramConfig(thp_packing=True).compute_hash())"
+    runs = {
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+        for _ in range(2)
+    }
+    assert runs == {EngramConfig(thp_packing=True).compute_hash() + "\n"}

@@ -1,0 +1,259 @@
+"""Every rule of spec/engram-config.md with its exact message, through each public entry point."""
+
+from __future__ import annotations
+
+import pytest
+
+from engram.config import (
+    ConfigError,
+    EngramConfig,
+    LoadConfig,
+    ModelConfig,
+    ParallelConfig,
+    Problem,
+    get_parallel_size,
+    load_config,
+    load_deployment,
+)
+
+PREFIX = "EngramConfig requires a model with supported Engram embeddings, non-empty n-gram layer ids, and CUDA."
+
+
+def problems(exc: pytest.ExceptionInfo[ConfigError]) -> list[tuple[str, str, str]]:
+    return [tuple(p) for p in exc.value.errors]
+
+
+def cfg(**fields: bool) -> EngramConfig:
+    return load_config(fields, env={})
+
+
+def test_defaults() -> None:
+    assert load_config(env={}) == EngramConfig(
+        cpu_offload=True, embedding_across_dp=False, dp_shared_memory=False, thp_packing=False
+    )
+
+
+@pytest.mark.parametrize(
+    "source", [{"cpu_offload": False, "dp_shared_memory": True}, b'{"cpu_offload": false, "dp_shared_memory": true}']
+)
+def test_dp_shared_memory_needs_cpu_offload(source: object) -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_config(source, env={})  # type: ignore[arg-type]
+    assert problems(exc) == [
+        ("/engram/dp_shared_memory", "dp-shared-memory-needs-cpu-offload", "dp_shared_memory requires cpu_offload=True")
+    ]
+    assert isinstance(exc.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"thp_packing": True, "cpu_offload": False}, {"thp_packing": True, "dp_shared_memory": True}],
+)
+def test_thp_packing_needs_private_offload(fields: dict[str, bool]) -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_config(fields, env={})
+    assert (
+        "/engram/thp_packing",
+        "thp-packing-needs-private-offload",
+        "thp_packing requires cpu_offload=True and dp_shared_memory=False",
+    ) in problems(exc)
+
+
+def test_both_config_rules_reported_together() -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_config(b'{"cpu_offload": false, "dp_shared_memory": true, "thp_packing": true}', env={})
+    assert [p[1] for p in problems(exc)] == ["dp-shared-memory-needs-cpu-offload", "thp-packing-needs-private-offload"]
+
+
+def test_structural_problems_all_reported() -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_config(b'{"cpu_offload": "yes", "dp_shared_memory": 1, "cpu_ofload": true}', env={})
+    assert problems(exc) == [
+        (
+            "/engram/cpu_ofload",
+            "unknown-field",
+            "unknown field 'cpu_ofload'; known fields: cpu_offload, embedding_across_dp, dp_shared_memory, thp_packing",
+        ),
+        ("/engram/cpu_offload", "type", "expected a boolean; got the string 'yes'"),
+        ("/engram/dp_shared_memory", "type", "expected a boolean; got 1"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("parallel", "expected"),
+    [
+        (
+            ParallelConfig(data_parallel_size=1),
+            ("dp-shared-memory-needs-dp", "dp_shared_memory requires data_parallel_size > 1."),
+        ),
+        (
+            ParallelConfig(data_parallel_size=2, enable_elastic_ep=True),
+            ("dp-shared-memory-no-elastic-ep", "dp_shared_memory is not supported with elastic EP."),
+        ),
+    ],
+)
+def test_verify_parallel_config_shared(parallel: ParallelConfig, expected: tuple[str, str]) -> None:
+    with pytest.raises(ConfigError) as exc:
+        cfg(dp_shared_memory=True).verify_parallel_config(parallel)
+    assert problems(exc) == [("/engram/dp_shared_memory", *expected)]
+
+
+def test_verify_parallel_config_across_dp() -> None:
+    config = cfg(embedding_across_dp=True)
+    config.verify_parallel_config(ParallelConfig(data_parallel_size=1, enable_elastic_ep=True))
+    config.verify_parallel_config(ParallelConfig(data_parallel_size=4))
+    with pytest.raises(ConfigError) as exc:
+        config.verify_parallel_config(ParallelConfig(data_parallel_size=2, enable_elastic_ep=True))
+    assert problems(exc) == [
+        (
+            "/engram/embedding_across_dp",
+            "embedding-across-dp-no-elastic-ep",
+            "Engram embedding_across_dp is not supported with elastic EP yet.",
+        )
+    ]
+    cfg(dp_shared_memory=True).verify_parallel_config(ParallelConfig(data_parallel_size=2))
+
+
+@pytest.mark.parametrize("fmt", ["auto", "safetensors", "pt"])
+def test_verify_load_config_accepts_weight_loaders(fmt: str) -> None:
+    cfg(dp_shared_memory=True).verify_load_config(LoadConfig(load_format=fmt))
+
+
+@pytest.mark.parametrize("fmt", ["dummy", "gguf", "bitsandbytes"])
+def test_verify_load_config_rejects_others(fmt: str) -> None:
+    cfg().verify_load_config(LoadConfig(load_format=fmt))  # only shared tables need weight loaders
+    with pytest.raises(ConfigError) as exc:
+        cfg(dp_shared_memory=True).verify_load_config(LoadConfig(load_format=fmt))
+    assert problems(exc) == [
+        (
+            "/load/load_format",
+            "dp-shared-memory-needs-weight-loader",
+            f"dp_shared_memory requires load_format 'auto', 'safetensors' or 'pt'; got {fmt!r}.",
+        )
+    ]
+
+
+def test_verify_model_config_accepts_both_families() -> None:
+    config = cfg()
+    config.verify_model_config(
+        ModelConfig(architecture="DeepseekV41ForCausalLM", hf_text_config={"engram_layer_ids": [1, 14]}), "cuda"
+    )
+    for arch in ("Qwen4ExpForCausalLM", "Qwen4ExpForConditionalGeneration"):
+        config.verify_model_config(ModelConfig(architecture=arch, hf_text_config={"ple_layer_ids": [3]}), "rocm")
+    config.verify_model_config(
+        ModelConfig(architecture="Qwen4ExpForCausalLM", hf_text_config={"ple_layer_ids": [3]}), "cpu"
+    )
+
+
+@pytest.mark.parametrize(
+    ("model", "platform", "expected"),
+    [
+        (None, None, ("/model", "model-architecture", f"{PREFIX} No model config was given.")),
+        (
+            ModelConfig(architecture="LlamaForCausalLM"),
+            None,
+            (
+                "/model/architecture",
+                "model-architecture",
+                f"{PREFIX} Architecture 'LlamaForCausalLM' carries no n-gram embeddings; supported: "
+                "DeepseekV41ForCausalLM, Qwen4ExpForCausalLM, Qwen4ExpForConditionalGeneration.",
+            ),
+        ),
+        (
+            ModelConfig(architecture="DeepseekV41ForCausalLM", hf_text_config={"engram_layer_ids": []}),
+            "cuda",
+            (
+                "/model/hf_text_config/engram_layer_ids",
+                "model-layer-ids",
+                f"{PREFIX} DeepseekV41ForCausalLM needs hf_text_config.engram_layer_ids, a non-empty list of distinct layer ids; got [].",
+            ),
+        ),
+        (
+            ModelConfig(architecture="DeepseekV41ForCausalLM", hf_text_config={"ple_layer_ids": [1]}),
+            "cuda",
+            (
+                "/model/hf_text_config/engram_layer_ids",
+                "model-layer-ids",
+                f"{PREFIX} DeepseekV41ForCausalLM needs hf_text_config.engram_layer_ids, a non-empty list of distinct layer ids; got None.",
+            ),
+        ),
+        (
+            ModelConfig(architecture="Qwen4ExpForConditionalGeneration", hf_text_config={"ple_layer_ids": [2, 2]}),
+            "cuda",
+            (
+                "/model/hf_text_config/ple_layer_ids",
+                "model-layer-ids",
+                f"{PREFIX} Qwen4Exp models need hf_text_config.ple_layer_ids, a non-empty list of distinct layer ids; got [2, 2].",
+            ),
+        ),
+        (
+            ModelConfig(architecture="Qwen4ExpForCausalLM", hf_text_config={"ple_layer_ids": [1]}),
+            "xpu",
+            (
+                "/platform",
+                "platform-backend",
+                f"{PREFIX} Platform 'xpu' has no Engram backend; use 'cuda', 'rocm' or 'cpu'.",
+            ),
+        ),
+    ],
+)
+def test_verify_model_config_rejects(
+    model: ModelConfig | None, platform: str | None, expected: tuple[str, str, str]
+) -> None:
+    with pytest.raises(ConfigError) as exc:
+        cfg().verify_model_config(model, platform)
+    assert problems(exc) == [expected]
+    assert str(exc.value).startswith(f"{expected[0]}: {PREFIX}")
+
+
+@pytest.mark.parametrize(
+    ("across", "tp", "dp", "expected"),
+    [(False, 4, 8, 4), (True, 4, 8, 32), (True, 2, 1, 2), (False, 1, 1, 1), (True, 8, 2, 16)],
+)
+def test_get_parallel_size(across: bool, tp: int, dp: int, expected: int) -> None:
+    parallel = ParallelConfig(tensor_parallel_size=tp, data_parallel_size=dp)
+    config = cfg(embedding_across_dp=across)
+    assert config.get_parallel_size(parallel) == get_parallel_size(config, parallel) == expected
+
+
+def test_deployment_reports_every_rule_at_once() -> None:
+    document = {
+        "engram": {"dp_shared_memory": True},
+        "parallel": {"enable_elastic_ep": True},
+        "load": {"load_format": "dummy"},
+    }
+    with pytest.raises(ConfigError) as exc:
+        load_deployment(document, env={})
+    assert problems(exc) == [
+        ("/engram/dp_shared_memory", "dp-shared-memory-needs-dp", "dp_shared_memory requires data_parallel_size > 1."),
+        (
+            "/engram/dp_shared_memory",
+            "dp-shared-memory-no-elastic-ep",
+            "dp_shared_memory is not supported with elastic EP.",
+        ),
+        (
+            "/load/load_format",
+            "dp-shared-memory-needs-weight-loader",
+            "dp_shared_memory requires load_format 'auto', 'safetensors' or 'pt'; got 'dummy'.",
+        ),
+    ]
+
+
+def test_absent_parts_are_not_checked() -> None:
+    deployment = load_deployment({"engram": {"dp_shared_memory": True}}, env={})
+    assert deployment.checked == ["engram"]
+    assert deployment.parallel is None and deployment.parallel_size is None
+
+
+def test_data_parallel_size_local_defaults_to_data_parallel_size() -> None:
+    deployment = load_deployment({"parallel": {"data_parallel_size": 8}}, env={})
+    assert deployment.parallel == ParallelConfig(data_parallel_size=8, data_parallel_size_local=8)
+    assert load_deployment(
+        {"parallel": {"data_parallel_size": 8.0, "data_parallel_size_local": 2}}, env={}
+    ).parallel == (ParallelConfig(data_parallel_size=8, data_parallel_size_local=2))
+
+
+def test_config_error_needs_problems() -> None:
+    with pytest.raises(ValueError, match="at least one problem"):
+        ConfigError([])
+    assert ConfigError([Problem("/a", "r", "m")]).errors == [("/a", "r", "m")]
