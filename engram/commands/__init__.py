@@ -1,5 +1,5 @@
 """Subcommands of `engram`. Each module has register(subparsers), which sets `run` on its parser."""
 
-from engram.commands import ngram, schema_docs, validate
+from engram.commands import checkpoint, ngram, schema_docs, validate
 
-COMMANDS = (validate, schema_docs, ngram)
+COMMANDS = (validate, schema_docs, ngram, checkpoint)

@@ -1,0 +1,18 @@
+"""Per-rank functions of bench_storage.py (spawned processes import them by name)."""
+
+from __future__ import annotations
+
+from engram.ngram.spec import ModelSpec
+from engram.runtime import dist as edist
+from engram.runtime.loader import Checkpoint
+from engram.runtime.storage import Placement
+from engram.runtime.tables import open_tables, tables_pss
+
+
+def replica_pss(rank: int, world: int, spec: ModelSpec, checkpoint: str, placement: Placement) -> int:
+    group = edist.new_group(list(range(world)), "bench replicas")
+    shards = open_tables(spec, Checkpoint(checkpoint), placement, group=group, progress=False)
+    edist.barrier(group, "loaded")
+    measured = tables_pss(shards)
+    edist.barrier(group, "measured")
+    return measured

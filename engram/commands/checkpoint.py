@@ -1,0 +1,31 @@
+"""`engram make-checkpoint`: a deterministic synthetic checkpoint for tests and the demo."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from engram.presets import PRESETS, get_preset
+from engram.runtime.checkpoint import write_checkpoint
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("make-checkpoint", help="write a synthetic checkpoint in the real tensor naming")
+    parser.add_argument("--preset", required=True, choices=sorted(PRESETS))
+    parser.add_argument(
+        "--out",
+        required=True,
+        type=Path,
+        help="directory to write model.safetensors (or model.pt) and config.json into",
+    )
+    parser.add_argument("--dtype", choices=["fp8", "bf16", "fp16", "fp32"], help="row format (default: the preset's)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--format", choices=["safetensors", "pt"], default="safetensors")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    path = write_checkpoint(get_preset(args.preset), args.out, dtype=args.dtype, seed=args.seed, fmt=args.format)
+    print(f"wrote {path} ({path.stat().st_size:,} bytes)")
+    return 0

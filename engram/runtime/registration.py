@@ -1,0 +1,63 @@
+"""Pin host mappings for the GPU: cudaHostRegister in chunks of at most 64 GiB (single registrations of
+512 GiB and more fail on current drivers), a UVA device pointer, and unregistration before unmapping.
+Every return code is checked, and a failed call's sticky error is cleared so it cannot surface later in
+an unrelated CUDA call. The runtime is injected, so the logic is tested without a GPU."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from engram.errors import EngramError
+from engram.runtime.mapping import Mapping
+
+CHUNK_BYTES = 64 << 30
+HOST_REGISTER_PORTABLE = 1
+HOST_REGISTER_MAPPED = 2
+
+
+class CudaRuntime(Protocol):
+    """The few CUDA runtime calls registration needs; each returns a cudaError_t (0 is success)."""
+
+    def host_register(self, addr: int, size: int, flags: int) -> int: ...
+    def host_unregister(self, addr: int) -> int: ...
+    def host_get_device_pointer(self, addr: int) -> tuple[int, int]: ...
+    def get_last_error(self) -> int: ...
+    def error_string(self, code: int) -> str: ...
+
+
+def register(mapping: Mapping, runtime: CudaRuntime, *, chunk_bytes: int = CHUNK_BYTES) -> int:
+    """Register `mapping` and return its device pointer; unregistration runs when it is released."""
+    done: list[int] = []
+
+    def undo() -> None:
+        for addr in reversed(done):
+            if runtime.host_unregister(addr) != 0:
+                runtime.get_last_error()
+        done.clear()
+
+    def fail(what: str, code: int) -> EngramError:
+        runtime.get_last_error()  # clear the sticky error before anything else runs
+        undo()
+        return EngramError(
+            f"{what} failed: {runtime.error_string(code)} (error {code}); check `ulimit -l` and free memory, or set cpu_offload=false"
+        )
+
+    device = 0
+    for offset in range(0, mapping.length, chunk_bytes):
+        size = min(chunk_bytes, mapping.length - offset)
+        code = runtime.host_register(mapping.addr + offset, size, HOST_REGISTER_PORTABLE | HOST_REGISTER_MAPPED)
+        if code != 0:
+            raise fail(f"cudaHostRegister of {size:,} bytes at offset {offset:,}", code)
+        done.append(mapping.addr + offset)
+        code, pointer = runtime.host_get_device_pointer(mapping.addr + offset)
+        if code != 0:
+            raise fail("cudaHostGetDevicePointer", code)
+        if offset == 0:
+            device = pointer
+        elif pointer != device + offset:
+            undo()
+            raise EngramError(
+                "the registered chunks have no contiguous device view; this GPU lacks unified addressing for host memory"
+            )
+    mapping.on_release(undo)
+    return device

@@ -1,0 +1,62 @@
+"""Fixtures for the runtime tests: a small model spec, its checkpoint, a private shm directory."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+import torch
+
+from engram.ngram.spec import ModelSpec
+from engram.runtime.checkpoint import write_checkpoint
+from engram.runtime.loader import Checkpoint
+
+# Two fp8 tables of about 7 MB each: large enough for page-level memory accounting, quick to load.
+SMALL = ModelSpec(
+    name="small",
+    architecture="DeepseekV41ForCausalLM",
+    hf_text_config={
+        "engram_layer_ids": [1, 3],
+        "engram_max_ngram_size": 3,
+        "engram_n_heads": 4,
+        "engram_head_dim": 128,
+        "engram_vocab_size": [6_000, 7_000],
+        "engram_compressed_vocab_size": 99_092,
+        "engram_pad_token_id": 2,
+    },
+    dtype="fp8",
+    tokenizer="deepseek-v4",
+)
+
+
+@pytest.fixture(scope="session")
+def small_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("ckpt-small")
+    write_checkpoint(SMALL, out, seed=7)
+    return out
+
+
+def checkpoint_digests(path: Path, spec: ModelSpec) -> dict[str, str]:
+    checkpoint = Checkpoint(path)
+    out = {}
+    for name in spec.table_names():
+        digest = hashlib.sha256(checkpoint.sources[f"{name}.weight"]().view(torch.uint8).numpy().tobytes())
+        if f"{name}.scale" in checkpoint.sources:
+            digest.update(checkpoint.sources[f"{name}.scale"]().view(torch.uint8).numpy().tobytes())
+        out[name] = digest.hexdigest()
+    return out
+
+
+@pytest.fixture
+def shm_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private shm directory (on the same tmpfs-backed /dev/shm when possible)."""
+    base = Path("/dev/shm")
+    root = base if base.is_dir() and base.stat().st_mode & 0o002 else tmp_path
+    directory = Path(root) / f"engram-test-{tmp_path.name}"
+    directory.mkdir()
+    monkeypatch.setenv("ENGRAM_SHM_DIR", str(directory))
+    yield directory
+    for leftover in directory.iterdir():
+        leftover.unlink()
+    directory.rmdir()

@@ -1,0 +1,110 @@
+"""GPU registration logic against a fake CUDA runtime: chunking, error codes, clearing, unregistering."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from engram.errors import EngramError
+from engram.runtime.mapping import map_anonymous
+from engram.runtime.registration import CHUNK_BYTES, register
+
+
+class FakeRuntime:
+    def __init__(
+        self,
+        fail_register_at: int | None = None,
+        fail_pointer: bool = False,
+        device_base: int | None = None,
+        gap: int = 0,
+    ) -> None:
+        self.calls: list[tuple] = []  # type: ignore[type-arg]
+        self.registered: dict[int, int] = {}
+        self.sticky = 0
+        self.fail_register_at = fail_register_at
+        self.fail_pointer = fail_pointer
+        self.device_base = device_base
+        self.gap = gap
+
+    def host_register(self, addr: int, size: int, flags: int) -> int:
+        self.calls.append(("register", addr, size, flags))
+        if self.fail_register_at is not None and len(self.registered) == self.fail_register_at:
+            self.sticky = 2
+            return 2  # cudaErrorMemoryAllocation
+        self.registered[addr] = size
+        return 0
+
+    def host_unregister(self, addr: int) -> int:
+        self.calls.append(("unregister", addr))
+        return 0 if self.registered.pop(addr, None) is not None else 1
+
+    def host_get_device_pointer(self, addr: int) -> tuple[int, int]:
+        if self.fail_pointer:
+            self.sticky = 1
+            return 1, 0
+        first = min(self.registered)
+        base = addr if self.device_base is None else self.device_base + (addr - first)
+        return 0, base + (self.gap if addr != first else 0)
+
+    def get_last_error(self) -> int:
+        code, self.sticky = self.sticky, 0
+        self.calls.append(("get_last_error", code))
+        return code
+
+    def error_string(self, code: int) -> str:
+        return {1: "invalid argument", 2: "out of memory"}.get(code, "unknown")
+
+
+def test_chunks_and_unregisters_on_release() -> None:
+    mapping = map_anonymous(10 * 4096)
+    runtime = FakeRuntime()
+    pointer = register(mapping, runtime, chunk_bytes=3 * 4096)
+    assert pointer == mapping.addr
+    sizes = [c[2] for c in runtime.calls if c[0] == "register"]
+    assert sizes == [3 * 4096, 3 * 4096, 3 * 4096, 4096]
+    assert all(c[3] == 3 for c in runtime.calls if c[0] == "register")  # portable | mapped
+    assert mapping.release() is True
+    assert runtime.registered == {}
+    assert [c[0] for c in runtime.calls[-4:]] == ["unregister"] * 4
+
+
+def test_real_chunk_limit_is_64_gib() -> None:
+    assert CHUNK_BYTES == 64 << 30
+
+
+def test_failed_register_clears_error_and_undoes() -> None:
+    mapping = map_anonymous(8 * 4096)
+    runtime = FakeRuntime(fail_register_at=2)
+    with pytest.raises(
+        EngramError, match=r"cudaHostRegister of 8,192 bytes at offset 16,384 failed: out of memory \(error 2\)"
+    ):
+        register(mapping, runtime, chunk_bytes=2 * 4096)
+    assert runtime.sticky == 0 and ("get_last_error", 2) in runtime.calls
+    assert runtime.registered == {}
+    mapping.release()
+
+
+def test_failed_device_pointer() -> None:
+    mapping = map_anonymous(4096)
+    runtime = FakeRuntime(fail_pointer=True)
+    with pytest.raises(EngramError, match="cudaHostGetDevicePointer failed: invalid argument"):
+        register(mapping, runtime)
+    assert runtime.registered == {} and runtime.sticky == 0
+
+
+def test_non_contiguous_chunks_refused() -> None:
+    mapping = map_anonymous(4 * 4096)
+    runtime = FakeRuntime(device_base=1 << 40, gap=4096)
+    with pytest.raises(EngramError, match="no contiguous device view"):
+        register(mapping, runtime, chunk_bytes=2 * 4096)
+    assert runtime.registered == {}
+
+
+def test_gc_unregisters() -> None:
+    runtime = FakeRuntime()
+    mapping = map_anonymous(4096)
+    register(mapping, runtime)
+    del mapping
+    gc.collect()
+    assert runtime.registered == {}

@@ -1,0 +1,65 @@
+"""Functions the multi-process tests run in each spawned rank (importable, as spawn requires)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engram.ngram.spec import ModelSpec
+from engram.runtime import dist as edist
+from engram.runtime.loader import Checkpoint
+from engram.runtime.shm import shm_dir
+from engram.runtime.storage import Placement, ShardFormat, TableShard, allocate
+from engram.runtime.tables import open_tables, tables_pss
+
+
+def shard_digest(shard: TableShard) -> str:
+    digest = hashlib.sha256(shard.weight.view(torch.uint8).numpy().tobytes())
+    if shard.scale is not None:
+        digest.update(shard.scale.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def load_tables(rank: int, world: int, spec: ModelSpec, checkpoint: str, placement: Placement) -> dict[str, Any]:
+    """Every rank is a DP replica on one node (TP 1): allocate, load, measure, while all are alive."""
+    group = edist.new_group(list(range(world)), "engram shared tables (test)")
+    shards = open_tables(spec, Checkpoint(checkpoint), placement, group=group, progress=False)
+    edist.barrier(group, "loaded")
+    left = sorted(p.name for p in shm_dir().iterdir() if p.name.startswith("engram-"))
+    table_pss = tables_pss(shards)
+    edist.barrier(group, "measured")  # nobody unmaps before everyone has read its smaps
+    return {
+        "digests": {s.name: shard_digest(s) for s in shards},
+        "pss": table_pss,
+        "left_in_shm": left,
+        "pid": os.getpid(),
+    }
+
+
+def load_then_stall(rank: int, world: int, spec: ModelSpec, checkpoint: str, signal_file: str) -> None:
+    """The leader writes signal_file once it is copying, then stalls there until it is killed."""
+    group = edist.new_group(list(range(world)), "engram shared tables (test)")
+
+    def on_bytes(_: int) -> None:
+        if rank == 0:
+            Path(signal_file).write_text(str(os.getpid()))
+            time.sleep(600)
+
+    open_tables(spec, Checkpoint(checkpoint), "shm", group=group, progress=False, on_bytes=on_bytes)
+
+
+def allocate_only(rank: int, world: int, size: int) -> str:
+    group = edist.new_group(list(range(world)), "engram shared tables (test)")
+    allocate("big", ShardFormat(size, 32, "fp8"), "shm", group=group)
+    return "allocated"
+
+
+def allocate_as_node(rank: int, world: int) -> str:
+    """Each rank claims its own node: the shared-memory group must refuse to span them."""
+    os.environ["ENGRAM_NODE_ID"] = f"node-{rank}"
+    return allocate_only(rank, world, 1000)
