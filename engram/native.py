@@ -18,10 +18,15 @@ log = logging.getLogger(__name__)
 
 STATUS = {0: "ok", 1: "invalid argument", 2: "id outside the table", 3: "CUDA error"}
 _I64P = ctypes.POINTER(ctypes.c_int64)
+_VP = ctypes.c_void_p
 SIGNATURES: dict[str, list[type]] = {
     "engram_ngram_hash_cpu": [
         _I64P, _I64P, ctypes.c_int64, ctypes.c_int64, _I64P, _I64P, _I64P, _I64P,
         ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, _I64P, ctypes.c_int,
+    ],
+    "engram_gather_cpu": [
+        _VP, _VP, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+        _I64P, ctypes.c_int64, _VP, ctypes.c_int, _I64P, ctypes.c_int,
     ],
 }  # fmt: skip
 

@@ -1,5 +1,5 @@
 /* Per-element math shared by the CUDA kernels and their CPU twins, so both compute the same thing by
- * construction. Everything is unsigned 64-bit: products reach 2^63 and signed overflow is undefined. */
+ * construction. Hash arithmetic is unsigned 64-bit: products reach 2^63 and signed overflow is undefined. */
 #ifndef ENGRAM_COMMON_H
 #define ENGRAM_COMMON_H
 
@@ -55,6 +55,43 @@ ENGRAM_HD void engram_hash_token(const int64_t* ext, int64_t pos, int64_t start,
             int64_t c = (k - 1) * heads + h;
             engram_store_stream(out + c, (int64_t)engram_mod(mix, (uint64_t)primes[c], (uint64_t)magic[c]) + offsets[c]);
         }
+    }
+}
+
+/* fp8 e4m3fn -> float, exactly (NaN for S.1111.111; the format has no infinities). */
+ENGRAM_HD float engram_e4m3_to_float(uint8_t v) {
+    uint32_t sign = (uint32_t)(v & 0x80) << 24, exp = (v >> 3) & 0xF, man = v & 0x7;
+    union { uint32_t u; float f; } r;
+    if (exp == 0xF && man == 0x7) { r.u = sign | 0x7FC00000u; return r.f; }
+    if (exp == 0) { r.f = (float)man * 0.001953125f; r.u |= sign; return r.f; } /* man * 2^-9 */
+    r.u = sign | ((exp + 120u) << 23) | (man << 20);
+    return r.f;
+}
+
+/* ue8m0 block scale -> float: 2^(e - 127); 0xFF is NaN; 2^-127 is a float subnormal, still exact. */
+ENGRAM_HD float engram_e8m0_to_float(uint8_t e) {
+    union { uint32_t u; float f; } r;
+    r.u = e == 0xFF ? 0x7FC00000u : e == 0 ? 0x00400000u : (uint32_t)e << 23;
+    return r.f;
+}
+
+/* float -> bfloat16 bits, round to nearest even (NaN stays a quiet NaN), as torch converts. */
+ENGRAM_HD uint16_t engram_float_to_bf16(float f) {
+    union { float f; uint32_t u; } v;
+    v.f = f;
+    if ((v.u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((v.u >> 16) | 0x40);
+    return (uint16_t)((v.u + 0x7FFFu + ((v.u >> 16) & 1u)) >> 16);
+}
+
+/* Gather output formats. */
+enum { ENGRAM_OUT_RAW = 0, ENGRAM_OUT_F32 = 1, ENGRAM_OUT_BF16 = 2 };
+
+/* One fp8 row with its block-32 scales, dequantised into out (f32 or bf16). */
+ENGRAM_HD void engram_dequant_row(const uint8_t* w, const uint8_t* s, int64_t dim, int out_kind, uint8_t* out) {
+    for (int64_t i = 0; i < dim; ++i) {
+        float v = engram_e4m3_to_float(w[i]) * engram_e8m0_to_float(s[i >> 5]);
+        if (out_kind == ENGRAM_OUT_F32) ((float*)out)[i] = v;
+        else ((uint16_t*)out)[i] = engram_float_to_bf16(v);
     }
 }
 

@@ -196,7 +196,9 @@ class Checkpoint:
 
 def expected_tensors(shard: TableShard, table_rows: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     fmt = shard.format
-    out: dict[str, tuple[tuple[int, ...], torch.dtype]] = {f"{shard.name}.weight": ((table_rows, fmt.dim), WEIGHT_DTYPES[fmt.dtype])}
+    out: dict[str, tuple[tuple[int, ...], torch.dtype]] = {
+        f"{shard.name}.weight": ((table_rows, fmt.dim), WEIGHT_DTYPES[fmt.dtype])
+    }
     if fmt.scaled:
         out[f"{shard.name}.scale"] = ((table_rows, fmt.dim // 32), SCALE_DTYPE)
     return out

@@ -1,0 +1,110 @@
+"""torch custom ops: `engram::gather` (rows of a table shard for global row ids, dequantised). The CPU
+kernel is the native twin where it builds, else plain torch; engram.kernels adds the CUDA kernel. A
+fake kernel lets torch.compile trace through the op without running it."""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from engram import native
+from engram.errors import EngramError
+
+DEAD_ID = -1
+SCALE_BLOCK = 32
+OUT_KINDS = {torch.float32: 1, torch.bfloat16: 2}
+
+
+def check_ids(ids: torch.Tensor, table_rows: int) -> None:
+    """Ids outside [-1, table_rows) are an error, raised before any row is read."""
+    if ids.numel() == 0:
+        return
+    bad = ids[(ids < DEAD_ID) | (ids >= table_rows)]
+    if bad.numel():
+        raise EngramError(f"row id {int(bad[0])} is outside the table's {table_rows} rows (DEAD_ID is {DEAD_ID})")
+
+
+def gather_reference(
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    ids: torch.Tensor,
+    row_start: int,
+    table_rows: int,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """The gather in plain torch: what every kernel is tested against, and the fallback."""
+    check_ids(ids, table_rows)
+    flat = ids.reshape(-1).to(torch.int64)
+    local = flat - row_start
+    owned = (flat >= 0) & (local >= 0) & (local < weight.shape[0])
+    index = torch.where(owned, local, 0)
+    rows = weight.index_select(0, index) if weight.shape[0] else weight.new_zeros((flat.numel(), weight.shape[1]))
+    if scale is not None:
+        scales = (
+            scale.index_select(0, index) if scale.shape[0] else scale.new_zeros((flat.numel(), scale.shape[1]))
+        ).float()
+        blocks = weight.shape[1] // SCALE_BLOCK
+        values = (
+            (rows.float().view(flat.numel(), blocks, SCALE_BLOCK) * scales[:, :, None])
+            .view(flat.numel(), weight.shape[1])
+            .to(out_dtype)
+        )
+    else:
+        values = rows.to(out_dtype)
+    values[~owned] = 0
+    return values.view(*ids.shape, weight.shape[1])
+
+
+def _gather_native(
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    ids: torch.Tensor,
+    row_start: int,
+    table_rows: int,
+    out_dtype: torch.dtype,
+) -> torch.Tensor | None:
+    """The native CPU kernel, or None where it does not apply (no library, a conversion it lacks)."""
+    library = native.cpu_library()
+    raw = scale is None and out_dtype == weight.dtype
+    if library is None or not weight.is_contiguous() or not (raw or (scale is not None and out_dtype in OUT_KINDS)):
+        return None
+    flat = ids.reshape(-1).to(torch.int64).contiguous()
+    out = torch.empty((flat.numel(), weight.shape[1]), dtype=out_dtype)
+    bad = ctypes.c_int64(0)
+    status = library.engram_gather_cpu(
+        weight.data_ptr() or None, scale.contiguous().data_ptr() if scale is not None else None, weight.shape[0], weight.shape[1],
+        weight.shape[1] * weight.element_size(), row_start, table_rows, native.ptr(flat), flat.numel(), out.data_ptr() or None,
+        0 if raw else OUT_KINDS[out_dtype], ctypes.byref(bad), torch.get_num_threads(),
+    )  # fmt: skip
+    if status == 2:
+        raise EngramError(f"row id {bad.value} is outside the table's {table_rows} rows (DEAD_ID is {DEAD_ID})")
+    native.check(status, "engram_gather_cpu")
+    return out.view(*ids.shape, weight.shape[1])
+
+
+@torch.library.custom_op("engram::gather", mutates_args=())
+def gather(
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    ids: torch.Tensor,
+    row_start: int,
+    table_rows: int,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """Rows for global row ids `ids` ([..]) from a shard holding rows [row_start, row_start + len(weight))
+    of a table of `table_rows` rows: [.., dim] in out_dtype. DEAD_ID and rows of other shards read zeros."""
+    result = _gather_native(weight, scale, ids, row_start, table_rows, out_dtype)
+    return gather_reference(weight, scale, ids, row_start, table_rows, out_dtype) if result is None else result
+
+
+@gather.register_fake
+def _(
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    ids: torch.Tensor,
+    row_start: int,
+    table_rows: int,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    return weight.new_empty((*ids.shape, weight.shape[1]), dtype=out_dtype)

@@ -1,0 +1,97 @@
+"""EngramEmbedding: one layer's lookup, the module an engine calls every step.
+
+forward(ids [T, C] global row ids, DEAD_ID = -1) -> [T, C, D] in the output dtype. The local gather reads
+owned rows (zeros for DEAD_ID and rows of other shards); head shards then all-gather along heads, row
+shards all-reduce (exact: every row has one owner). With embedding_across_dp the ids of all replicas are
+gathered first, padded with DEAD_ID to the largest (idle replicas take part), and each replica keeps its
+own window of the combined rows. With dp_shared_memory no DP collective runs at all."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from engram.errors import EngramError
+from engram.ops import DEAD_ID, check_ids, gather
+from engram.runtime.dist import Group
+from engram.runtime.plan import TableShardPlan
+from engram.runtime.storage import TableShard
+
+
+class EngramEmbedding(nn.Module):
+    def __init__(
+        self,
+        shard: TableShard,
+        plan: TableShardPlan,
+        *,
+        columns: int,
+        group: Group | None = None,
+        shard_order: tuple[int, ...] = (),
+        dp_group: Group | None = None,
+        out_dtype: torch.dtype = torch.bfloat16,
+    ) -> None:
+        """`group`: the embedding group (None when it is this rank alone), `shard_order` its global ranks in
+        shard order; `dp_group`: the replicas to gather ids over (embedding_across_dp only)."""
+        super().__init__()
+        if plan.rows != shard.rows or plan.row_start != shard.row_start:
+            raise EngramError(
+                f"{shard.name}: the shard holds rows [{shard.row_start}, {shard.row_stop}), the plan says [{plan.row_start}, {plan.row_stop})"
+            )
+        self.weight = nn.Parameter(shard.weight, requires_grad=False)
+        self.scale = nn.Parameter(shard.scale, requires_grad=False) if shard.scale is not None else None
+        self.plan = plan
+        self.columns = columns
+        self.dim = shard.format.dim
+        self.group = group if group is not None and group.size > 1 else None
+        self.dp_group = dp_group if dp_group is not None and dp_group.size > 1 else None
+        self.out_dtype = out_dtype
+        # all_gather returns members in ascending global rank; the combine wants shard order
+        self.gather_order = [sorted(shard_order).index(r) for r in shard_order] if self.group is not None else [0]
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if ids.dim() != 2 or ids.shape[1] != self.columns or ids.dtype not in (torch.int64, torch.int32):
+            raise EngramError(f"ids must be int64 or int32 [tokens, {self.columns}], got {ids.dtype} {list(ids.shape)}")
+        ids = ids.to(torch.int64)
+        if self.group is not None or self.dp_group is not None:
+            check_ids(ids, self.plan.table_rows)  # every rank raises alike, before any collective
+        tokens = ids.shape[0]
+        if self.dp_group is not None:
+            ids, window = self._gather_ids(ids)
+        plan = self.plan
+        columns = ids[:, plan.head_start : plan.head_stop] if plan.kind == "head" else ids
+        rows: torch.Tensor = gather(self.weight, self.scale, columns, plan.row_start, plan.table_rows, self.out_dtype)
+        if self.group is not None:
+            rows = self._combine_heads(rows) if plan.kind == "head" else self._combine_rows(rows)
+        if self.dp_group is not None:
+            rows = rows[window : window + tokens]
+        return rows
+
+    def _gather_ids(self, ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Every replica's ids, padded with DEAD_ID to the largest count; and where this replica's start."""
+        group = self.dp_group
+        assert group is not None
+        counts = [torch.zeros(1, dtype=torch.int64) for _ in range(group.size)]
+        dist.all_gather(counts, torch.tensor([ids.shape[0]], dtype=torch.int64), group=group.handle)
+        longest = max(int(c) for c in counts)
+        padded = torch.full((longest, self.columns), DEAD_ID, dtype=torch.int64)
+        padded[: ids.shape[0]] = ids
+        everyone = [torch.empty_like(padded) for _ in range(group.size)]
+        dist.all_gather(everyone, padded, group=group.handle)
+        return torch.cat(everyone), group.rank * longest
+
+    def _combine_heads(self, rows: torch.Tensor) -> torch.Tensor:
+        group = self.group
+        assert group is not None
+        per = -(-self.columns // group.size)
+        padded = rows.new_zeros((rows.shape[0], per, self.dim))
+        padded[:, : rows.shape[1]] = rows
+        parts = [torch.empty_like(padded) for _ in range(group.size)]
+        dist.all_gather(parts, padded, group=group.handle)
+        return torch.cat([parts[i] for i in self.gather_order], dim=1)[:, : self.columns]
+
+    def _combine_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        group = self.group
+        assert group is not None
+        dist.all_reduce(rows, group=group.handle)
+        return rows

@@ -1,0 +1,136 @@
+"""One rank's Engram tables, ready for lookups: the plan, the gloo groups, the loaded shards and an
+EngramEmbedding per layer. `EngramTables.build` is collective: every rank of the job calls it."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from engram.config import EngramConfig, ParallelConfig
+from engram.errors import EngramError
+from engram.ngram.spec import ModelSpec
+from engram.runtime.dist import Group, new_group, timeout_s
+from engram.runtime.embedding import EngramEmbedding
+from engram.runtime.loader import Checkpoint, load_shards
+from engram.runtime.plan import DeploymentPlan, RankPlan, plan_deployment
+from engram.runtime.registration import CudaRuntime
+from engram.runtime.storage import ShardFormat, TableShard, allocate
+
+log = logging.getLogger("engram")
+
+
+@dataclass(frozen=True)
+class RankGroups:
+    embedding: Group | None
+    dp: Group | None
+    shm: Group | None
+
+
+def create_groups(plan: DeploymentPlan, rank: int) -> RankGroups:
+    """Every distinct group of the plan, created in one order on every rank (torch.distributed needs all
+    processes to take part in every new_group); returns this rank's."""
+    mine = plan.ranks[rank]
+
+    def members(kind: str, r: RankPlan) -> tuple[int, ...]:
+        if kind == "embedding":
+            return r.embedding_group
+        if kind == "dp":
+            return r.dp_group if plan.across_dp else ()
+        return r.shm_group or ()
+
+    found: dict[str, Group | None] = {}
+    for kind in ("embedding", "dp", "shm"):
+        found[kind] = None
+        for ranks in sorted({tuple(sorted(members(kind, r))) for r in plan.ranks if len(members(kind, r)) > 1}):
+            group = new_group(list(ranks), f"engram {kind} group {list(ranks)}")
+            if tuple(sorted(members(kind, mine))) == ranks:
+                found[kind] = group
+    return RankGroups(found["embedding"], found["dp"], found["shm"])
+
+
+@dataclass(eq=False)
+class EngramTables:
+    plan: DeploymentPlan
+    rank_plan: RankPlan
+    groups: RankGroups
+    shards: list[TableShard]
+    layers: list[EngramEmbedding]
+
+    @classmethod
+    def build(
+        cls,
+        spec: ModelSpec,
+        config: EngramConfig,
+        parallel: ParallelConfig,
+        checkpoint: Checkpoint | str | os.PathLike[str],
+        *,
+        platform: str = "cpu",
+        runtime: CudaRuntime | None = None,
+        out_dtype: torch.dtype = torch.bfloat16,
+        progress: bool = True,
+    ) -> EngramTables:
+        if not dist.is_initialized():
+            raise EngramError(
+                "torch.distributed is not initialised: call engram.runtime.engine.init_from_env() or init_process_group first"
+            )
+        plan = plan_deployment(spec, config, parallel, platform)
+        if dist.get_world_size() != len(plan.ranks):
+            raise EngramError(
+                f"the job has {dist.get_world_size()} processes but TP {parallel.tensor_parallel_size} x DP {parallel.data_parallel_size} needs {len(plan.ranks)}"
+            )
+        rank = dist.get_rank()
+        mine = plan.ranks[rank]
+        groups = create_groups(plan, rank)
+        checkpoint = checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint(checkpoint)
+        shards = [
+            allocate(
+                t.table,
+                ShardFormat(t.rows, spec.head_dim, spec.dtype),
+                mine.placement,
+                row_start=t.row_start,
+                group=groups.shm,
+                runtime=runtime,
+            )
+            for t in mine.tables
+        ]
+        load_shards(
+            shards, {t.table: t.table_rows for t in mine.tables}, checkpoint, group=groups.shm, progress=progress
+        )
+        layers = [
+            EngramEmbedding(
+                shards[table],
+                mine.tables[table],
+                columns=spec.layout.columns,
+                group=groups.embedding,
+                shard_order=mine.embedding_group,
+                dp_group=groups.dp,
+                out_dtype=out_dtype,
+            )
+            for table in spec.layout.table_of_layer
+        ]
+        return cls(plan, mine, groups, shards, layers)
+
+    def lookup(self, rows: torch.Tensor) -> list[torch.Tensor]:
+        """rows: [T, layers, C] from NgramHasher -> per layer [T, C, D]."""
+        return [layer(rows[:, i]) for i, layer in enumerate(self.layers)]
+
+    def release(self) -> None:
+        self.layers.clear()
+        for shard in self.shards:
+            shard.release()
+
+
+def init_from_env(backend: str = "gloo") -> int:
+    """Join the job torchrun (or any launcher setting RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) started.
+    Returns this process's rank."""
+    missing = [v for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
+    if missing:
+        raise EngramError(f"{', '.join(missing)} not set: start the processes with torchrun, or set them")
+    if not dist.is_initialized():
+        dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=timeout_s()))
+    return dist.get_rank()

@@ -1,0 +1,140 @@
+"""Per-rank code of the sharding tests: build the sharded tables for every valid config, look up
+uneven, partly dead and idle batches, and compare with an unsharded single-process lookup."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from engram.config import ConfigError, EngramConfig, ParallelConfig, load_config
+from engram.ngram.spec import ModelSpec
+from engram.ops import DEAD_ID
+from engram.runtime.embedding import EngramEmbedding
+from engram.runtime.engine import EngramTables
+from engram.runtime.loader import Checkpoint, load_shards
+from engram.runtime.plan import TableShardPlan
+from engram.runtime.storage import ShardFormat, allocate
+from tests.runtime.specs import SPECS
+
+FIELDS = ("cpu_offload", "embedding_across_dp", "dp_shared_memory", "thp_packing")
+
+
+def valid_configs(parallel: ParallelConfig) -> list[EngramConfig]:
+    out = []
+    for values in itertools.product([False, True], repeat=4):
+        try:
+            config = load_config(dict(zip(FIELDS, values, strict=True)), env={})
+            config.verify_parallel_config(parallel)
+        except ConfigError:
+            continue
+        out.append(config)
+    return out
+
+
+def batches(spec: ModelSpec, dp_rank: int, dp: int) -> Iterator[torch.Tensor]:
+    """Row ids for three steps: uneven token counts across replicas, DEAD_ID entries, and a step where
+    the last replica (when there are several) is idle."""
+    hasher = spec.hasher("torch")
+    generator = torch.Generator().manual_seed(100 + dp_rank)
+    for step, count in enumerate((5 + 3 * dp_rank, 4, 6)):
+        if step == 2 and dp > 1 and dp_rank == dp - 1:
+            count = 0
+        ids = torch.randint(0, spec.vocab, (count,), generator=generator)
+        rows = hasher.hash(ids)
+        dead = torch.rand(rows.shape, generator=generator) < 0.2
+        yield torch.where(dead, torch.full_like(rows, DEAD_ID), rows)
+
+
+def unsharded(spec: ModelSpec, checkpoint: str) -> list[EngramEmbedding]:
+    """The single-process reference: whole tables, no group."""
+    tables = []
+    for name, rows in zip(spec.table_names(), spec.layout.table_rows, strict=True):
+        shard = allocate(name, ShardFormat(rows, spec.head_dim, spec.dtype), "host")
+        load_shards([shard], {name: rows}, Checkpoint(checkpoint), progress=False)
+        tables.append((shard, TableShardPlan(name, rows, "row", 0, rows, 0, spec.layout.columns)))
+    return [EngramEmbedding(*tables[t], columns=spec.layout.columns) for t in spec.layout.table_of_layer]
+
+
+@contextlib.contextmanager
+def forbid_collectives(groups: set[Any]) -> Iterator[None]:
+    """Make every collective on `groups` (None: the default world group) raise."""
+    names = (
+        "all_gather",
+        "all_reduce",
+        "broadcast",
+        "all_to_all",
+        "reduce_scatter",
+        "all_gather_into_tensor",
+        "barrier",
+    )
+    originals = {name: getattr(dist, name) for name in names}
+
+    def guard(name: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("group") in groups:
+                raise RuntimeError(f"DP collective {name} called")
+            return originals[name](*args, **kwargs)
+
+        return call
+
+    for name in names:
+        setattr(dist, name, guard(name))
+    try:
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(dist, name, fn)
+
+
+def check_all(
+    rank: int, world: int, tp: int, dp: int, dp_local: int, checkpoints: dict[str, str], spec_names: list[str]
+) -> list[dict[str, Any]]:
+    parallel = ParallelConfig(tensor_parallel_size=tp, data_parallel_size=dp, data_parallel_size_local=dp_local)
+    reports = []
+    for spec_name in spec_names:
+        spec = SPECS[spec_name]
+        reference = unsharded(spec, checkpoints[spec_name])
+        for config in valid_configs(parallel):
+            plan_rank = rank % tp, rank // tp
+            os.environ["ENGRAM_NODE_ID"] = f"node-{plan_rank[1] // dp_local}"  # simulated nodes share nothing
+            tables = EngramTables.build(spec, config, parallel, checkpoints[spec_name], platform="cpu", progress=False)
+            forbidden = {tables.groups.shm.handle, None} if config.dp_shared_memory else set()
+            matches = []
+            with forbid_collectives(forbidden):
+                for ids in batches(spec, tables.rank_plan.dp_rank, dp):
+                    got = tables.lookup(ids)
+                    want = [layer(ids[:, i]) for i, layer in enumerate(reference)]
+                    matches.append(
+                        all(
+                            g.dtype == w.dtype and g.shape == w.shape and torch.equal(g, w)
+                            for g, w in zip(got, want, strict=True)
+                        )
+                    )
+                guard_works = None
+                if forbidden:  # the guard itself must bite, or the check above proves nothing
+                    try:
+                        dist.all_reduce(torch.zeros(1), group=tables.groups.shm.handle)
+                        guard_works = False
+                    except RuntimeError:
+                        guard_works = True
+            reports.append(
+                {
+                    "spec": spec_name,
+                    "config": {f: getattr(config, f) for f in FIELDS},
+                    "match": all(matches),
+                    "steps": len(matches),
+                    "guard_works": guard_works,
+                    "kind": tables.rank_plan.tables[0].kind,
+                    "placement": tables.rank_plan.placement,
+                    "group": list(tables.rank_plan.embedding_group),
+                    "shm_path": tables.shards[0].mapping.path if tables.shards[0].mapping is not None else None,
+                }
+            )
+            tables.release()
+    return reports

@@ -1,0 +1,131 @@
+"""engram::gather: fp8 dequantisation exact on every value and scale, zeros for DEAD_ID and unowned rows,
+out-of-table ids refused, native twin equal to plain torch, and torch.compile."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engram.errors import EngramError
+from engram.ops import _gather_native, gather, gather_reference
+from engram.runtime.embedding import EngramEmbedding
+from engram.runtime.plan import TableShardPlan
+from engram.runtime.storage import ShardFormat, allocate
+
+PATHS = {"native": _gather_native, "torch": gather_reference}
+
+
+def every_fp8_and_scale() -> tuple[torch.Tensor, torch.Tensor]:
+    """Row e holds all 256 fp8 bytes, with every block scaled by ue8m0 byte e: all 65,536 pairs."""
+    weight = torch.arange(256, dtype=torch.uint8).repeat(256, 1).view(torch.float8_e4m3fn)
+    scale = torch.arange(256, dtype=torch.uint8)[:, None].repeat(1, 8).view(torch.float8_e8m0fnu)
+    return weight, scale
+
+
+def float64_reference(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    exponent = scale.view(torch.uint8).to(torch.float64)
+    factor = torch.where(exponent == 255, torch.nan, torch.exp2(exponent - 127))
+    return weight.to(torch.float64) * factor.repeat_interleave(32, dim=1)
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    nan = torch.isnan(a)
+    bits = {torch.bfloat16: torch.int16, torch.float32: torch.int32}[a.dtype]
+    return bool(torch.equal(nan, torch.isnan(b)) and torch.equal(a[~nan].view(bits), b[~nan].view(bits)))
+
+
+@pytest.mark.parametrize("path", ["native", "torch"])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_fp8_dequantisation_is_exact(path: str, out_dtype: torch.dtype) -> None:
+    weight, scale = every_fp8_and_scale()
+    ids = torch.arange(256)
+    got = PATHS[path](weight, scale, ids, 0, 256, out_dtype)
+    assert got is not None
+    assert same_bits(got, float64_reference(weight, scale).to(out_dtype))
+
+
+@pytest.mark.parametrize("path", ["native", "torch"])
+def test_zeros_for_dead_and_unowned_rows(path: str) -> None:
+    weight = torch.arange(1, 4 * 32 + 1, dtype=torch.float32).view(4, 32)
+    ids = torch.tensor([[10, -1, 13], [9, 14, 11]])  # the shard holds rows 10..13 of a 20-row table
+    got = PATHS[path](weight, None, ids, 10, 20, torch.float32)
+    assert got is not None and got.shape == (2, 3, 32)
+    assert torch.equal(got[0, 0], weight[0]) and torch.equal(got[0, 2], weight[3]) and torch.equal(got[1, 2], weight[1])
+    assert not got[0, 1].any() and not got[1, 0].any() and not got[1, 1].any()
+
+
+@pytest.mark.parametrize("path", ["native", "torch"])
+@pytest.mark.parametrize("bad", [20, 1 << 40, -2])
+def test_ids_outside_the_table_raise(path: str, bad: int) -> None:
+    weight = torch.zeros(4, 32)
+    with pytest.raises(EngramError, match=rf"row id {bad} is outside the table's 20 rows \(DEAD_ID is -1\)"):
+        PATHS[path](weight, None, torch.tensor([3, bad]), 10, 20, torch.float32)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(0, 50),
+    st.integers(0, 40),
+    st.sampled_from(["fp8", "bf16", "fp32"]),
+    st.lists(st.integers(-1, 99), max_size=30),
+)
+def test_native_equals_torch(shard_rows: int, row_start: int, dtype: str, ids: list[int]) -> None:
+    shard = allocate("t", ShardFormat(shard_rows, 64, dtype), "host")
+    generator = torch.Generator().manual_seed(shard_rows * 131 + row_start)
+    shard.weight.view(torch.uint8).copy_(
+        torch.randint(0, 255, shard.weight.view(torch.uint8).shape, dtype=torch.uint8, generator=generator)
+    )
+    if shard.scale is not None:
+        shard.scale.view(torch.uint8).copy_(
+            torch.randint(100, 150, shard.scale.shape, dtype=torch.uint8, generator=generator)
+        )
+    tensor = torch.tensor(ids, dtype=torch.int64)
+    out_dtype = torch.bfloat16 if dtype == "fp8" else shard.weight.dtype
+    want = gather_reference(shard.weight, shard.scale, tensor, row_start, 100, out_dtype)
+    got = gather(shard.weight, shard.scale, tensor, row_start, 100, out_dtype)
+    assert got.shape == (len(ids), 64)
+    nan = torch.isnan(want.float())
+    assert torch.equal(nan, torch.isnan(got.float())) and torch.equal(got[~nan], want[~nan])
+
+
+def test_int32_ids_and_embedding_errors() -> None:
+    shard = allocate("t", ShardFormat(10, 32, "bf16"), "host")
+    shard.weight.copy_(torch.randn(10, 32).to(torch.bfloat16))
+    module = EngramEmbedding(shard, TableShardPlan("t", 10, "row", 0, 10, 0, 2), columns=2)
+    ids = torch.tensor([[1, 2], [-1, 9]], dtype=torch.int32)
+    assert torch.equal(module(ids), module(ids.to(torch.int64)))
+    with pytest.raises(EngramError, match=r"ids must be int64 or int32 \[tokens, 2\], got torch.int64 \[2, 3\]"):
+        module(torch.zeros(2, 3, dtype=torch.int64))
+    with pytest.raises(EngramError, match="row id 10 is outside the table's 10 rows"):
+        module(torch.tensor([[1, 10]]))
+
+
+class Tower(torch.nn.Module):
+    """A module that calls EngramEmbedding inside other work, as a model layer would."""
+
+    def __init__(self, embedding: EngramEmbedding) -> None:
+        super().__init__()
+        self.embedding = embedding
+        self.proj = torch.nn.Linear(32, 8, dtype=torch.bfloat16)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.embedding(ids).sum(dim=1))
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # inside inductor
+def test_torch_compile_matches_eager() -> None:
+    shard = allocate("t", ShardFormat(64, 32, "fp8"), "host")
+    generator = torch.Generator().manual_seed(0)
+    shard.weight.copy_((torch.randn(64, 32, generator=generator) * 10).to(torch.float8_e4m3fn))
+    assert shard.scale is not None
+    shard.scale.view(torch.uint8).fill_(125)
+    torch.manual_seed(0)
+    tower = Tower(EngramEmbedding(shard, TableShardPlan("t", 64, "row", 0, 64, 0, 3), columns=3)).eval()
+    ids = torch.randint(-1, 64, (5, 3))
+    compiled = torch.compile(tower, fullgraph=True)
+    with torch.no_grad():
+        assert torch.equal(compiled(ids), tower(ids))
+        assert torch.equal(compiled(ids.flip(0)), tower(ids.flip(0)))

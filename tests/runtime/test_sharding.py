@@ -1,0 +1,138 @@
+"""Sharded lookups equal the unsharded lookup exactly, for TP in {1, 2} x DP in {1, 2}, every valid
+config, both families; two simulated nodes; processes started by torchrun."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engram.config import ParallelConfig, load_config
+from engram.errors import EngramError
+from engram.presets import get_preset
+from engram.runtime.checkpoint import write_checkpoint
+from engram.runtime.launch import free_port, run_local, values
+from engram.runtime.plan import head_range, plan_deployment, row_range, table_shards
+from tests.runtime import sharding_workers
+from tests.runtime.specs import DS3, DS7, QWEN, SPECS
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    out = {}
+    for name, spec in SPECS.items():
+        path = tmp_path_factory.mktemp(name)
+        write_checkpoint(spec, path, seed=11)
+        out[name] = str(path)
+    return out
+
+
+# -- plans (no processes) -------------------------------------------------------------------------
+
+
+def test_v41_tp4_bytes_per_rank() -> None:
+    plan = plan_deployment(
+        get_preset("deepseek-v4.1-flash"), load_config(env={}), ParallelConfig(tensor_parallel_size=4)
+    )
+    assert [plan.shard_bytes(r) for r in plan.ranks] == [50_688_955_152, 50_689_356_432, 50_689_705_968, 50_690_014_848]
+    assert all(t.kind == "head" for r in plan.ranks for t in r.tables)
+    assert [(t.head_start, t.head_stop) for t in plan.ranks[1].tables] == [(6, 12), (6, 12)]
+
+
+def test_uneven_heads_and_row_fallback() -> None:
+    assert [head_range(i, 2, 7) for i in range(2)] == [(0, 4), (4, 7)]
+    assert [head_range(i, 5, 7) for i in range(5)] == [(0, 2), (2, 4), (4, 6), (6, 7), (7, 7)]
+    assert [row_range(i, 3, 10) for i in range(3)] == [(0, 4), (4, 8), (8, 10)]
+    seven = table_shards(DS7, 1, 2)
+    layout = DS7.layout
+    assert seven[0].kind == "head" and (seven[0].row_start, seven[0].row_stop) == (
+        int(layout.offsets[0, 0, 4]),
+        layout.table_rows[0],
+    )
+    fallback = table_shards(DS3, 3, 4)  # 4 ranks, 3 heads
+    assert fallback[0].kind == "row" and fallback[0].row_stop == DS3.layout.table_rows[0]
+    qwen = table_shards(QWEN, 0, 2)
+    assert qwen[0].kind == "row" and qwen[0].row_stop == QWEN.layout.table_rows[0] // 2
+
+
+def test_groups_in_the_plan() -> None:
+    across = plan_deployment(
+        DS7,
+        load_config({"embedding_across_dp": True}, env={}),
+        ParallelConfig(tensor_parallel_size=2, data_parallel_size=2),
+    )
+    assert [(r.rank, r.tp_rank, r.dp_rank, r.shard_index) for r in across.ranks] == [
+        (0, 0, 0, 0),
+        (1, 1, 0, 2),
+        (2, 0, 1, 1),
+        (3, 1, 1, 3),
+    ]
+    assert across.ranks[0].embedding_group == (0, 2, 1, 3)  # TP-major shard order
+    assert across.ranks[1].dp_group == (1, 3)
+    shared = plan_deployment(
+        DS7,
+        load_config({"dp_shared_memory": True}, env={}),
+        ParallelConfig(tensor_parallel_size=2, data_parallel_size=4, data_parallel_size_local=2),
+    )
+    assert [r.shm_group for r in shared.ranks] == [(0, 2), (1, 3), (0, 2), (1, 3), (4, 6), (5, 7), (4, 6), (5, 7)]
+    assert [r.node for r in shared.ranks] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert shared.ranks[0].embedding_group == (0, 1) and not shared.across_dp
+    with pytest.raises(EngramError, match="data_parallel_size 4 is not a multiple of data_parallel_size_local 3"):
+        plan_deployment(DS7, load_config(env={}), ParallelConfig(data_parallel_size=4, data_parallel_size_local=3))
+
+
+# -- real processes -------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("tp", "dp"), [(1, 1), (2, 1), (1, 2), (2, 2)])
+def test_sharded_equals_unsharded(tp: int, dp: int, checkpoints: dict[str, str], shm_tmp: Path) -> None:
+    names = ["ds7", "ds3", "qwen-small"]
+    reports = values(run_local(tp * dp, sharding_workers.check_all, tp, dp, dp, checkpoints, names, timeout=600))
+    configs = len(sharding_workers.valid_configs(ParallelConfig(tensor_parallel_size=tp, data_parallel_size=dp)))
+    assert configs == (8 if dp > 1 else 6)
+    for rank_reports in reports:
+        assert len(rank_reports) == configs * len(names)
+        for report in rank_reports:
+            assert report["match"] is True, report
+            assert report["steps"] == 3
+            if report["config"]["dp_shared_memory"]:
+                assert report["guard_works"] is True and report["placement"] == "shm"
+    kinds = {(r["spec"], r["kind"]) for r in reports[0]}
+    assert ("qwen-small", "row") in kinds and ("ds7", "head") in kinds
+    if tp * dp == 4:
+        assert ("ds3", "row") in kinds  # 4 ranks > 3 heads: row fallback under embedding_across_dp
+    assert list(shm_tmp.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_two_simulated_nodes(checkpoints: dict[str, str], shm_tmp: Path) -> None:
+    reports = values(run_local(4, sharding_workers.check_all, 1, 4, 2, checkpoints, ["ds7"], timeout=600))
+    for index, report in enumerate(reports[0]):
+        per_rank = [r[index] for r in reports]
+        assert all(r["match"] for r in per_rank), per_rank
+        config = report["config"]
+        if config["dp_shared_memory"]:
+            paths = [r["shm_path"] for r in per_rank]
+            assert paths[0] == paths[1] and paths[2] == paths[3] and paths[0] != paths[2]  # a copy per node
+        if config["embedding_across_dp"] and not config["dp_shared_memory"]:
+            assert all(r["group"] == [0, 1, 2, 3] for r in per_rank)  # spans both nodes
+
+
+@pytest.mark.slow
+def test_torchrun(checkpoints: dict[str, str], tmp_path: Path) -> None:
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-addr", "127.0.0.1",
+        "--master-port", str(free_port()), str(ROOT / "tests" / "runtime" / "torchrun_worker.py"),
+        "--checkpoint", checkpoints["ds7"], "--out", str(tmp_path),
+    ]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+    assert [(r["rank"], r["tp_rank"], r["dp_rank"]) for r in results] == [(0, 0, 0), (1, 1, 0), (2, 0, 1), (3, 1, 1)]
+    assert all(r["match"] and r["group"] == [0, 2, 1, 3] for r in results)
