@@ -1,6 +1,6 @@
-"""torch custom ops: `engram::gather` (rows of a table shard for global row ids, dequantised). The CPU
-kernel is the native twin where it builds, else plain torch; engram.kernels adds the CUDA kernel. A
-fake kernel lets torch.compile trace through the op without running it."""
+"""torch custom ops: `engram::gather` (rows of a table shard for global row ids, dequantised) and
+`engram::ngram_hash` (n-gram row ids). The CPU kernels are the native twins where they build, else plain
+torch; engram.kernels adds the CUDA kernels. Fake kernels let torch.compile trace through the ops."""
 
 from __future__ import annotations
 
@@ -14,6 +14,12 @@ from engram.errors import EngramError
 DEAD_ID = -1
 SCALE_BLOCK = 32
 OUT_KINDS = {torch.float32: 1, torch.bfloat16: 2}
+
+
+def ensure_kernels(device: torch.device) -> None:
+    """Register the CUDA kernels before the first op on a GPU (importing engram.kernels does it)."""
+    if device.type == "cuda":
+        import engram.kernels  # noqa: F401
 
 
 def check_ids(ids: torch.Tensor, table_rows: int) -> None:
@@ -107,4 +113,87 @@ def _(
     table_rows: int,
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
-    return weight.new_empty((*ids.shape, weight.shape[1]), dtype=out_dtype)
+    return ids.new_empty((*ids.shape, weight.shape[1]), dtype=out_dtype)
+
+
+def ngram_hash_reference(
+    ext: torch.Tensor,
+    start: torch.Tensor,
+    multipliers: torch.Tensor,
+    primes: torch.Tensor,
+    offsets: torch.Tensor,
+    fill: int,
+    out: torch.Tensor,
+) -> None:
+    """The hash in plain torch ops over the whole batch (the reference, and the fallback). ext: [ctx + T]
+    history then new ids; start: [T] lowest readable index of ext per token; multipliers [L, N]; primes,
+    offsets [L, C]; out [T, L, C]."""
+    tokens = start.numel()
+    layers, max_ngram = multipliers.shape
+    heads = primes.shape[1] // (max_ngram - 1)
+    position = torch.arange(ext.numel() - tokens, ext.numel(), dtype=torch.int64, device=ext.device)
+    by_order = out.view(tokens, layers, max_ngram - 1, heads)
+    primes, offsets = primes.view(layers, max_ngram - 1, heads), offsets.view(layers, max_ngram - 1, heads)
+    mix = None
+    for k in range(max_ngram):
+        at = position - k
+        word = torch.where(at >= start, ext[at], fill)
+        term = word[:, None] * multipliers[None, :, k]  # [T, L]; < 2^63 by the multiplier bound
+        mix = term if mix is None else mix ^ term
+        if k >= 1:
+            by_order[:, :, k - 1, :] = (
+                torch.remainder(mix[:, :, None], primes[None, :, k - 1, :]) + offsets[None, :, k - 1, :]
+            )
+
+
+def _ngram_hash_native(
+    ext: torch.Tensor,
+    start: torch.Tensor,
+    multipliers: torch.Tensor,
+    primes: torch.Tensor,
+    magic: torch.Tensor,
+    offsets: torch.Tensor,
+    fill: int,
+    out: torch.Tensor,
+) -> bool:
+    library = native.cpu_library()
+    if library is None:
+        return False
+    layers, max_ngram = multipliers.shape
+    status = library.engram_ngram_hash_cpu(
+        native.ptr(ext), native.ptr(start), start.numel(), ext.numel() - start.numel(), native.ptr(multipliers),
+        native.ptr(primes), native.ptr(magic), native.ptr(offsets), layers, max_ngram, primes.shape[1] // (max_ngram - 1),
+        fill, native.ptr(out), torch.get_num_threads(),
+    )  # fmt: skip
+    native.check(status, "engram_ngram_hash_cpu")
+    return True
+
+
+@torch.library.custom_op("engram::ngram_hash", mutates_args=("out",))
+def ngram_hash(
+    ext: torch.Tensor,
+    start: torch.Tensor,
+    multipliers: torch.Tensor,
+    primes: torch.Tensor,
+    magic: torch.Tensor,
+    offsets: torch.Tensor,
+    fill: int,
+    out: torch.Tensor,
+) -> None:
+    """Row ids into `out` [T, L, C]; `magic` holds the Barrett constants floor((2^64 - 1) / prime)."""
+    if not _ngram_hash_native(ext, start, multipliers, primes, magic, offsets, fill, out):
+        ngram_hash_reference(ext, start, multipliers, primes, offsets, fill, out)
+
+
+@ngram_hash.register_fake
+def _(
+    ext: torch.Tensor,
+    start: torch.Tensor,
+    multipliers: torch.Tensor,
+    primes: torch.Tensor,
+    magic: torch.Tensor,
+    offsets: torch.Tensor,
+    fill: int,
+    out: torch.Tensor,
+) -> None:
+    return None

@@ -34,6 +34,31 @@ int engram_gather_cpu(const uint8_t* weight, const uint8_t* scale, int64_t shard
                       int64_t row_start, int64_t table_rows, const int64_t* ids, int64_t n, uint8_t* out, int out_kind,
                       int64_t* bad_id, int num_threads);
 
+/* ---- CUDA (the .cu files). `stream` is a cudaStream_t; nothing here allocates or synchronises, so the
+ * calls can be captured in CUDA graphs. A launch failure returns ENGRAM_ERR_CUDA; the CUDA error code is
+ * then engram_cuda_last_error(). */
+
+/* As engram_gather_cpu, for device tables or UVA views of registered host tables. Ids outside the table
+ * read zeros and set *error_flag (device memory) to 1: a kernel cannot raise, so callers check the flag
+ * (engram/kernels.py does before the launch when not capturing). */
+int engram_gather_cuda(const void* weight, const void* scale, int64_t shard_rows, int64_t dim, int64_t row_bytes,
+                       int64_t row_start, int64_t table_rows, const int64_t* ids, int64_t n, void* out, int out_kind,
+                       int* error_flag, void* stream);
+
+/* As engram_ngram_hash_cpu, all pointers in device memory. */
+int engram_ngram_hash_cuda(const int64_t* ext, const int64_t* start, int64_t tokens, int64_t context,
+                           const int64_t* multipliers, const int64_t* primes, const int64_t* magic,
+                           const int64_t* offsets, int64_t layers, int64_t max_ngram, int64_t heads, int64_t fill,
+                           int64_t* out, void* stream);
+
+/* Host registration for UVA (engram/runtime/registration.py), each returning the cudaError_t. */
+int engram_host_register(void* host, uint64_t size, unsigned int flags);
+int engram_host_unregister(void* host);
+int engram_host_get_device_pointer(void** device, void* host);
+int engram_cuda_get_last_error(void); /* cudaGetLastError: returns and clears the sticky error */
+int engram_cuda_last_error(void);     /* the error behind the last ENGRAM_ERR_CUDA of this library */
+const char* engram_cuda_error_string(int code);
+
 #ifdef __cplusplus
 }
 #endif

@@ -16,6 +16,7 @@ import torch
 from engram import native
 from engram.errors import EngramError
 from engram.ngram.layout import Layout
+from engram.ops import ensure_kernels, ngram_hash_reference
 
 
 @dataclass(frozen=True)
@@ -44,8 +45,9 @@ class NgramHasher:
             [[(2**64 - 1) // int(p) for p in row] for row in layout.primes.reshape(len(layout.layer_ids), -1)],
             dtype=torch.int64,
         )
-        self.library = None if backend == "torch" else native.cpu_library()
-        if backend == "native" and self.library is None:
+        self.backend = backend
+        self._on_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        if backend == "native" and native.cpu_library() is None:
             raise EngramError("the native CPU kernels could not be built; see the log, or use backend='torch'")
 
     @property
@@ -79,12 +81,12 @@ class NgramHasher:
         ids = _as_ids(compressed_ids, self.layout.vocab)
         T, ctx = ids.numel(), self.context
         state = self.new_state() if state is None else state
-        ext = torch.cat([state.history, ids])  # history occupies ext[0:ctx]
-        position = torch.arange(ctx, ctx + T, dtype=torch.int64)
-        start = torch.full((T,), ctx - state.readable, dtype=torch.int64)
+        ext = torch.cat([state.history.to(ids.device), ids])  # history occupies ext[0:ctx]
+        position = torch.arange(ctx, ctx + T, dtype=torch.int64, device=ids.device)
+        start = torch.full((T,), ctx - state.readable, dtype=torch.int64, device=ids.device)
         barrier_next = ctx - state.readable
         if dead is not None:
-            dead = _as_mask(dead, T)
+            dead = _as_mask(dead, T).to(ids.device)
             inclusive = torch.where(dead, position + 1, 0)
             start = torch.maximum(start, torch.cummax(inclusive, 0).values)
             barrier_next = max(barrier_next, int(inclusive.max()) if T else 0)
@@ -93,49 +95,35 @@ class NgramHasher:
             exclusive = torch.cat([after_eos.new_zeros(1), torch.cummax(after_eos, 0).values[:-1]])
             start = torch.maximum(start, exclusive)
             barrier_next = max(barrier_next, int(after_eos.max()))
-        out = self._output(T, out)
-        if self.library is None:
-            self._rows(ext, position, start, out)
+        ensure_kernels(ids.device)
+        out = self._output(T, out, ids.device)
+        tables = self._tables(ids.device)
+        if self.backend == "torch":
+            ngram_hash_reference(ext, start, *tables[:2], tables[3], self.fill_id, out)
         else:
-            self._rows_native(ext, start, out)
+            torch.ops.engram.ngram_hash(ext, start, *tables, self.fill_id, out)
         rows = out
         total = ctx + T
-        next_state = HashState(ext[total - ctx :].clone(), max(0, min(ctx, total - barrier_next)))
+        next_state = HashState(ext[total - ctx :].cpu(), max(0, min(ctx, total - barrier_next)))
         return rows, next_state
 
-    def _output(self, tokens: int, out: torch.Tensor | None) -> torch.Tensor:
+    def _tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """multipliers [L, N], primes, magic and offsets [L, C] on `device` (copied once per device)."""
+        if device not in self._on_device:
+            L = len(self.layout.layer_ids)
+            tables = (self.multipliers, self.primes.reshape(L, -1), self.magic, self.offsets.reshape(L, -1))
+            self._on_device[device] = tuple(t.to(device).contiguous() for t in tables)  # type: ignore[assignment]
+        return self._on_device[device]
+
+    def _output(self, tokens: int, out: torch.Tensor | None, device: torch.device) -> torch.Tensor:
         shape = (tokens, len(self.layout.layer_ids), self.layout.columns)
         if out is None:
-            return torch.empty(shape, dtype=torch.int64)
-        if out.shape != shape or out.dtype != torch.int64 or not out.is_contiguous() or out.device.type != "cpu":
+            return torch.empty(shape, dtype=torch.int64, device=device)
+        if out.shape != shape or out.dtype != torch.int64 or not out.is_contiguous() or out.device != device:
             raise EngramError(
-                f"out must be a contiguous int64 CPU tensor of shape {list(shape)}, got {out.dtype} {list(out.shape)}"
+                f"out must be a contiguous int64 tensor of shape {list(shape)} on {device}, got {out.dtype} {list(out.shape)} on {out.device}"
             )
         return out
-
-    def _rows_native(self, ext: torch.Tensor, start: torch.Tensor, out: torch.Tensor) -> None:
-        layout = self.layout
-        tokens = start.numel()
-        status = self.library.engram_ngram_hash_cpu(  # type: ignore[union-attr]
-            native.ptr(ext), native.ptr(start), tokens, self.context, native.ptr(self.multipliers),
-            native.ptr(self.primes), native.ptr(self.magic), native.ptr(self.offsets),
-            len(layout.layer_ids), layout.max_ngram, layout.heads, self.fill_id, native.ptr(out), torch.get_num_threads(),
-        )  # fmt: skip
-        native.check(status, "engram_ngram_hash_cpu")
-
-    def _rows(self, ext: torch.Tensor, position: torch.Tensor, start: torch.Tensor, out: torch.Tensor) -> None:
-        layout = self.layout
-        by_order = out.view(position.numel(), len(layout.layer_ids), layout.max_ngram - 1, layout.heads)
-        mix = None
-        for k in range(layout.max_ngram):
-            at = position - k
-            word = torch.where(at >= start, ext[at], self.fill_id)
-            term = word[:, None] * self.multipliers[None, :, k]  # [T, L]; < 2^63 by the multiplier bound
-            mix = term if mix is None else mix ^ term
-            if k >= 1:
-                by_order[:, :, k - 1, :] = (
-                    torch.remainder(mix[:, :, None], self.primes[None, :, k - 1, :]) + self.offsets[None, :, k - 1, :]
-                )
 
 
 def _as_ids(ids: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -143,7 +131,7 @@ def _as_ids(ids: torch.Tensor, vocab: int) -> torch.Tensor:
         raise EngramError("token ids must be a 1-D tensor")
     if ids.dtype not in (torch.int64, torch.int32):
         raise EngramError(f"token ids must be int64 or int32, got {ids.dtype}")
-    ids = ids.to(torch.int64).cpu()
+    ids = ids.to(torch.int64).contiguous()
     # Out-of-range ids would overflow the multiply (the bound assumes id < vocab): refuse them.
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
         bad = ids[(ids < 0) | (ids >= vocab)][0]

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 
 from engram.errors import EngramError
-from engram.ops import DEAD_ID, check_ids, gather
+from engram.ops import DEAD_ID, check_ids, ensure_kernels, gather
 from engram.runtime.dist import Group
 from engram.runtime.plan import TableShardPlan
 from engram.runtime.storage import TableShard
@@ -53,6 +53,7 @@ class EngramEmbedding(nn.Module):
         if ids.dim() != 2 or ids.shape[1] != self.columns or ids.dtype not in (torch.int64, torch.int32):
             raise EngramError(f"ids must be int64 or int32 [tokens, {self.columns}], got {ids.dtype} {list(ids.shape)}")
         ids = ids.to(torch.int64)
+        ensure_kernels(ids.device)
         if self.group is not None or self.dp_group is not None:
             check_ids(ids, self.plan.table_rows)  # every rank raises alike, before any collective
         tokens = ids.shape[0]

@@ -85,6 +85,10 @@ class EngramTables:
             )
         rank = dist.get_rank()
         mine = plan.ranks[rank]
+        if platform == "cuda" and runtime is None and mine.placement != "device":
+            from engram.kernels import LibraryRuntime, cuda_library
+
+            runtime = LibraryRuntime(cuda_library())  # host tables are pinned and read over UVA
         groups = create_groups(plan, rank)
         checkpoint = checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint(checkpoint)
         shards = [

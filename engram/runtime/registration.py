@@ -26,7 +26,8 @@ class CudaRuntime(Protocol):
 
 
 def register(mapping: Mapping, runtime: CudaRuntime, *, chunk_bytes: int = CHUNK_BYTES) -> int:
-    """Register `mapping` and return its device pointer; unregistration runs when it is released."""
+    """Register `mapping` and return its device pointer (its own address: unified addressing is required);
+    unregistration runs when it is released."""
     done: list[int] = []
 
     def undo() -> None:
@@ -42,7 +43,6 @@ def register(mapping: Mapping, runtime: CudaRuntime, *, chunk_bytes: int = CHUNK
             f"{what} failed: {runtime.error_string(code)} (error {code}); check `ulimit -l` and free memory, or set cpu_offload=false"
         )
 
-    device = 0
     for offset in range(0, mapping.length, chunk_bytes):
         size = min(chunk_bytes, mapping.length - offset)
         code = runtime.host_register(mapping.addr + offset, size, HOST_REGISTER_PORTABLE | HOST_REGISTER_MAPPED)
@@ -52,12 +52,12 @@ def register(mapping: Mapping, runtime: CudaRuntime, *, chunk_bytes: int = CHUNK
         code, pointer = runtime.host_get_device_pointer(mapping.addr + offset)
         if code != 0:
             raise fail("cudaHostGetDevicePointer", code)
-        if offset == 0:
-            device = pointer
-        elif pointer != device + offset:
+        if pointer != mapping.addr + offset:
+            # The kernels read host tables through their host addresses (unified addressing); a GPU
+            # that maps registered memory elsewhere cannot serve them.
             undo()
             raise EngramError(
-                "the registered chunks have no contiguous device view; this GPU lacks unified addressing for host memory"
+                "this GPU maps registered host memory at other addresses (no unified addressing); keep the tables on the GPU (cpu_offload=false)"
             )
     mapping.on_release(undo)
-    return device
+    return mapping.addr

@@ -132,7 +132,7 @@ def test_output_buffer(backend: str) -> None:
     assert buffer.tolist() == h.hash(ids).tolist() == expected("deepseek", [1, 2, 3, 4], [False] * 4)
     with pytest.raises(
         EngramError,
-        match=r"out must be a contiguous int64 CPU tensor of shape \[4, 3, 9\], got torch.int64 \[5, 3, 9\]",
+        match=r"out must be a contiguous int64 tensor of shape \[4, 3, 9\] on cpu, got torch.int64 \[5, 3, 9\] on cpu",
     ):
         h.hash(ids, out=torch.empty((5, 3, 9), dtype=torch.int64))
     with pytest.raises(EngramError, match="out must be"):

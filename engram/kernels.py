@@ -1,0 +1,190 @@
+"""The CUDA kernels (kernels/*.cu): built with nvcc into a cache keyed by the sources' hash, loaded with
+ctypes through the C ABI of kernels/engram_kernels.h, and registered as the CUDA implementations of
+engram::gather and engram::ngram_hash. Also the CUDA runtime that pins host tables (registration.py).
+
+Nothing in a launch allocates device memory behind torch's back or synchronises, so the ops can be
+captured in CUDA graphs; ids are range-checked before the launch in eager mode, and during capture the
+kernel reads zeros for a bad id and raises a device flag (check_error_flag)."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import torch
+
+from engram import native
+from engram._build import KERNELS, build_library
+from engram.errors import EngramError
+from engram.ops import DEAD_ID, OUT_KINDS, check_ids, gather, ngram_hash
+
+_VP, _I64, _I64P = ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)
+SIGNATURES: dict[str, list[type]] = {
+    "engram_gather_cuda": [_VP, _VP, _I64, _I64, _I64, _I64, _I64, _VP, _I64, _VP, ctypes.c_int, _VP, _VP],
+    "engram_ngram_hash_cuda": [_VP, _VP, _I64, _I64, _VP, _VP, _VP, _VP, _I64, _I64, _I64, _I64, _VP, _VP],
+    "engram_host_register": [_VP, ctypes.c_uint64, ctypes.c_uint],
+    "engram_host_unregister": [_VP],
+    "engram_host_get_device_pointer": [ctypes.POINTER(ctypes.c_void_p), _VP],
+    "engram_cuda_get_last_error": [],
+    "engram_cuda_last_error": [],
+}
+# Always built; newer ones are added when the toolkit knows them (Hopper is sm_90, the H200 too).
+BASE_ARCHS = ("80", "90")
+EXTRA_ARCHS = ("100", "120")
+
+
+def gencode_flags(nvcc: str = "nvcc") -> list[str]:
+    try:
+        listed = subprocess.run(
+            [nvcc, "--list-gpu-arch"], capture_output=True, text=True, timeout=60, check=False
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        listed = ""
+    known = set(re.findall(r"compute_(\d+)", listed))
+    archs = [*BASE_ARCHS, *(a for a in EXTRA_ARCHS if a in known)]
+    flags = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
+    return [*flags, f"-gencode=arch=compute_{archs[-1]},code=compute_{archs[-1]}"]  # PTX for newer GPUs
+
+
+def build(nvcc: str | None = None) -> Path:
+    """Compile every .cu with warnings as errors; returns the cached library's path."""
+    compiler = nvcc or shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    flags = [
+        "-O3",
+        "-std=c++17",
+        "-shared",
+        "-Werror",
+        "all-warnings",
+        "-Xcompiler",
+        "-Wall,-Wextra,-Werror,-fPIC",
+        *gencode_flags(compiler),
+    ]
+    return build_library("engram_cuda", sorted(KERNELS.glob("*.cu")), compiler, flags)
+
+
+def load(path: Path) -> ctypes.CDLL:
+    """Open a kernel library and declare its C ABI (a stub with the same symbols loads the same way)."""
+    try:
+        library = ctypes.CDLL(str(path))
+    except OSError as exc:
+        raise EngramError(f"cannot load the CUDA kernels from {path}: {exc}") from None
+    native.bind(library, SIGNATURES)
+    library.engram_cuda_error_string.argtypes = [ctypes.c_int]
+    library.engram_cuda_error_string.restype = ctypes.c_char_p
+    return library
+
+
+@functools.cache
+def cuda_library() -> ctypes.CDLL:
+    return load(build())
+
+
+def check(library: ctypes.CDLL, status: int, what: str) -> None:
+    """Raise for a non-zero status, naming the CUDA error behind ENGRAM_ERR_CUDA."""
+    if status == 3:
+        code = library.engram_cuda_last_error()
+        text = library.engram_cuda_error_string(code).decode(errors="replace")
+        raise EngramError(f"{what} failed: CUDA error {code} ({text})")
+    native.check(status, what)
+
+
+class LibraryRuntime:
+    """registration.CudaRuntime over the kernel library's wrappers of cudaHostRegister and friends."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self.library = library
+
+    def host_register(self, addr: int, size: int, flags: int) -> int:
+        return int(self.library.engram_host_register(addr, size, flags))
+
+    def host_unregister(self, addr: int) -> int:
+        return int(self.library.engram_host_unregister(addr))
+
+    def host_get_device_pointer(self, addr: int) -> tuple[int, int]:
+        pointer = ctypes.c_void_p(0)
+        code = int(self.library.engram_host_get_device_pointer(ctypes.byref(pointer), addr))
+        return code, int(pointer.value or 0)
+
+    def get_last_error(self) -> int:
+        return int(self.library.engram_cuda_get_last_error())
+
+    def error_string(self, code: int) -> str:
+        return str(self.library.engram_cuda_error_string(code).decode(errors="replace"))
+
+
+@functools.cache
+def _error_flag(device: torch.device) -> torch.Tensor:
+    return torch.zeros(1, dtype=torch.int32, device=device)
+
+
+def check_error_flag(device: torch.device | str = "cuda") -> None:
+    """Raise if a captured gather saw an id outside its table since the last check (synchronises)."""
+    flag = _error_flag(torch.device(device))
+    if int(flag.item()):
+        flag.zero_()
+        raise EngramError(f"a gather on {device} was given a row id outside its table (it read zeros instead)")
+
+
+def _stream(device: torch.device) -> int:
+    return int(torch.cuda.current_stream(device).cuda_stream)
+
+
+@gather.register_kernel("cuda")
+def _gather_cuda(
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    ids: torch.Tensor,
+    row_start: int,
+    table_rows: int,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    raw = scale is None and out_dtype == weight.dtype
+    if not raw and (scale is None or out_dtype not in OUT_KINDS):
+        raise EngramError(
+            f"the CUDA gather reads fp8 into {list(OUT_KINDS)} or copies rows as stored; {weight.dtype} -> {out_dtype} is neither"
+        )
+    for name, table in (("weight", weight), ("scale", scale)):
+        if table is not None and table.device.type == "cpu" and table.numel() and not table.is_pinned():
+            raise EngramError(
+                f"the {name} table is in unpinned host memory: the GPU cannot read it (register it, or keep it on the device)"
+            )
+    flat = ids.reshape(-1).to(torch.int64).contiguous()
+    if not torch.cuda.is_current_stream_capturing():
+        check_ids(flat, table_rows)
+    out = torch.empty((flat.numel(), weight.shape[1]), dtype=out_dtype, device=ids.device)
+    library = cuda_library()
+    status = library.engram_gather_cuda(
+        weight.data_ptr() or None, scale.data_ptr() if scale is not None and scale.numel() else None, weight.shape[0], weight.shape[1],
+        weight.shape[1] * weight.element_size(), row_start, table_rows, flat.data_ptr() or None, flat.numel(), out.data_ptr() or None,
+        0 if raw else OUT_KINDS[out_dtype], _error_flag(ids.device).data_ptr(), _stream(ids.device),
+    )  # fmt: skip
+    check(library, status, "engram_gather_cuda")
+    return out.view(*ids.shape, weight.shape[1])
+
+
+@ngram_hash.register_kernel("cuda")
+def _ngram_hash_cuda(
+    ext: torch.Tensor,
+    start: torch.Tensor,
+    multipliers: torch.Tensor,
+    primes: torch.Tensor,
+    magic: torch.Tensor,
+    offsets: torch.Tensor,
+    fill: int,
+    out: torch.Tensor,
+) -> None:
+    library = cuda_library()
+    layers, max_ngram = multipliers.shape
+    status = library.engram_ngram_hash_cuda(
+        ext.data_ptr(), start.data_ptr(), start.numel(), ext.numel() - start.numel(), multipliers.data_ptr(), primes.data_ptr(),
+        magic.data_ptr(), offsets.data_ptr(), layers, max_ngram, primes.shape[1] // (max_ngram - 1), fill, out.data_ptr(),
+        _stream(ext.device),
+    )  # fmt: skip
+    check(library, status, "engram_ngram_hash_cuda")
+
+
+__all__ = ["DEAD_ID", "LibraryRuntime", "build", "check_error_flag", "cuda_library", "load"]

@@ -1,0 +1,177 @@
+// Gather of table rows for global row ids, with fp8 e4m3 + ue8m0 block-32 dequantisation fused into the
+// store. The same kernel reads device tables and UVA views of pinned host tables.
+//
+// A row is handled by a sub-warp of LANES threads, each moving 16 bytes at a time (rows start 128-byte
+// aligned when the table does and rows are multiples of 16 bytes). Each sub-warp keeps ROWS_IN_FLIGHT rows
+// loading at once: over PCIe (UVA) a row is ~1 us away, so latency, not bandwidth, bounds a lone row.
+#include <cuda_runtime.h>
+
+#include "engram_common.h"
+#include "engram_kernels.h"
+
+namespace {
+
+constexpr int THREADS = 256;
+constexpr int ROWS_IN_FLIGHT = 4;
+
+thread_local int last_cuda_error = 0;
+
+int launch_status() {
+    cudaError_t err = cudaGetLastError();
+    if (err == cudaSuccess) return ENGRAM_OK;
+    last_cuda_error = static_cast<int>(err);
+    return ENGRAM_ERR_CUDA;
+}
+
+__device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+// Raw rows: 16-byte vectors when everything is aligned, bytes otherwise.
+template <int LANES>
+__global__ void gather_raw(const uint8_t* __restrict__ weight, int64_t shard_rows, int64_t row_bytes, int64_t row_start,
+                           int64_t table_rows, const int64_t* __restrict__ ids, int64_t n, uint8_t* __restrict__ out,
+                           int* __restrict__ error_flag) {
+    const int lane = threadIdx.x % LANES;
+    const int64_t group = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / LANES;
+    const int64_t groups = static_cast<int64_t>(gridDim.x) * blockDim.x / LANES;
+    const bool vector = (row_bytes & 15) == 0 && aligned16(weight) && aligned16(out);
+    for (int64_t base = group * ROWS_IN_FLIGHT; base < n; base += groups * ROWS_IN_FLIGHT) {
+        const uint8_t* src[ROWS_IN_FLIGHT];
+#pragma unroll
+        for (int r = 0; r < ROWS_IN_FLIGHT; ++r) {
+            const int64_t i = base + r;
+            src[r] = nullptr;
+            if (i >= n) continue;
+            const int64_t id = ids[i];
+            if (id < -1 || id >= table_rows) {
+                if (lane == 0) atomicOr(error_flag, 1);
+            } else if (id >= 0 && id - row_start >= 0 && id - row_start < shard_rows) {
+                src[r] = weight + (id - row_start) * row_bytes;
+            }
+        }
+        if (vector) {
+            for (int64_t off = lane * 16; off < row_bytes; off += LANES * 16) {
+                uint4 v[ROWS_IN_FLIGHT];
+#pragma unroll
+                for (int r = 0; r < ROWS_IN_FLIGHT; ++r) v[r] = src[r] ? *reinterpret_cast<const uint4*>(src[r] + off) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+                for (int r = 0; r < ROWS_IN_FLIGHT; ++r)
+                    if (base + r < n) *reinterpret_cast<uint4*>(out + (base + r) * row_bytes + off) = v[r];
+            }
+        } else {
+            for (int64_t off = lane; off < row_bytes; off += LANES) {
+#pragma unroll
+                for (int r = 0; r < ROWS_IN_FLIGHT; ++r)
+                    if (base + r < n) out[(base + r) * row_bytes + off] = src[r] ? src[r][off] : 0;
+            }
+        }
+    }
+}
+
+// fp8 rows: each thread dequantises 16 values (one uint4) with the scale of their block of 32.
+template <int LANES>
+__global__ void gather_fp8(const uint8_t* __restrict__ weight, const uint8_t* __restrict__ scale, int64_t shard_rows,
+                           int64_t dim, int64_t row_start, int64_t table_rows, const int64_t* __restrict__ ids, int64_t n,
+                           uint8_t* __restrict__ out, int out_kind, int* __restrict__ error_flag) {
+    const int lane = threadIdx.x % LANES;
+    const int64_t group = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / LANES;
+    const int64_t groups = static_cast<int64_t>(gridDim.x) * blockDim.x / LANES;
+    const int64_t out_bytes = dim * (out_kind == ENGRAM_OUT_F32 ? 4 : 2);
+    for (int64_t base = group * ROWS_IN_FLIGHT; base < n; base += groups * ROWS_IN_FLIGHT) {
+        int64_t local[ROWS_IN_FLIGHT];
+#pragma unroll
+        for (int r = 0; r < ROWS_IN_FLIGHT; ++r) {
+            const int64_t i = base + r;
+            local[r] = -1;
+            if (i >= n) continue;
+            const int64_t id = ids[i];
+            if (id < -1 || id >= table_rows) {
+                if (lane == 0) atomicOr(error_flag, 1);
+            } else if (id >= 0 && id - row_start >= 0 && id - row_start < shard_rows) {
+                local[r] = id - row_start;
+            }
+        }
+        for (int64_t v0 = lane * 16; v0 < dim; v0 += LANES * 16) {
+            uint4 w[ROWS_IN_FLIGHT];
+            uint8_t s[ROWS_IN_FLIGHT];
+#pragma unroll
+            for (int r = 0; r < ROWS_IN_FLIGHT; ++r) {
+                w[r] = local[r] >= 0 ? *reinterpret_cast<const uint4*>(weight + local[r] * dim + v0) : make_uint4(0, 0, 0, 0);
+                s[r] = local[r] >= 0 ? scale[local[r] * (dim / 32) + v0 / 32] : 0;
+            }
+#pragma unroll
+            for (int r = 0; r < ROWS_IN_FLIGHT; ++r) {
+                if (base + r >= n) continue;
+                uint8_t* dst = out + (base + r) * out_bytes;
+                const uint8_t* bytes = reinterpret_cast<const uint8_t*>(&w[r]);
+                const float factor = engram_e8m0_to_float(s[r]);
+                if (out_kind == ENGRAM_OUT_F32) {
+                    float4 f[4];
+                    float* fv = reinterpret_cast<float*>(f);
+#pragma unroll
+                    for (int k = 0; k < 16; ++k) fv[k] = local[r] >= 0 ? engram_e4m3_to_float(bytes[k]) * factor : 0.0f;
+#pragma unroll
+                    for (int k = 0; k < 4; ++k) reinterpret_cast<float4*>(dst + v0 * 4)[k] = f[k];
+                } else {
+                    uint4 h[2];
+                    uint16_t* hv = reinterpret_cast<uint16_t*>(h);
+#pragma unroll
+                    for (int k = 0; k < 16; ++k) hv[k] = local[r] >= 0 ? engram_float_to_bf16(engram_e4m3_to_float(bytes[k]) * factor) : 0;
+                    reinterpret_cast<uint4*>(dst + v0 * 2)[0] = h[0];
+                    reinterpret_cast<uint4*>(dst + v0 * 2)[1] = h[1];
+                }
+            }
+        }
+    }
+}
+
+int blocks_for(int64_t groups_needed, int lanes) {
+    const int64_t per_block = THREADS / lanes;
+    int64_t blocks = (groups_needed + per_block - 1) / per_block;
+    if (blocks < 1) blocks = 1;
+    return blocks > 65535 * 16 ? 65535 * 16 : static_cast<int>(blocks);
+}
+
+}  // namespace
+
+extern "C" int engram_gather_cuda(const void* weight, const void* scale, int64_t shard_rows, int64_t dim, int64_t row_bytes,
+                                  int64_t row_start, int64_t table_rows, const int64_t* ids, int64_t n, void* out, int out_kind,
+                                  int* error_flag, void* stream) {
+    if (n < 0 || shard_rows < 0 || dim < 1 || row_bytes < 1 || row_start < 0 || !error_flag) return ENGRAM_ERR_ARGUMENT;
+    if (out_kind != ENGRAM_OUT_RAW && (dim % 32 || (shard_rows && !scale))) return ENGRAM_ERR_ARGUMENT;
+    if (n == 0) return ENGRAM_OK;
+    if (!ids || !out || (shard_rows && !weight)) return ENGRAM_ERR_ARGUMENT;
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    const int64_t groups = (n + ROWS_IN_FLIGHT - 1) / ROWS_IN_FLIGHT;
+    const auto* w = static_cast<const uint8_t*>(weight);
+    auto* o = static_cast<uint8_t*>(out);
+    if (out_kind == ENGRAM_OUT_RAW) {
+        // Short rows take a sub-warp: one 16-byte vector per lane, so no lane idles on a 256-byte row.
+        if (row_bytes <= 128) {
+            gather_raw<8><<<blocks_for(groups, 8), THREADS, 0, s>>>(w, shard_rows, row_bytes, row_start, table_rows, ids, n, o, error_flag);
+        } else if (row_bytes <= 256) {
+            gather_raw<16><<<blocks_for(groups, 16), THREADS, 0, s>>>(w, shard_rows, row_bytes, row_start, table_rows, ids, n, o, error_flag);
+        } else {
+            gather_raw<32><<<blocks_for(groups, 32), THREADS, 0, s>>>(w, shard_rows, row_bytes, row_start, table_rows, ids, n, o, error_flag);
+        }
+    } else {
+        const auto* sc = static_cast<const uint8_t*>(scale);
+        if (dim <= 256) {
+            gather_fp8<16><<<blocks_for(groups, 16), THREADS, 0, s>>>(w, sc, shard_rows, dim, row_start, table_rows, ids, n, o, out_kind, error_flag);
+        } else {
+            gather_fp8<32><<<blocks_for(groups, 32), THREADS, 0, s>>>(w, sc, shard_rows, dim, row_start, table_rows, ids, n, o, out_kind, error_flag);
+        }
+    }
+    return launch_status();
+}
+
+extern "C" int engram_cuda_last_error(void) { return last_cuda_error; }
+extern "C" const char* engram_cuda_error_string(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
+extern "C" int engram_cuda_get_last_error(void) { return static_cast<int>(cudaGetLastError()); }
+
+extern "C" int engram_host_register(void* host, uint64_t size, unsigned int flags) {
+    return static_cast<int>(cudaHostRegister(host, static_cast<size_t>(size), flags));
+}
+extern "C" int engram_host_unregister(void* host) { return static_cast<int>(cudaHostUnregister(host)); }
+extern "C" int engram_host_get_device_pointer(void** device, void* host) {
+    return static_cast<int>(cudaHostGetDevicePointer(device, host, 0));
+}

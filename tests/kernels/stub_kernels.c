@@ -1,0 +1,40 @@
+/* A stand-in for the CUDA kernel library with the same C ABI, for testing the ctypes loading path and the
+ * error handling without a GPU. stub_set() chooses what the next calls return. */
+#include <stdint.h>
+#include <string.h>
+
+static int next_status = 0, cuda_error = 0, register_code = 0, pointer_code = 0, sticky = 0, registered = 0;
+
+void stub_set(int status, int error, int reg, int ptr) {
+    next_status = status;
+    cuda_error = error;
+    register_code = reg;
+    pointer_code = ptr;
+}
+int stub_registered(void) { return registered; }
+
+int engram_gather_cuda(const void* w, const void* s, int64_t rows, int64_t dim, int64_t rb, int64_t start, int64_t table,
+                       const int64_t* ids, int64_t n, void* out, int kind, int* flag, void* stream) {
+    (void)w; (void)s; (void)rows; (void)dim; (void)rb; (void)start; (void)table; (void)ids; (void)n; (void)out; (void)kind; (void)flag; (void)stream;
+    return next_status;
+}
+int engram_ngram_hash_cuda(const int64_t* e, const int64_t* st, int64_t t, int64_t c, const int64_t* m, const int64_t* p,
+                           const int64_t* mg, const int64_t* o, int64_t l, int64_t n, int64_t h, int64_t f, int64_t* out, void* s) {
+    (void)e; (void)st; (void)t; (void)c; (void)m; (void)p; (void)mg; (void)o; (void)l; (void)n; (void)h; (void)f; (void)out; (void)s;
+    return next_status;
+}
+int engram_host_register(void* host, uint64_t size, unsigned int flags) {
+    (void)host; (void)size; (void)flags;
+    if (register_code) { sticky = register_code; return register_code; }
+    registered += 1;
+    return 0;
+}
+int engram_host_unregister(void* host) { (void)host; registered -= 1; return 0; }
+int engram_host_get_device_pointer(void** device, void* host) {
+    if (pointer_code) { sticky = pointer_code; return pointer_code; }
+    *device = host;
+    return 0;
+}
+int engram_cuda_get_last_error(void) { int code = sticky; sticky = 0; return code; }
+int engram_cuda_last_error(void) { return cuda_error; }
+const char* engram_cuda_error_string(int code) { return code == 2 ? "out of memory" : code == 1 ? "invalid argument" : "unknown error"; }

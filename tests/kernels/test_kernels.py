@@ -1,0 +1,148 @@
+"""The CUDA half without a GPU: every .cu compiles with nvcc for sm_90 with no warnings, and the ctypes
+loading path and error handling work against a stub library with the same C ABI."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from engram import kernels
+from engram._build import build_library
+from engram.errors import EngramError
+from engram.runtime.mapping import map_anonymous
+from engram.runtime.registration import register
+
+SYMBOLS = [*kernels.SIGNATURES, "engram_cuda_error_string"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (the CUDA toolkit) is not installed")
+def test_nvcc_builds_every_kernel_without_warnings() -> None:
+    flags = kernels.gencode_flags()
+    assert "-gencode=arch=compute_90,code=sm_90" in flags and "-gencode=arch=compute_80,code=sm_80" in flags
+    path = kernels.build()  # -Werror all-warnings: any warning fails the build
+    exported = subprocess.run(
+        ["nm", "-D", "--defined-only", str(path)], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    for symbol in SYMBOLS:
+        assert f" T {symbol}\n" in exported
+    if shutil.which("cuobjdump"):  # not in every toolkit install (this machine's lacks it)
+        listing = subprocess.run(
+            ["cuobjdump", "--list-elf", str(path)], capture_output=True, text=True, check=True, timeout=60
+        ).stdout
+        assert "sm_90" in listing
+
+
+@pytest.fixture(scope="module")
+def stub() -> ctypes.CDLL:
+    source = Path(__file__).with_name("stub_kernels.c")
+    path = build_library("engram_stub", [source], "cc", ["-O1", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror"])
+    library = kernels.load(path)
+    library.stub_set.argtypes = [ctypes.c_int] * 4
+    return library
+
+
+def test_status_codes(stub: ctypes.CDLL) -> None:
+    stub.stub_set(0, 0, 0, 0)
+    kernels.check(stub, stub.engram_gather_cuda(None, None, 0, 1, 1, 0, 0, None, 0, None, 0, None, None), "gather")
+    stub.stub_set(3, 2, 0, 0)
+    with pytest.raises(EngramError, match=r"^engram_gather_cuda failed: CUDA error 2 \(out of memory\)$"):
+        kernels.check(
+            stub, stub.engram_gather_cuda(None, None, 0, 1, 1, 0, 0, None, 0, None, 0, None, None), "engram_gather_cuda"
+        )
+    stub.stub_set(1, 0, 0, 0)
+    with pytest.raises(EngramError, match=r"^engram_ngram_hash_cuda failed: invalid argument$"):
+        kernels.check(
+            stub,
+            stub.engram_ngram_hash_cuda(None, None, 0, 0, None, None, None, None, 1, 2, 1, 0, None, None),
+            "engram_ngram_hash_cuda",
+        )
+    stub.stub_set(2, 0, 0, 0)
+    with pytest.raises(EngramError, match="id outside the table"):
+        kernels.check(stub, 2, "gather")
+
+
+def test_registration_through_the_library(stub: ctypes.CDLL) -> None:
+    runtime = kernels.LibraryRuntime(stub)
+    stub.stub_set(0, 0, 0, 0)
+    mapping = map_anonymous(3 * 4096)
+    assert register(mapping, runtime, chunk_bytes=4096) == mapping.addr
+    assert stub.stub_registered() == 3
+    mapping.release()
+    assert stub.stub_registered() == 0
+    stub.stub_set(0, 0, 2, 0)
+    failing = map_anonymous(4096)
+    with pytest.raises(
+        EngramError, match=r"cudaHostRegister of 4,096 bytes at offset 0 failed: out of memory \(error 2\)"
+    ):
+        register(failing, runtime)
+    assert runtime.get_last_error() == 0  # the failed call's error was cleared
+    stub.stub_set(0, 0, 0, 1)
+    with pytest.raises(EngramError, match=r"cudaHostGetDevicePointer failed: invalid argument \(error 1\)"):
+        register(failing, runtime)
+    assert stub.stub_registered() == 0  # the chunk registered before the failure was undone
+
+
+def test_missing_library(tmp_path: Path) -> None:
+    with pytest.raises(EngramError, match="cannot load the CUDA kernels from"):
+        kernels.load(tmp_path / "libnothing.so")
+
+
+def test_gpu_check_says_it_needs_a_gpu() -> None:
+    """Without a GPU the check refuses plainly (it runs in full on a GPU machine)."""
+    import sys
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: run scripts/gpu_check.py itself")
+    done = subprocess.run(
+        [sys.executable, "scripts/gpu_check.py"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == "gpu_check: no CUDA device here; run it on a GPU machine\n"
+
+
+needs_gpu = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device (scripts/gpu_check.py covers this on a GPU machine)"
+)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["fp8", "bf16"])
+@pytest.mark.parametrize("placement", ["device", "pinned"])
+def test_cuda_gather_equals_cpu(dtype: str, placement: str) -> None:
+    from engram.ops import gather, gather_reference
+    from engram.runtime.storage import ShardFormat, allocate
+
+    runtime = kernels.LibraryRuntime(kernels.cuda_library()) if placement == "pinned" else None
+    shard = allocate("t", ShardFormat(300, 64, dtype), placement, row_start=100, runtime=runtime, device="cuda")  # type: ignore[arg-type]
+    shard.weight.view(torch.uint8).copy_(torch.randint(0, 120, shard.weight.view(torch.uint8).shape, dtype=torch.uint8))
+    if shard.scale is not None:
+        shard.scale.view(torch.uint8).fill_(120)
+    ids = torch.randint(-1, 500, (77, 5))
+    out_dtype = torch.bfloat16
+    got = gather(shard.weight, shard.scale, ids.cuda(), 100, 500, out_dtype)
+    want = gather_reference(
+        shard.weight.cpu(), None if shard.scale is None else shard.scale.cpu(), ids, 100, 500, out_dtype
+    )
+    assert torch.equal(got.cpu(), want)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_cuda_hash_equals_cpu() -> None:
+    from engram.presets import get_preset
+
+    hasher = get_preset("deepseek-v4.1-flash").hasher()
+    ids = torch.randint(0, 99_092, (1000,))
+    assert torch.equal(hasher.hash(ids.cuda()).cpu(), hasher.hash(ids))
