@@ -38,7 +38,7 @@ bench: setup
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 demo: setup
-	$(PY) -m engram validate schema/examples/valid-v41-dp8-shared.json
+	$(PY) -m engram demo
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

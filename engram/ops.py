@@ -14,6 +14,13 @@ from engram.errors import EngramError
 DEAD_ID = -1
 SCALE_BLOCK = 32
 OUT_KINDS = {torch.float32: 1, torch.bfloat16: 2}
+# Below this many items a kernel runs on one thread: waking a thread team costs more than it saves, and
+# replicas sharing a machine would spin against each other.
+PARALLEL_MIN = 16384
+
+
+def threads_for(items: int) -> int:
+    return torch.get_num_threads() if items >= PARALLEL_MIN else 1
 
 
 def ensure_kernels(device: torch.device) -> None:
@@ -81,7 +88,7 @@ def _gather_native(
     status = library.engram_gather_cpu(
         weight.data_ptr() or None, scale.contiguous().data_ptr() if scale is not None else None, weight.shape[0], weight.shape[1],
         weight.shape[1] * weight.element_size(), row_start, table_rows, native.ptr(flat), flat.numel(), out.data_ptr() or None,
-        0 if raw else OUT_KINDS[out_dtype], ctypes.byref(bad), torch.get_num_threads(),
+        0 if raw else OUT_KINDS[out_dtype], ctypes.byref(bad), threads_for(flat.numel()),
     )  # fmt: skip
     if status == 2:
         raise EngramError(f"row id {bad.value} is outside the table's {table_rows} rows (DEAD_ID is {DEAD_ID})")
@@ -163,7 +170,7 @@ def _ngram_hash_native(
     status = library.engram_ngram_hash_cpu(
         native.ptr(ext), native.ptr(start), start.numel(), ext.numel() - start.numel(), native.ptr(multipliers),
         native.ptr(primes), native.ptr(magic), native.ptr(offsets), layers, max_ngram, primes.shape[1] // (max_ngram - 1),
-        fill, native.ptr(out), torch.get_num_threads(),
+        fill, native.ptr(out), threads_for(start.numel() * layers),
     )  # fmt: skip
     native.check(status, "engram_ngram_hash_cpu")
     return True

@@ -53,33 +53,23 @@ class EngramEmbedding(nn.Module):
         if ids.dim() != 2 or ids.shape[1] != self.columns or ids.dtype not in (torch.int64, torch.int32):
             raise EngramError(f"ids must be int64 or int32 [tokens, {self.columns}], got {ids.dtype} {list(ids.shape)}")
         ids = ids.to(torch.int64)
+        if self.dp_group is None:
+            return self.lookup_gathered(ids)
+        everyone, start = gather_replica_ids(ids, self.dp_group)
+        return self.lookup_gathered(everyone)[start : start + ids.shape[0]]
+
+    def lookup_gathered(self, ids: torch.Tensor) -> torch.Tensor:
+        """Local gather and combine over the embedding group, for ids every member holds alike (this
+        replica's, or with embedding_across_dp everyone's, as gather_replica_ids returns them)."""
         ensure_kernels(ids.device)
-        if self.group is not None or self.dp_group is not None:
+        if self.group is not None:
             check_ids(ids, self.plan.table_rows)  # every rank raises alike, before any collective
-        tokens = ids.shape[0]
-        if self.dp_group is not None:
-            ids, window = self._gather_ids(ids)
         plan = self.plan
         columns = ids[:, plan.head_start : plan.head_stop] if plan.kind == "head" else ids
         rows: torch.Tensor = gather(self.weight, self.scale, columns, plan.row_start, plan.table_rows, self.out_dtype)
         if self.group is not None:
             rows = self._combine_heads(rows) if plan.kind == "head" else self._combine_rows(rows)
-        if self.dp_group is not None:
-            rows = rows[window : window + tokens]
         return rows
-
-    def _gather_ids(self, ids: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """Every replica's ids, padded with DEAD_ID to the largest count; and where this replica's start."""
-        group = self.dp_group
-        assert group is not None
-        counts = [torch.zeros(1, dtype=torch.int64) for _ in range(group.size)]
-        dist.all_gather(counts, torch.tensor([ids.shape[0]], dtype=torch.int64), group=group.handle)
-        longest = max(int(c) for c in counts)
-        padded = torch.full((longest, self.columns), DEAD_ID, dtype=torch.int64)
-        padded[: ids.shape[0]] = ids
-        everyone = [torch.empty_like(padded) for _ in range(group.size)]
-        dist.all_gather(everyone, padded, group=group.handle)
-        return torch.cat(everyone), group.rank * longest
 
     def _combine_heads(self, rows: torch.Tensor) -> torch.Tensor:
         group = self.group
@@ -96,3 +86,16 @@ class EngramEmbedding(nn.Module):
         assert group is not None
         dist.all_reduce(rows, group=group.handle)
         return rows
+
+
+def gather_replica_ids(ids: torch.Tensor, group: Group) -> tuple[torch.Tensor, int]:
+    """Every replica's ids [T_d, X], padded with DEAD_ID to the largest T (idle replicas send only
+    padding), concatenated in replica order; and where this replica's window starts."""
+    counts = [torch.zeros(1, dtype=torch.int64, device=ids.device) for _ in range(group.size)]
+    dist.all_gather(counts, torch.tensor([ids.shape[0]], dtype=torch.int64, device=ids.device), group=group.handle)
+    longest = max(int(c) for c in counts)
+    padded = torch.full((longest, ids.shape[1]), DEAD_ID, dtype=torch.int64, device=ids.device)
+    padded[: ids.shape[0]] = ids
+    everyone = [torch.empty_like(padded) for _ in range(group.size)]
+    dist.all_gather(everyone, padded, group=group.handle)
+    return torch.cat(everyone), group.rank * longest

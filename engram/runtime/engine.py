@@ -15,7 +15,7 @@ from engram.config import EngramConfig, ParallelConfig
 from engram.errors import EngramError
 from engram.ngram.spec import ModelSpec
 from engram.runtime.dist import Group, new_group, timeout_s
-from engram.runtime.embedding import EngramEmbedding
+from engram.runtime.embedding import EngramEmbedding, gather_replica_ids
 from engram.runtime.loader import Checkpoint, load_shards
 from engram.runtime.plan import DeploymentPlan, RankPlan, plan_deployment
 from engram.runtime.registration import CudaRuntime
@@ -120,8 +120,14 @@ class EngramTables:
         return cls(plan, mine, groups, shards, layers)
 
     def lookup(self, rows: torch.Tensor) -> list[torch.Tensor]:
-        """rows: [T, layers, C] from NgramHasher -> per layer [T, C, D]."""
-        return [layer(rows[:, i]) for i, layer in enumerate(self.layers)]
+        """rows: [T, layers, C] from NgramHasher -> per layer [T, C, D]. With embedding_across_dp the
+        replicas' ids are gathered once per step, for all layers together."""
+        if self.groups.dp is None or self.groups.dp.size == 1:
+            return [layer(rows[:, i]) for i, layer in enumerate(self.layers)]
+        tokens, layers, columns = rows.shape
+        everyone, start = gather_replica_ids(rows.reshape(tokens, layers * columns).to(torch.int64), self.groups.dp)
+        everyone = everyone.view(-1, layers, columns)
+        return [layer.lookup_gathered(everyone[:, i])[start : start + tokens] for i, layer in enumerate(self.layers)]
 
     def release(self) -> None:
         self.layers.clear()

@@ -1,0 +1,115 @@
+"""`engram plan`: validate a deployment, then print what it costs per rank, per node and per step,
+without allocating anything."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from engram.config import (
+    add_deployment_args,
+    add_engram_args,
+    deployment_flag_values,
+    engram_flag_inputs,
+    read_deployment,
+    validate_deployment,
+)
+from engram.errors import EngramError
+from engram.hostmem import read_host_limits
+from engram.planning import host_bytes_by_dp, summary
+from engram.presets import PRESETS, get_preset
+from engram.runtime.plan import DeploymentPlan, plan_deployment
+
+GIB = 1 << 30
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("plan", help="bytes per rank and node, and collectives per step, of a deployment")
+    parser.add_argument("--preset", required=True, choices=sorted(PRESETS))
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="draw host memory per node against DP size (needs matplotlib: pip install 'engram[plot]')",
+    )
+    parser.add_argument(
+        "--node-ram-gib", type=float, help="the node's RAM for the plot's line (default: this machine's)"
+    )
+    add_engram_args(parser)
+    add_deployment_args(parser)
+    parser.set_defaults(run=run)
+
+
+def build_plan(args: argparse.Namespace) -> DeploymentPlan:
+    spec = get_preset(args.preset)
+    objects, fields = engram_flag_inputs(args.engram_config)
+    document = {
+        "model": {"architecture": spec.architecture, "hf_text_config": spec.hf_text_config},
+        "parallel": {},
+        "platform": "cuda",
+    }
+    document = read_deployment(document, engram_json=objects, overrides=fields, flags=deployment_flag_values(args))
+    deployment = validate_deployment(document)
+    assert deployment.parallel is not None and deployment.platform is not None
+    return plan_deployment(spec, deployment.engram, deployment.parallel, deployment.platform)
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = build_plan(args)
+    report = summary(plan)
+    if args.plot:
+        draw(plan, args.plot, args.node_ram_gib)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    p = plan.parallel
+    print(
+        f"{plan.spec.name} on TP {p.tensor_parallel_size} x DP {p.data_parallel_size} ({p.data_parallel_size_local} per node), {plan.platform}, tables {report['placement']}: {report['table_bytes']:,} table bytes"
+    )
+    print("per rank:           device bytes     pinned host bytes     shm (mapped) bytes")
+    for row in report["per_rank"]:
+        print(
+            f"  rank {row['rank']:>3} (tp {row['tp_rank']}, dp {row['dp_rank']}, node {row['node']}): {row['device_bytes']:>16,} {row['pinned_host_bytes']:>20,} {row['shm_bytes']:>20,}"
+        )
+    print("per node:")
+    for node in report["per_node"]:
+        print(
+            f"  node {node['node']}: host {node['host_bytes']:,} bytes ({node['host_bytes'] / GIB:.1f} GiB), /dev/shm needed {node['shm_bytes']:,} bytes, GPU {node['device_bytes']:,} bytes"
+        )
+    print("per step:" + ("" if report["collectives"] else " no collectives"))
+    for c in report["collectives"]:
+        print(
+            f"  {c['op']} of {c['what']} over {c['group']} ({c['group_size']} ranks): {c['bytes_per_token']:,} bytes per token"
+        )
+    if args.plot:
+        print(f"plot: {args.plot}")
+    return 0
+
+
+def draw(plan: DeploymentPlan, path: str, node_ram_gib: float | None) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise EngramError("--plot needs matplotlib: pip install 'engram[plot]'") from None
+    sizes = range(1, 17)
+    series = host_bytes_by_dp(plan.spec, plan.config, plan.parallel.tensor_parallel_size, sizes)
+    ram = node_ram_gib if node_ram_gib is not None else read_host_limits().physical_bytes / GIB
+    figure, axes = plt.subplots(figsize=(7, 4.5), dpi=120)
+    styles = {"private": ("o", "-"), "embedding_across_dp": ("s", "--"), "dp_shared_memory": ("^", ":")}
+    for name, values in series.items():
+        marker, line = styles[name]
+        axes.plot(list(sizes), [v / GIB for v in values], marker=marker, linestyle=line, label=name)
+    axes.axhline(ram, color="black", linestyle="--", label=f"node RAM ({ram:,.0f} GiB)")
+    axes.set_xlabel("data-parallel replicas on the node")
+    axes.set_ylabel("host memory for Engram tables (GiB)")
+    axes.set_title(f"{plan.spec.name}, TP {plan.parallel.tensor_parallel_size}: host memory per node")
+    axes.set_yscale("log")
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)

@@ -1,0 +1,185 @@
+"""Is this machine ready to serve Engram tables? Each check says pass, warn or fail, and how to fix it."""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from engram import native
+from engram.hostmem import read_host_limits
+from engram.planning import per_node
+from engram.runtime.hugepages import thp_mode
+from engram.runtime.plan import DeploymentPlan
+from engram.runtime.shm import node_identity, shm_dir
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # pass, warn or fail
+    detail: str
+    fix: str = ""
+
+    def as_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
+
+
+def check_shm(plan: DeploymentPlan | None) -> Check:
+    directory = shm_dir()
+    if not directory.is_dir():
+        return Check(
+            "shm", "fail", f"{directory} does not exist", "mount a tmpfs there, or point ENGRAM_SHM_DIR at one"
+        )
+    stats = os.statvfs(directory)
+    total, free = stats.f_blocks * stats.f_frsize, stats.f_bavail * stats.f_frsize
+    detail = f"{directory}: {_gib(total)} in all, {_gib(free)} free"
+    if plan is not None:
+        needed = max((n["shm_bytes"] for n in per_node(plan)), default=0)
+        if needed > free:
+            return Check(
+                "shm",
+                "fail",
+                f"{detail}; the plan needs {_gib(needed)} per node",
+                "docker run --shm-size=<size> or --ipc=host; or a larger ENGRAM_SHM_DIR",
+            )
+        detail += f"; the plan needs {_gib(needed)} per node"
+    return Check("shm", "pass", detail)
+
+
+def check_thp() -> Check:
+    mode = thp_mode()
+    if mode in ("always", "madvise"):
+        return Check("transparent huge pages", "pass", f"mode {mode}: thp_packing can back tables with huge pages")
+    return Check(
+        "transparent huge pages",
+        "warn",
+        f"mode {mode}: thp_packing falls back to ordinary pages",
+        "echo madvise > /sys/kernel/mm/transparent_hugepage/enabled",
+    )
+
+
+def check_memlock() -> Check:
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    if soft == resource.RLIM_INFINITY:
+        return Check("memlock limit", "pass", "unlimited")
+    if os.geteuid() == 0:
+        return Check("memlock limit", "pass", f"{_gib(soft)}, but root may pin more (CAP_IPC_LOCK)")
+    return Check(
+        "memlock limit",
+        "warn",
+        f"{_gib(soft)}: pinning host tables larger than this fails",
+        "ulimit -l unlimited (docker: --ulimit memlock=-1)",
+    )
+
+
+def check_memory(plan: DeploymentPlan | None) -> Check:
+    limits = read_host_limits()
+    cgroup = "no cgroup limit" if limits.cgroup_bytes is None else f"cgroup limit {_gib(limits.cgroup_bytes)}"
+    detail = f"RAM {_gib(limits.physical_bytes)}, {cgroup}"
+    if plan is not None:
+        needed = max((n["host_bytes"] for n in per_node(plan)), default=0)
+        if needed > limits.available:
+            return Check(
+                "host memory",
+                "fail",
+                f"{detail}; the plan pins {_gib(needed)} per node",
+                "--engram-config '{\"cpu_offload\": false}', dp_shared_memory or embedding_across_dp",
+            )
+        detail += f"; the plan pins {_gib(needed)} per node"
+    return Check("host memory", "pass", detail)
+
+
+def check_node() -> Check:
+    try:
+        ipc = os.readlink("/proc/self/ns/ipc")
+    except OSError:
+        ipc = "unknown"
+    identity = node_identity(shm_dir()) if shm_dir().is_dir() else {"boot_id": "unknown"}
+    return Check(
+        "node identity",
+        "pass",
+        f"boot id {identity['boot_id']}, IPC namespace {ipc}: replicas that share tables must show the same values",
+    )
+
+
+def check_cuda() -> list[Check]:
+    if not torch.cuda.is_available():
+        return [
+            Check(
+                "CUDA",
+                "warn",
+                "no CUDA device: the CPU reference backend only",
+                "run on a GPU node with the NVIDIA driver and a CUDA build of torch",
+            ),
+            Check(
+                "UVA",
+                "warn",
+                "no CUDA device: host tables cannot be read over UVA here",
+                "UVA comes with CUDA: run on a GPU node",
+            ),
+        ]
+    name = torch.cuda.get_device_name()
+    return [
+        Check("CUDA", "pass", f"{torch.cuda.device_count()} device(s), {name}, CUDA {torch.version.cuda}"),
+        Check(
+            "UVA",
+            "pass",
+            "64-bit unified addressing; each registration verifies the host address is readable on the GPU",
+        ),
+    ]
+
+
+def check_nvcc() -> Check:
+    nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+    if nvcc is None:
+        return Check(
+            "nvcc",
+            "warn",
+            "not found: the CUDA kernels cannot be built",
+            "install the CUDA toolkit, or put nvcc on PATH",
+        )
+    try:
+        version = (
+            subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60, check=False)
+            .stdout.strip()
+            .splitlines()[-1]
+        )
+    except (OSError, subprocess.TimeoutExpired, IndexError):
+        return Check("nvcc", "warn", f"{nvcc} does not run", "reinstall the CUDA toolkit")
+    return Check("nvcc", "pass", f"{nvcc}: {version}")
+
+
+def check_native() -> Check:
+    if native.cpu_library() is None:
+        return Check(
+            "native CPU kernels",
+            "warn",
+            "not built: lookups and hashing use plain torch (slower)",
+            "install a C compiler (cc) with OpenMP",
+        )
+    return Check("native CPU kernels", "pass", "built (kernels/cpu, OpenMP)")
+
+
+def run_checks(plan: DeploymentPlan | None = None) -> list[Check]:
+    return [
+        check_shm(plan),
+        check_thp(),
+        check_memlock(),
+        check_memory(plan),
+        check_node(),
+        *check_cuda(),
+        check_nvcc(),
+        check_native(),
+    ]

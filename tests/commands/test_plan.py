@@ -1,0 +1,148 @@
+"""`engram plan`: exact bytes for V4.1-Flash, collectives, validation, the plot."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from engram.cli import main
+from engram.presets import get_preset
+
+V41_TABLE = 202_758_032_400
+
+
+def plan(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:  # type: ignore[type-arg]
+    code = main(["plan", "--preset", "deepseek-v4.1-flash", "--json", *argv])
+    out = capsys.readouterr().out
+    assert code == 0
+    return json.loads(out)  # type: ignore[no-any-return]
+
+
+def bytes_of_heads(heads: range) -> int:
+    """Independent of the planner: rows of these heads in both layers, 264 bytes each."""
+    primes = get_preset("deepseek-v4.1-flash").layout.primes.reshape(2, -1)
+    return sum(int(primes[layer, h]) for layer in range(2) for h in heads) * 264
+
+
+def test_v41_tp4_private(capsys: pytest.CaptureFixture[str]) -> None:
+    report = plan(capsys, "--tensor-parallel-size", "4")
+    pinned = [r["pinned_host_bytes"] for r in report["per_rank"]]
+    assert pinned == [50_688_955_152, 50_689_356_432, 50_689_705_968, 50_690_014_848]
+    assert pinned == [bytes_of_heads(range(6 * r, 6 * r + 6)) for r in range(4)]
+    assert sum(pinned) == V41_TABLE and all(r["device_bytes"] == r["shm_bytes"] == 0 for r in report["per_rank"])
+    assert report["per_node"] == [{"node": 0, "host_bytes": V41_TABLE, "shm_bytes": 0, "device_bytes": 0}]
+    assert report["collectives"] == [
+        {
+            "op": "all_gather",
+            "what": "rows along heads, every layer",
+            "group": "TP ranks of a replica",
+            "group_size": 4,
+            "bytes_per_token": 2 * 24 * 256 * 2,
+        }
+    ]
+
+
+def test_v41_tp8(capsys: pytest.CaptureFixture[str]) -> None:
+    pinned = [r["pinned_host_bytes"] for r in plan(capsys, "--tensor-parallel-size", "8")["per_rank"]]
+    assert pinned == [
+        25_344_443_520,
+        25_344_511_632,
+        25_344_635_712,
+        25_344_720_720,
+        25_344_811_008,
+        25_344_894_960,
+        25_344_968_352,
+        25_345_046_496,
+    ]
+    assert pinned == [bytes_of_heads(range(3 * r, 3 * r + 3)) for r in range(8)]
+    assert sum(pinned) == V41_TABLE
+
+
+def test_v41_dp8_shared_against_private(capsys: pytest.CaptureFixture[str]) -> None:
+    shared = plan(
+        capsys, "--tensor-parallel-size", "4", "--data-parallel-size", "8", "--engram-config.dp_shared_memory", "true"
+    )
+    assert shared["per_node"] == [{"node": 0, "host_bytes": V41_TABLE, "shm_bytes": V41_TABLE, "device_bytes": 0}]
+    assert [r["shm_bytes"] for r in shared["per_rank"][:4]] == [
+        50_688_955_152,
+        50_689_356_432,
+        50_689_705_968,
+        50_690_014_848,
+    ]
+    assert len(shared["per_rank"]) == 32 and all(r["pinned_host_bytes"] == 0 for r in shared["per_rank"])
+    assert [c["group"] for c in shared["collectives"]] == ["TP ranks of a replica"]  # no DP collective
+    private = plan(capsys, "--tensor-parallel-size", "4", "--data-parallel-size", "8")
+    assert private["per_node"] == [{"node": 0, "host_bytes": 8 * V41_TABLE, "shm_bytes": 0, "device_bytes": 0}]
+    across = plan(
+        capsys,
+        "--tensor-parallel-size",
+        "4",
+        "--data-parallel-size",
+        "8",
+        "--data-parallel-size-local",
+        "4",
+        "--engram-config.embedding_across_dp",
+        "true",
+    )
+    # 32 ranks > 24 heads: row shards, shard = tp * 8 + dp; node 0 holds dp 0..3
+    rows = get_preset("deepseek-v4.1-flash").layout.table_rows
+    per = [-(-r // 32) for r in rows]
+    node0 = sum(
+        264 * (min((s + 1) * p, r) - min(s * p, r))
+        for r, p in zip(rows, per, strict=True)
+        for s in (t * 8 + d for t in range(4) for d in range(4))
+    )
+    assert [n["host_bytes"] for n in across["per_node"]] == [node0, V41_TABLE - node0]
+    assert [(c["op"], c["group_size"], c["bytes_per_token"]) for c in across["collectives"]] == [
+        ("all_gather", 8, 2 * 24 * 8),
+        ("all_reduce", 32, 2 * 24 * 256 * 2),
+    ]
+
+
+def test_gpu_tables(capsys: pytest.CaptureFixture[str]) -> None:
+    report = plan(capsys, "--tensor-parallel-size", "4", "--engram-config", '{"cpu_offload": false}')
+    assert [r["device_bytes"] for r in report["per_rank"]] == [
+        50_688_955_152,
+        50_689_356_432,
+        50_689_705_968,
+        50_690_014_848,
+    ]
+    assert report["per_node"][0]["host_bytes"] == 0
+
+
+def test_invalid_deployment_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--preset", "demo", "--engram-config.dp_shared_memory", "true"]) == 2
+    assert (
+        capsys.readouterr().err
+        == "error: /engram/dp_shared_memory: dp_shared_memory requires data_parallel_size > 1. [dp-shared-memory-needs-dp]\n"
+    )
+
+
+def test_text_and_plot(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="the plot needs the plot extra (matplotlib)")
+    target = tmp_path / "plan.png"
+    assert (
+        main(
+            [
+                "plan",
+                "--preset",
+                "deepseek-v4.1-flash",
+                "--tensor-parallel-size",
+                "4",
+                "--data-parallel-size",
+                "8",
+                "--engram-config.dp_shared_memory",
+                "true",
+                "--plot",
+                str(target),
+                "--node-ram-gib",
+                "2048",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "node 0: host 202,758,032,400 bytes (188.8 GiB), /dev/shm needed 202,758,032,400 bytes, GPU 0 bytes" in out
+    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and target.stat().st_size > 10_000
