@@ -45,7 +45,6 @@ __all__ = [
     "add_deployment_args",
     "add_engram_args",
     "checked_parts",
-    "get_parallel_size",
     "load_config",
     "load_deployment",
     "read_deployment",
@@ -61,10 +60,6 @@ Override = tuple[str, str, str]
 
 _INPUT_DECODER = msgspec.json.Decoder(EngramConfigInput)
 _JSON_DECODER = msgspec.json.Decoder()
-
-
-def get_parallel_size(config: EngramConfig, parallel: ParallelConfig) -> int:
-    return config.get_parallel_size(parallel)
 
 
 def load_config(

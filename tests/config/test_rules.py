@@ -11,7 +11,6 @@ from engram.config import (
     ModelConfig,
     ParallelConfig,
     Problem,
-    get_parallel_size,
     load_config,
     load_deployment,
 )
@@ -213,7 +212,7 @@ def test_verify_model_config_rejects(
 def test_get_parallel_size(across: bool, tp: int, dp: int, expected: int) -> None:
     parallel = ParallelConfig(tensor_parallel_size=tp, data_parallel_size=dp)
     config = cfg(embedding_across_dp=across)
-    assert config.get_parallel_size(parallel) == get_parallel_size(config, parallel) == expected
+    assert config.get_parallel_size(parallel) == expected
 
 
 def test_deployment_reports_every_rule_at_once() -> None:
