@@ -20,7 +20,7 @@ import torch
 from engram import native
 from engram._build import KERNELS, build_library
 from engram.errors import EngramError
-from engram.ops import DEAD_ID, OUT_KINDS, check_ids, gather, ngram_hash
+from engram.ops import DEAD_ID, OUT_KINDS, check_ids, check_out, gather, gather_into, ngram_hash
 
 _VP, _I64, _I64P = ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)
 SIGNATURES: dict[str, list[type]] = {
@@ -133,19 +133,18 @@ def _stream(device: torch.device) -> int:
     return int(torch.cuda.current_stream(device).cuda_stream)
 
 
-@gather.register_kernel("cuda")
-def _gather_cuda(
+def _gather_into_cuda(
     weight: torch.Tensor,
     scale: torch.Tensor | None,
     ids: torch.Tensor,
     row_start: int,
     table_rows: int,
-    out_dtype: torch.dtype,
-) -> torch.Tensor:
-    raw = scale is None and out_dtype == weight.dtype
-    if not raw and (scale is None or out_dtype not in OUT_KINDS):
+    out: torch.Tensor,
+) -> None:
+    raw = scale is None and out.dtype == weight.dtype
+    if not raw and (scale is None or out.dtype not in OUT_KINDS):
         raise EngramError(
-            f"the CUDA gather reads fp8 into {list(OUT_KINDS)} or copies rows as stored; {weight.dtype} -> {out_dtype} is neither"
+            f"the CUDA gather reads fp8 into {list(OUT_KINDS)} or copies rows as stored; {weight.dtype} -> {out.dtype} is neither"
         )
     for name, table in (("weight", weight), ("scale", scale)):
         if table is not None and table.device.type == "cpu" and table.numel() and not table.is_pinned():
@@ -155,15 +154,40 @@ def _gather_cuda(
     flat = ids.reshape(-1).to(torch.int64).contiguous()
     if not torch.cuda.is_current_stream_capturing():
         check_ids(flat, table_rows)
-    out = torch.empty((flat.numel(), weight.shape[1]), dtype=out_dtype, device=ids.device)
     library = cuda_library()
     status = library.engram_gather_cuda(
         weight.data_ptr() or None, scale.data_ptr() if scale is not None and scale.numel() else None, weight.shape[0], weight.shape[1],
         weight.shape[1] * weight.element_size(), row_start, table_rows, flat.data_ptr() or None, flat.numel(), out.data_ptr() or None,
-        0 if raw else OUT_KINDS[out_dtype], _error_flag(ids.device).data_ptr(), _stream(ids.device),
+        0 if raw else OUT_KINDS[out.dtype], _error_flag(ids.device).data_ptr(), _stream(ids.device),
     )  # fmt: skip
     check(library, status, "engram_gather_cuda")
-    return out.view(*ids.shape, weight.shape[1])
+
+
+@gather.register_kernel("cuda")
+def _gather_cuda(
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    ids: torch.Tensor,
+    row_start: int,
+    table_rows: int,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    out = torch.empty((*ids.shape, weight.shape[1]), dtype=out_dtype, device=ids.device)
+    _gather_into_cuda(weight, scale, ids, row_start, table_rows, out)
+    return out
+
+
+@gather_into.register_kernel("cuda")
+def _gather_into_cuda_op(
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    ids: torch.Tensor,
+    row_start: int,
+    table_rows: int,
+    out: torch.Tensor,
+) -> None:
+    check_out(ids, weight.shape[1], out)
+    _gather_into_cuda(weight, scale, ids, row_start, table_rows, out)
 
 
 @ngram_hash.register_kernel("cuda")

@@ -10,6 +10,7 @@ import torch
 
 from engram import native
 from engram.errors import EngramError
+from engram.runtime.mapping import empty_cpu
 
 DEAD_ID = -1
 SCALE_BLOCK = 32
@@ -69,31 +70,55 @@ def gather_reference(
     return values.view(*ids.shape, weight.shape[1])
 
 
-def _gather_native(
+def _gather_into_native(
     weight: torch.Tensor,
     scale: torch.Tensor | None,
     ids: torch.Tensor,
     row_start: int,
     table_rows: int,
-    out_dtype: torch.dtype,
-) -> torch.Tensor | None:
-    """The native CPU kernel, or None where it does not apply (no library, a conversion it lacks)."""
+    out: torch.Tensor,
+) -> bool:
+    """The native CPU kernel into `out`; False where it does not apply (no library, a conversion it lacks)."""
     library = native.cpu_library()
-    raw = scale is None and out_dtype == weight.dtype
-    if library is None or not weight.is_contiguous() or not (raw or (scale is not None and out_dtype in OUT_KINDS)):
-        return None
+    raw = scale is None and out.dtype == weight.dtype
+    if (
+        library is None
+        or not weight.is_contiguous()
+        or not out.is_contiguous()
+        or not (raw or (scale is not None and out.dtype in OUT_KINDS))
+    ):
+        return False
     flat = ids.reshape(-1).to(torch.int64).contiguous()
-    out = torch.empty((flat.numel(), weight.shape[1]), dtype=out_dtype)
     bad = ctypes.c_int64(0)
     status = library.engram_gather_cpu(
         weight.data_ptr() or None, scale.contiguous().data_ptr() if scale is not None else None, weight.shape[0], weight.shape[1],
         weight.shape[1] * weight.element_size(), row_start, table_rows, native.ptr(flat), flat.numel(), out.data_ptr() or None,
-        0 if raw else OUT_KINDS[out_dtype], ctypes.byref(bad), threads_for(flat.numel()),
+        0 if raw else OUT_KINDS[out.dtype], ctypes.byref(bad), threads_for(flat.numel()),
     )  # fmt: skip
     if status == 2:
         raise EngramError(f"row id {bad.value} is outside the table's {table_rows} rows (DEAD_ID is {DEAD_ID})")
     native.check(status, "engram_gather_cpu")
-    return out.view(*ids.shape, weight.shape[1])
+    return True
+
+
+def check_out(ids: torch.Tensor, dim: int, out: torch.Tensor) -> None:
+    shape = (*ids.shape, dim)
+    if tuple(out.shape) != shape or not out.is_contiguous() or out.device != ids.device:
+        raise EngramError(
+            f"out must be a contiguous tensor of shape {list(shape)} on {ids.device}, got {list(out.shape)} on {out.device}"
+        )
+
+
+def _gather_into_cpu(
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    ids: torch.Tensor,
+    row_start: int,
+    table_rows: int,
+    out: torch.Tensor,
+) -> None:
+    if not _gather_into_native(weight, scale, ids, row_start, table_rows, out):
+        out.copy_(gather_reference(weight, scale, ids, row_start, table_rows, out.dtype))
 
 
 @torch.library.custom_op("engram::gather", mutates_args=())
@@ -107,8 +132,9 @@ def gather(
 ) -> torch.Tensor:
     """Rows for global row ids `ids` ([..]) from a shard holding rows [row_start, row_start + len(weight))
     of a table of `table_rows` rows: [.., dim] in out_dtype. DEAD_ID and rows of other shards read zeros."""
-    result = _gather_native(weight, scale, ids, row_start, table_rows, out_dtype)
-    return gather_reference(weight, scale, ids, row_start, table_rows, out_dtype) if result is None else result
+    out = empty_cpu((*ids.shape, weight.shape[1]), out_dtype)
+    _gather_into_cpu(weight, scale, ids, row_start, table_rows, out)
+    return out
 
 
 @gather.register_fake
@@ -121,6 +147,33 @@ def _(
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
     return ids.new_empty((*ids.shape, weight.shape[1]), dtype=out_dtype)
+
+
+@torch.library.custom_op("engram::gather_into", mutates_args=("out",))
+def gather_into(
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    ids: torch.Tensor,
+    row_start: int,
+    table_rows: int,
+    out: torch.Tensor,
+) -> None:
+    """engram::gather into a buffer the caller keeps ([.., dim], its dtype the output's): no allocation,
+    no page faults for a fresh output, a static address for CUDA graphs."""
+    check_out(ids, weight.shape[1], out)
+    _gather_into_cpu(weight, scale, ids, row_start, table_rows, out)
+
+
+@gather_into.register_fake
+def _(
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    ids: torch.Tensor,
+    row_start: int,
+    table_rows: int,
+    out: torch.Tensor,
+) -> None:
+    return None
 
 
 def ngram_hash_reference(

@@ -17,6 +17,7 @@ from engram import native
 from engram.errors import EngramError
 from engram.ngram.layout import Layout
 from engram.ops import ensure_kernels, ngram_hash_reference
+from engram.runtime.mapping import empty_cpu
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,11 @@ class NgramHasher:
     def _output(self, tokens: int, out: torch.Tensor | None, device: torch.device) -> torch.Tensor:
         shape = (tokens, len(self.layout.layer_ids), self.layout.columns)
         if out is None:
-            return torch.empty(shape, dtype=torch.int64, device=device)
+            return (
+                empty_cpu(shape, torch.int64)
+                if device.type == "cpu"
+                else torch.empty(shape, dtype=torch.int64, device=device)
+            )
         if out.shape != shape or out.dtype != torch.int64 or not out.is_contiguous() or out.device != device:
             raise EngramError(
                 f"out must be a contiguous int64 tensor of shape {list(shape)} on {device}, got {out.dtype} {list(out.shape)} on {out.device}"

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 
 from engram.errors import EngramError
-from engram.ops import DEAD_ID, check_ids, ensure_kernels, gather
+from engram.ops import DEAD_ID, check_ids, ensure_kernels, gather, gather_into
 from engram.runtime.dist import Group
 from engram.runtime.plan import TableShardPlan
 from engram.runtime.storage import TableShard
@@ -49,27 +49,35 @@ class EngramEmbedding(nn.Module):
         # all_gather returns members in ascending global rank; the combine wants shard order
         self.gather_order = [sorted(shard_order).index(r) for r in shard_order] if self.group is not None else [0]
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """[T, C, D]; into `out` (contiguous, the output dtype) when given: a buffer kept across steps
+        saves allocating and faulting in a fresh output every call."""
         if ids.dim() != 2 or ids.shape[1] != self.columns or ids.dtype not in (torch.int64, torch.int32):
             raise EngramError(f"ids must be int64 or int32 [tokens, {self.columns}], got {ids.dtype} {list(ids.shape)}")
+        if out is not None and out.dtype != self.out_dtype:
+            raise EngramError(f"out must be {self.out_dtype}, got {out.dtype}")
         ids = ids.to(torch.int64)
         if self.dp_group is None:
-            return self.lookup_gathered(ids)
+            return self.lookup_gathered(ids, out)
         everyone, start = gather_replica_ids(ids, self.dp_group)
-        return self.lookup_gathered(everyone)[start : start + ids.shape[0]]
+        rows = self.lookup_gathered(everyone)[start : start + ids.shape[0]]
+        return rows if out is None else out.copy_(rows)
 
-    def lookup_gathered(self, ids: torch.Tensor) -> torch.Tensor:
+    def lookup_gathered(self, ids: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Local gather and combine over the embedding group, for ids every member holds alike (this
         replica's, or with embedding_across_dp everyone's, as gather_replica_ids returns them)."""
         ensure_kernels(ids.device)
-        if self.group is not None:
-            check_ids(ids, self.plan.table_rows)  # every rank raises alike, before any collective
         plan = self.plan
+        if self.group is None:
+            if out is None:
+                return gather(self.weight, self.scale, ids, plan.row_start, plan.table_rows, self.out_dtype)  # type: ignore[no-any-return]
+            gather_into(self.weight, self.scale, ids, plan.row_start, plan.table_rows, out)
+            return out
+        check_ids(ids, plan.table_rows)  # every rank raises alike, before any collective
         columns = ids[:, plan.head_start : plan.head_stop] if plan.kind == "head" else ids
         rows: torch.Tensor = gather(self.weight, self.scale, columns, plan.row_start, plan.table_rows, self.out_dtype)
-        if self.group is not None:
-            rows = self._combine_heads(rows) if plan.kind == "head" else self._combine_rows(rows)
-        return rows
+        rows = self._combine_heads(rows) if plan.kind == "head" else self._combine_rows(rows)
+        return rows if out is None else out.copy_(rows)
 
     def _combine_heads(self, rows: torch.Tensor) -> torch.Tensor:
         group = self.group

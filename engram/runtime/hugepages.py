@@ -14,12 +14,11 @@ from pathlib import Path
 
 import torch
 
-from engram.runtime.mapping import MADV_POPULATE_WRITE, PAGE, Mapping, madvise, map_anonymous
+from engram.runtime.mapping import MADV_HUGEPAGE, MADV_POPULATE_WRITE, PAGE, Mapping, madvise, map_anonymous
 from engram.runtime.memory import smaps_totals
 
 log = logging.getLogger("engram.hugepages")
 
-MADV_HUGEPAGE = 14
 MADV_COLLAPSE = 25
 THP = Path("/sys/kernel/mm/transparent_hugepage")
 PREFAULT_CHUNK = 256 << 20

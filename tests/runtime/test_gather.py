@@ -9,12 +9,26 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engram.errors import EngramError
-from engram.ops import _gather_native, gather, gather_reference
+from engram.ops import _gather_into_native, gather, gather_into, gather_reference
 from engram.runtime.embedding import EngramEmbedding
 from engram.runtime.plan import TableShardPlan
 from engram.runtime.storage import ShardFormat, allocate
 
-PATHS = {"native": _gather_native, "torch": gather_reference}
+
+def native_gather(
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    ids: torch.Tensor,
+    row_start: int,
+    table_rows: int,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    out = torch.full((*ids.shape, weight.shape[1]), 7, dtype=out_dtype)  # poisoned: every element must be written
+    assert _gather_into_native(weight, scale, ids, row_start, table_rows, out)
+    return out
+
+
+PATHS = {"native": native_gather, "torch": gather_reference}
 
 
 def every_fp8_and_scale() -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,3 +143,23 @@ def test_torch_compile_matches_eager() -> None:
     with torch.no_grad():
         assert torch.equal(compiled(ids), tower(ids))
         assert torch.equal(compiled(ids.flip(0)), tower(ids.flip(0)))
+
+
+def test_kept_output_buffer() -> None:
+    shard = allocate("t", ShardFormat(50, 32, "fp8"), "host")
+    shard.weight.view(torch.uint8).copy_(torch.randint(0, 120, (50, 32), dtype=torch.uint8))
+    assert shard.scale is not None
+    shard.scale.view(torch.uint8).fill_(127)
+    module = EngramEmbedding(shard, TableShardPlan("t", 50, "row", 0, 50, 0, 4), columns=4)
+    ids = torch.randint(-1, 50, (6, 4))
+    buffer = torch.full((6, 4, 32), 3.0, dtype=torch.bfloat16)
+    result = module(ids, out=buffer)
+    assert result.data_ptr() == buffer.data_ptr() and torch.equal(buffer, module(ids))
+    gather_into(shard.weight, shard.scale, ids[:2], 0, 50, buffer[:2])
+    assert torch.equal(buffer[:2], module(ids[:2]))
+    with pytest.raises(
+        EngramError, match=r"out must be a contiguous tensor of shape \[6, 4, 32\] on cpu, got \[6, 4, 31\] on cpu"
+    ):
+        module(ids, out=torch.empty((6, 4, 31), dtype=torch.bfloat16))
+    with pytest.raises(EngramError, match=r"out must be torch\.bfloat16, got torch\.float32"):
+        module(ids, out=torch.empty((6, 4, 32)))
