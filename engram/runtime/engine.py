@@ -16,7 +16,7 @@ from engram.errors import EngramError
 from engram.ngram.spec import ModelSpec
 from engram.runtime.dist import Group, new_group, timeout_s
 from engram.runtime.embedding import EngramEmbedding, gather_replica_ids
-from engram.runtime.loader import Checkpoint, load_shards
+from engram.runtime.loader import Checkpoint, load_shards, shard_weight_loader
 from engram.runtime.plan import DeploymentPlan, RankPlan, plan_deployment
 from engram.runtime.registration import CudaRuntime
 from engram.runtime.storage import ShardFormat, TableShard, allocate
@@ -117,6 +117,11 @@ class EngramTables:
             )
             for table in spec.layout.table_of_layer
         ]
+        for layer in layers:  # engines that load checkpoints themselves call param.weight_loader(param, tensor)
+            shard = shards[mine.tables.index(layer.plan)]
+            for part, param in (("weight", layer.weight), ("scale", layer.scale)):
+                if param is not None:
+                    param.weight_loader = shard_weight_loader(shard, f"{shard.name}.{part}", groups.shm)  # type: ignore[attr-defined]
         return cls(plan, mine, groups, shards, layers)
 
     def lookup(self, rows: torch.Tensor) -> list[torch.Tensor]:

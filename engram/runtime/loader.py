@@ -13,7 +13,6 @@ import os
 import pickle
 import zipfile
 from collections.abc import Callable
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -268,18 +267,8 @@ def load_shards(
     writer = group is None or group.rank == 0
     total = sum(s.format.nbytes for s in shards) if writer else 0
     copied = 0
-    with ExitStack() as stack:
-        bar = stack.enter_context(
-            tqdm(
-                total=total,
-                unit="B",
-                unit_scale=True,
-                unit_divisor=1024,
-                desc="engram tables",
-                delay=1.0,
-                disable=not (progress and writer),
-            )
-        )
+    bar_options = {"unit": "B", "unit_scale": True, "unit_divisor": 1024, "desc": "engram tables", "delay": 1.0}
+    with tqdm(total=total, disable=not (progress and writer), **bar_options) as bar:
 
         def count(n: int) -> None:
             bar.update(n)

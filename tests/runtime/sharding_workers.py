@@ -92,6 +92,22 @@ def forbid_collectives(groups: set[Any]) -> Iterator[None]:
             setattr(dist, name, fn)
 
 
+def reload_with_weight_loaders(tables: EngramTables, checkpoint: str, wipe_first: bool) -> None:
+    """Load every parameter again through the weight_loader the engine attaches, as an engine that reads
+    the checkpoint itself would (private tables are wiped first, so the lookups below prove the reload)."""
+    files = Checkpoint(checkpoint)
+    done = set()
+    for layer in tables.layers:
+        for part, param in (("weight", layer.weight), ("scale", layer.scale)):
+            name = f"{layer.plan.table}.{part}"
+            if param is None or name in done:
+                continue
+            done.add(name)
+            if wipe_first:
+                param.data.view(torch.uint8).zero_()
+            param.weight_loader(param, files.sources[name]())
+
+
 def check_all(
     rank: int, world: int, tp: int, dp: int, dp_local: int, checkpoints: dict[str, str], spec_names: list[str]
 ) -> list[dict[str, Any]]:
@@ -104,6 +120,7 @@ def check_all(
             plan_rank = rank % tp, rank // tp
             os.environ["ENGRAM_NODE_ID"] = f"node-{plan_rank[1] // dp_local}"  # simulated nodes share nothing
             tables = EngramTables.build(spec, config, parallel, checkpoints[spec_name], platform="cpu", progress=False)
+            reload_with_weight_loaders(tables, checkpoints[spec_name], wipe_first=not config.dp_shared_memory)
             forbidden = {tables.groups.shm.handle, None} if config.dp_shared_memory else set()
             matches = []
             with forbid_collectives(forbidden):
