@@ -77,10 +77,8 @@ def load_config(
         if fast is not None:
             return fast
     parsed = [_split_override(o) for o in overrides]
-    section = _read_object(source, "")
-    problems: list[Problem] = []
-    _apply_overrides(section, parsed, problems)
-    return _build_engram(section, env, problems)
+    document = read_deployment({"engram": _read_object(source, "")}, overrides=parsed)
+    return validate_deployment(document, env=env).engram
 
 
 def _decode_fast(data: bytes, env: Mapping[str, str]) -> EngramConfig | None:
@@ -95,14 +93,6 @@ def _decode_fast(data: bytes, env: Mapping[str, str]) -> EngramConfig | None:
     if problems:
         raise ConfigError(problems)
     return config
-
-
-def _build_engram(section: dict[str, Any], env: Mapping[str, str], problems: list[Problem]) -> EngramConfig:
-    _fill_env_defaults(section, env, problems)
-    check_document({"engram": section}, "", problems)
-    if problems:
-        raise ConfigError(problems)
-    return msgspec.convert(section, EngramConfig)
 
 
 @dataclass(frozen=True)
