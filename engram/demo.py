@@ -134,6 +134,7 @@ def reference_digests(spec: ModelSpec, checkpoint: Path, tokens: list[list[int]]
 def run_demo(spec: ModelSpec, deployment: Deployment, *, timeout: float = 600.0) -> dict[str, Any]:
     parallel = deployment.parallel or ParallelConfig()
     config = deployment.engram
+    edist.timeout_s()  # a bad ENGRAM_DIST_TIMEOUT_S fails here once, not in every replica
     world = parallel.tensor_parallel_size * parallel.data_parallel_size
     if world > 16:
         raise EngramError(f"the demo runs every rank on this machine; TP x DP = {world} is too many (at most 16)")

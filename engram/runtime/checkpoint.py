@@ -56,7 +56,7 @@ def write_checkpoint(
     free = shutil.disk_usage(out).free
     if need * 2 > free:  # the file, and the tensors in memory while writing
         raise EngramError(
-            f"{spec.name} in {dtype} needs {need:,} bytes but {out} has {free:,} free; pick a smaller preset (tiny, demo)"
+            f"{spec.name} in {dtype} needs {need:,} bytes on disk but only {free:,} are free in {out.parent}; pick a smaller preset (tiny, demo)"
         )
     tensors: dict[str, torch.Tensor] = {}
     for index, (name, rows) in enumerate(zip(spec.table_names(), spec.layout.table_rows, strict=True)):

@@ -169,4 +169,4 @@ def test_make_checkpoint_command(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert sorted(checkpoint.shapes) == ["layers.1.engram.embed.weight", "layers.3.engram.embed.weight"]
     assert checkpoint.shapes["layers.1.engram.embed.weight"] == ((10_170, 32), torch.bfloat16)
     assert main(["make-checkpoint", "--preset", "deepseek-v4.1-flash", "--out", str(tmp_path / "big")]) == 2
-    assert "deepseek-v4.1-flash in fp8 needs 202,758,032,400 bytes" in capsys.readouterr().err
+    assert "deepseek-v4.1-flash in fp8 needs 202,758,032,400 bytes on disk but only" in capsys.readouterr().err
