@@ -8,20 +8,12 @@
 
 #include "engram_common.h"
 #include "engram_kernels.h"
+#include "engram_launch.h"
 
 namespace {
 
 constexpr int THREADS = 256;
 constexpr int ROWS_IN_FLIGHT = 4;
-
-thread_local int last_cuda_error = 0;
-
-int launch_status() {
-    cudaError_t err = cudaGetLastError();
-    if (err == cudaSuccess) return ENGRAM_OK;
-    last_cuda_error = static_cast<int>(err);
-    return ENGRAM_ERR_CUDA;
-}
 
 __device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
@@ -161,17 +153,5 @@ extern "C" int engram_gather_cuda(const void* weight, const void* scale, int64_t
             gather_fp8<32><<<blocks_for(groups, 32), THREADS, 0, s>>>(w, sc, shard_rows, dim, row_start, table_rows, ids, n, o, out_kind, error_flag);
         }
     }
-    return launch_status();
-}
-
-extern "C" int engram_cuda_last_error(void) { return last_cuda_error; }
-extern "C" const char* engram_cuda_error_string(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
-extern "C" int engram_cuda_get_last_error(void) { return static_cast<int>(cudaGetLastError()); }
-
-extern "C" int engram_host_register(void* host, uint64_t size, unsigned int flags) {
-    return static_cast<int>(cudaHostRegister(host, static_cast<size_t>(size), flags));
-}
-extern "C" int engram_host_unregister(void* host) { return static_cast<int>(cudaHostUnregister(host)); }
-extern "C" int engram_host_get_device_pointer(void** device, void* host) {
-    return static_cast<int>(cudaHostGetDevicePointer(device, host, 0));
+    return engram_launch_status();
 }

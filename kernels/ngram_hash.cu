@@ -5,6 +5,7 @@
 
 #include "engram_common.h"
 #include "engram_kernels.h"
+#include "engram_launch.h"
 
 namespace {
 
@@ -33,6 +34,5 @@ extern "C" int engram_ngram_hash_cuda(const int64_t* ext, const int64_t* start, 
     const int threads = 256;
     ngram_hash<<<static_cast<unsigned int>((items + threads - 1) / threads), threads, 0, static_cast<cudaStream_t>(stream)>>>(
         ext, start, tokens, context, multipliers, primes, magic, offsets, layers, max_ngram, heads, fill, out);
-    cudaError_t err = cudaGetLastError();
-    return err == cudaSuccess ? ENGRAM_OK : ENGRAM_ERR_CUDA;
+    return engram_launch_status();
 }

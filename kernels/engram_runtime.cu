@@ -1,0 +1,29 @@
+// The CUDA runtime calls the Python side needs, behind the C ABI: launch error bookkeeping, and host
+// registration for UVA (engram/runtime/registration.py checks every code these return).
+#include <cuda_runtime.h>
+
+#include "engram_kernels.h"
+#include "engram_launch.h"
+
+namespace {
+thread_local int last_cuda_error = 0;
+}  // namespace
+
+int engram_launch_status() {
+    const cudaError_t err = cudaGetLastError();
+    if (err == cudaSuccess) return ENGRAM_OK;
+    last_cuda_error = static_cast<int>(err);
+    return ENGRAM_ERR_CUDA;
+}
+
+extern "C" int engram_cuda_last_error(void) { return last_cuda_error; }
+extern "C" const char* engram_cuda_error_string(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
+extern "C" int engram_cuda_get_last_error(void) { return static_cast<int>(cudaGetLastError()); }
+
+extern "C" int engram_host_register(void* host, uint64_t size, unsigned int flags) {
+    return static_cast<int>(cudaHostRegister(host, static_cast<size_t>(size), flags));
+}
+extern "C" int engram_host_unregister(void* host) { return static_cast<int>(cudaHostUnregister(host)); }
+extern "C" int engram_host_get_device_pointer(void** device, void* host) {
+    return static_cast<int>(cudaHostGetDevicePointer(device, host, 0));
+}
