@@ -223,7 +223,7 @@ class _ValidatorCompiler:
         self._object(schema, name, pointer, scope, lines, problem, kind)
         for i, sub in enumerate(schema.get("allOf", [])):
             if "if" in sub:
-                self._rule(sub, pointer, scope, lines)
+                self._rule(sub, f"{pointer}/allOf/{i}", scope, lines)
             else:
                 child = self.function(sub, f"{name}_all{i}", f"{pointer}/allOf/{i}", scope)
                 lines.append(f"    {child}(v, path, out)")
@@ -291,7 +291,16 @@ class _ValidatorCompiler:
     def _rule(self, schema: dict[str, Any], pointer: str, scope: str, lines: list[str]) -> None:
         rel = schema["x-engram-path"]
         parts = tuple(_unescape(p) for p in rel.split("/")[1:])
-        message = _message_expr(schema["x-engram-message"], f"_at(v, {parts!r})")
+        problems = None
+        if "{problems}" in schema["x-engram-message"]:
+            # The definition the rule's `then` requires at x-engram-path says which fields broke it, and how.
+            ref = _schema_at(schema["then"], parts).get("$ref", "").removeprefix("#/$defs/")
+            if not ref:
+                raise SchemaError(
+                    f"{pointer}: {{problems}} needs the rule's `then` to hold a $ref at its x-engram-path"
+                )
+            problems = f"_details(check_{ref}, _at(v, {parts!r}))"
+        message = _message_expr(schema["x-engram-message"], f"_at(v, {parts!r})", problems)
         lines += [
             f"    # rule {schema['x-engram-rule']}",
             f"    if {self.predicate(schema['if'])}(v) and not {self.predicate(schema['then'])}(v):",
@@ -401,10 +410,21 @@ def _json_text(value: Any) -> str:
     return repr(value) if not isinstance(value, bool) else str(value).lower()
 
 
-def _message_expr(message: str, value: str) -> str:
-    if "{" not in message:
-        return repr(message)
-    return f"{message!r}.format(value=_shown({value}))"
+def _message_expr(message: str, value: str, problems: str | None = None) -> str:
+    """The message with its placeholders filled: {value!r} (the offending value) and {problems}."""
+    arguments = []
+    if "{value" in message:
+        arguments.append(f"value=_shown({value})")
+    if "{problems}" in message:
+        arguments.append(f"problems={problems}")
+    return f"{message!r}.format({', '.join(arguments)})" if arguments else repr(message)
+
+
+def _schema_at(schema: dict[str, Any], parts: tuple[str, ...]) -> dict[str, Any]:
+    """The subschema that `properties` nesting places at document path `parts` ({} where there is none)."""
+    for part in parts:
+        schema = schema.get("properties", {}).get(part, {})
+    return schema
 
 
 def _doc_path(pointer: str) -> str:

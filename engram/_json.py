@@ -65,6 +65,13 @@ def _at(doc: Any, parts: tuple[str, ...]) -> Any:
     return doc
 
 
+def _details(check: Callable[[Any, str, list[Problem]], None], v: Any) -> str:
+    """What `check` finds wrong with `v`, as 'field: message; ...' for a rule's message."""
+    scratch: list[Problem] = []
+    check(v, "", scratch)
+    return "; ".join(f"{p.path.lstrip('/') or 'value'}: {p.message}" for p in scratch)
+
+
 def _passes(check: Callable[[Any, str, list[Problem]], None], v: Any) -> bool:
     scratch: list[Problem] = []
     check(v, "", scratch)

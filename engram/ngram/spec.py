@@ -165,3 +165,17 @@ class ModelSpec:
 
     def model_config(self) -> ModelConfig:
         return ModelConfig(architecture=self.architecture, hf_text_config=dict(self.hf_text_config))
+
+    @classmethod
+    def from_model_config(cls, model: ModelConfig, *, dtype: str = "fp8", tokenizer: str | None = None) -> ModelSpec:
+        """The spec of a served model, from its (validated) ModelConfig. `tokenizer="deepseek-v4"` lets
+        it compress raw ids; otherwise ids arrive compressed (DeepSeek) or need no compression (Qwen)."""
+        spec = cls(
+            name=model.architecture,
+            architecture=model.architecture,
+            hf_text_config=dict(model.hf_text_config),
+            dtype=dtype,
+            tokenizer=tokenizer,
+        )
+        spec.family  # noqa: B018 - an unsupported architecture fails here, not at first use
+        return spec

@@ -123,3 +123,10 @@ def test_check_command_exit_codes(tmp_path: Path) -> None:
     done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, check=False, timeout=120)
     assert done.returncode == 1
     assert "-hand edit" in done.stdout and "make codegen" in done.stderr
+
+
+def test_problems_placeholder_needs_a_ref_at_the_path() -> None:
+    schema = mutated(lambda s: s["allOf"][0].update({"x-engram-message": "broken: {problems}"}))
+    check_schema(schema)
+    with pytest.raises(SchemaError, match=r"/allOf/0: \{problems\} needs the rule's `then` to hold a \$ref at its x-engram-path"):
+        compile_schema(schema)

@@ -256,3 +256,34 @@ def test_config_error_needs_problems() -> None:
     with pytest.raises(ValueError, match="at least one problem"):
         ConfigError([])
     assert ConfigError([Problem("/a", "r", "m")]).errors == [("/a", "r", "m")]
+
+
+def test_model_ngram_fields() -> None:
+    config = cfg()
+    bad = {
+        "engram_layer_ids": [1],
+        "engram_n_heads": 0,
+        "engram_vocab_size": [100, 1],
+        "engram_pad_id": -1,
+        "hidden_size": "free-form",
+    }
+    with pytest.raises(ConfigError) as exc:
+        config.verify_model_config(ModelConfig(architecture="DeepseekV41ForCausalLM", hf_text_config=bad))
+    assert problems(exc) == [
+        (
+            "/model/hf_text_config",
+            "model-ngram-fields",
+            "DeepseekV41ForCausalLM's n-gram fields in hf_text_config are off (engram_n_heads: expected >= 1; got 0; "
+            "engram_pad_id: expected >= 0; got -1; engram_vocab_size: expected one of the allowed forms; got an array); "
+            "where given they must be integers: engram_max_ngram_size >= 2; engram_n_heads, engram_head_dim and "
+            "engram_compressed_vocab_size >= 1; engram_pad_token_id (or engram_pad_id) and engram_seed >= 0; "
+            "engram_vocab_size >= 2, or a list of such, one per order.",
+        )
+    ]
+    with pytest.raises(ConfigError) as exc:
+        config.verify_model_config(
+            ModelConfig(architecture="Qwen4ExpForCausalLM", hf_text_config={"ple_layer_ids": [1], "ngram_size": "3"})
+        )
+    assert [(p[1], p[2].split(";")[0]) for p in problems(exc)] == [
+        ("model-ngram-fields", "Qwen4Exp's n-gram fields in hf_text_config are off (ngram_size: expected an integer")
+    ]

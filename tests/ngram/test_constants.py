@@ -6,9 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from engram.config import load_config
+from engram.config import ModelConfig, load_config
+from engram.errors import EngramError
 from engram.ngram.hash import NgramHasher
 from engram.ngram.layout import deepseek_layout, qwen_layout
+from engram.ngram.spec import ModelSpec
 from engram.ngram.vocab import compressed_lookup, deepseek_v4_tokenizer_file
 from engram.presets import PRESETS, get_preset
 
@@ -106,3 +108,12 @@ def test_presets_validate_and_ship_matching_multipliers(name: str) -> None:
 def test_demo_preset_is_about_256_mb() -> None:
     assert 240e6 < get_preset("demo").table_bytes < 280e6
     assert get_preset("tiny").table_bytes < 1e6
+
+
+def test_spec_from_model_config() -> None:
+    preset = get_preset("deepseek-v4.1-flash")
+    spec = ModelSpec.from_model_config(preset.model_config())
+    assert spec.layout.table_rows == preset.layout.table_rows and spec.head_dim == 256 and spec.fill_id == 2
+    assert spec.layout.multipliers.tolist() == preset.layout.multipliers.tolist()
+    with pytest.raises(EngramError, match="architecture 'LlamaForCausalLM' carries no n-gram embeddings"):
+        ModelSpec.from_model_config(ModelConfig(architecture="LlamaForCausalLM"))
