@@ -135,6 +135,7 @@ def run_demo(spec: ModelSpec, deployment: Deployment, *, timeout: float = 600.0)
     parallel = deployment.parallel or ParallelConfig()
     config = deployment.engram
     edist.timeout_s()  # a bad ENGRAM_DIST_TIMEOUT_S fails here once, not in every replica
+    config.verify_host_memory(spec.table_bytes, parallel)  # likewise tables that cannot fit
     world = parallel.tensor_parallel_size * parallel.data_parallel_size
     if world > 16:
         raise EngramError(f"the demo runs every rank on this machine; TP x DP = {world} is too many (at most 16)")

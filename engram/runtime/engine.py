@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from engram.config import EngramConfig, ParallelConfig
 from engram.errors import EngramError
+from engram.hostmem import HostLimits
 from engram.ngram.spec import ModelSpec
 from engram.runtime.dist import Group, new_group, timeout_s
 from engram.runtime.embedding import EngramEmbedding, gather_replica_ids
@@ -73,12 +74,17 @@ class EngramTables:
         runtime: CudaRuntime | None = None,
         out_dtype: torch.dtype = torch.bfloat16,
         progress: bool = True,
+        host_limits: HostLimits | None = None,
     ) -> EngramTables:
+        """Plan, check that private host tables fit the node (before a byte is allocated), create the
+        groups, allocate and load this rank's shards. `host_limits` replaces this machine's RAM and
+        cgroup limit in that check."""
         if not dist.is_initialized():
             raise EngramError(
                 "torch.distributed is not initialised: call engram.runtime.engine.init_from_env() or init_process_group first"
             )
         plan = plan_deployment(spec, config, parallel, platform)
+        config.verify_host_memory(spec.table_bytes, parallel, host_limits)
         if dist.get_world_size() != len(plan.ranks):
             raise EngramError(
                 f"the job has {dist.get_world_size()} processes but TP {parallel.tensor_parallel_size} x DP {parallel.data_parallel_size} needs {len(plan.ranks)}"

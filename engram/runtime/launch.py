@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from engram.errors import EngramError
+from engram.errors import ConfigError, EngramError
 
 
 def free_port() -> int:
@@ -65,7 +65,7 @@ def _child(
             timeout=timedelta(seconds=dist_timeout),
         )
         results.put(Outcome(rank, value=fn(rank, world, *args)))
-    except EngramError as exc:
+    except (EngramError, ConfigError) as exc:  # user mistakes: one line, no traceback
         results.put(Outcome(rank, error=str(exc)))
     except BaseException:  # report anything, so the parent never waits on a silent child
         results.put(Outcome(rank, error=traceback.format_exc()))

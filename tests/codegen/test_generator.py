@@ -128,5 +128,7 @@ def test_check_command_exit_codes(tmp_path: Path) -> None:
 def test_problems_placeholder_needs_a_ref_at_the_path() -> None:
     schema = mutated(lambda s: s["allOf"][0].update({"x-engram-message": "broken: {problems}"}))
     check_schema(schema)
-    with pytest.raises(SchemaError, match=r"/allOf/0: \{problems\} needs the rule's `then` to hold a \$ref at its x-engram-path"):
+    with pytest.raises(
+        SchemaError, match=r"/allOf/0: \{problems\} needs the rule's `then` to hold a \$ref at its x-engram-path"
+    ):
         compile_schema(schema)

@@ -155,3 +155,19 @@ def check_all(
             )
             tables.release()
     return reports
+
+
+def build_over_limit(rank: int, world: int, checkpoint: str) -> str:
+    """Private tables that the (pretended) node cannot hold: refused before anything is allocated."""
+    from engram.config import ParallelConfig, load_config
+    from engram.hostmem import HostLimits
+
+    spec = SPECS["ds7"]
+    EngramTables.build(
+        spec,
+        load_config(env={}),
+        ParallelConfig(data_parallel_size=world),
+        checkpoint,
+        host_limits=HostLimits(spec.table_bytes),
+    )
+    return "built"

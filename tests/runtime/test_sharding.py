@@ -136,3 +136,14 @@ def test_torchrun(checkpoints: dict[str, str], tmp_path: Path) -> None:
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
     assert [(r["rank"], r["tp_rank"], r["dp_rank"]) for r in results] == [(0, 0, 0), (1, 1, 0), (2, 0, 1), (3, 1, 1)]
     assert all(r["match"] and r["group"] == [0, 2, 1, 3] for r in results)
+
+
+@pytest.mark.slow
+def test_private_tables_that_do_not_fit_are_refused(checkpoints: dict[str, str]) -> None:
+    outcomes = run_local(2, sharding_workers.build_over_limit, checkpoints["ds7"], timeout=300)
+    need = 2 * DS7.table_bytes
+    for outcome in outcomes:
+        assert outcome.error is not None and outcome.error.startswith(
+            f"/engram/cpu_offload: Engram tables need {need:,} bytes"
+        )
+        assert "[host-memory]" in outcome.error
