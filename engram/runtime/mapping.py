@@ -85,10 +85,6 @@ class Mapping:
         # The finalizer holds only plain values, never the Mapping, so views alone decide its lifetime.
         self._finalizer = weakref.finalize(self._array, _unmap, self.addr, self.length, self._hooks)
 
-    @property
-    def released(self) -> bool:
-        return self._array is None
-
     def on_release(self, hook: Callable[[], None]) -> None:
         """Run `hook` just before the memory is unmapped (e.g. cudaHostUnregister)."""
         self._hooks.append(hook)

@@ -12,7 +12,7 @@ Weights and, for fp8, the ue8m0 block-32 scales share one mapping; the scales st
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -26,7 +26,6 @@ from engram.runtime.mapping import Mapping, map_anonymous, round_up
 from engram.runtime.registration import CudaRuntime, register
 
 Placement = Literal["device", "pinned", "hugepages", "shm", "host"]
-HOST_PLACEMENTS = ("pinned", "hugepages", "shm", "host")
 SCALE_BLOCK = 32
 ALIGN = 128
 WEIGHT_DTYPES = {"fp8": torch.float8_e4m3fn, "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -90,7 +89,6 @@ class TableShard:
     mapping: Mapping | None = None
     device_pointer: int | None = None  # UVA pointer of a registered host shard
     note: str = ""
-    _released: bool = field(default=False, repr=False)
 
     @property
     def rows(self) -> int:
@@ -103,7 +101,6 @@ class TableShard:
     def release(self) -> bool:
         """Free the shard now. True when its memory is gone; False when a view held elsewhere still
         keeps it (it goes with the last view). Also happens when the shard is garbage collected."""
-        self._released = True
         self.weight = self.scale = torch.empty(0)
         return self.mapping.release() if self.mapping is not None else True
 
