@@ -207,3 +207,18 @@ def test_real_process_exits_cleanly(data: bytes) -> None:
     assert done.returncode == 2
     assert b"Traceback" not in done.stderr
     assert done.stderr.startswith(b"error: ") and done.stderr.count(b"\n") <= 3
+
+
+def test_model_config_from_a_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    hf = tmp_path / "config.json"
+    hf.write_text('{"engram_layer_ids": [1, 14], "engram_max_ngram_size": 4}')
+    result = verdict(capsys, "--architecture", "DeepseekV41ForCausalLM", "--model-config", str(hf))
+    assert result["valid"] is True and result["checked"] == ["engram", "model"]
+    code, _, err = run(
+        capsys, "validate", "--architecture", "DeepseekV41ForCausalLM", "--model-config", str(tmp_path / "missing.json")
+    )
+    assert (
+        code == 2
+        and err
+        == f"error: /model/hf_text_config: cannot read --model-config {str(tmp_path / 'missing.json')!r}: No such file or directory [source]\n"
+    )
