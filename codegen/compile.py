@@ -81,7 +81,7 @@ class FlagSpec:
 class Compiled:
     structs: list[StructSpec] = field(default_factory=list)
     functions: list[str] = field(default_factory=list)
-    attr_rule_functions: list[str] = field(default_factory=list)
+    attr_rule_functions: dict[str, str] = field(default_factory=dict)  # struct -> check_<struct>_rules
     rules: list[RuleSpec] = field(default_factory=list)
     flags: list[FlagSpec] = field(default_factory=list)
     sections: dict[str, str] = field(default_factory=dict)  # deployment key -> struct name
@@ -106,7 +106,7 @@ def compile_schema(document: dict[str, Any]) -> Compiled:
             out.structs.append(_struct(ref, f"/{key}", defs[ref]))
             out.flags.extend(_flags(defs[ref], (key,)))
             if defs[ref].get("allOf"):
-                out.attr_rule_functions.append(compiler.attr_rules(ref, defs[ref]))
+                out.attr_rule_functions[ref] = compiler.attr_rules(ref, defs[ref])
         else:
             out.flags.extend(_flags({"properties": {key: prop}}, ()))
             if key == "platform":
@@ -174,7 +174,7 @@ def _ident(text: str) -> str:
 class _ValidatorCompiler:
     def __init__(self, out: Compiled) -> None:
         self.out = out
-        self.predicates = 0
+        self.predicates: dict[str, str] = {}  # expression -> function name
 
     # -- walkers: report every problem ---------------------------------------------------------
 
@@ -311,11 +311,13 @@ class _ValidatorCompiler:
     # -- predicates: the same keywords as booleans, for if/then/anyOf/not ------------------------
 
     def predicate(self, schema: dict[str, Any]) -> str:
-        self.predicates += 1
-        name = f"_matches_{self.predicates}"
+        """The name of a function true when its argument matches `schema`; rules that share a condition
+        share one function."""
         body = _expr(schema, "v")
-        self.out.functions.append(f"def {name}(v: Any) -> bool:\n    return {body}")
-        return name
+        if body not in self.predicates:
+            self.predicates[body] = f"_matches_{len(self.predicates) + 1}"
+            self.out.functions.append(f"def {self.predicates[body]}(v: Any) -> bool:\n    return {body}")
+        return self.predicates[body]
 
     def attr_rules(self, struct: str, schema: dict[str, Any]) -> str:
         """Rules of one struct evaluated on its resolved instance: every field is present, so the

@@ -47,10 +47,8 @@ def render(schema: LoadedSchema, compiled: Compiled) -> dict[str, str]:
         "engram": compiled.engram,
         "sections": compiled.sections,
         "functions": compiled.functions,
-        "attr_rule_functions": compiled.attr_rule_functions,
-        "attr_structs": [
-            s.name for s in compiled.structs if f"def check_{s.name}_rules" in "".join(compiled.attr_rule_functions)
-        ],
+        "attr_rule_functions": list(compiled.attr_rule_functions.values()),
+        "attr_structs": list(compiled.attr_rule_functions),
         "rules": compiled.rules,
         "flags": compiled.flags,
         "platform": compiled.platform,

@@ -175,6 +175,3 @@ INTEGER_FIELDS: dict[str, tuple[str, ...]] = {
     "parallel": ("tensor_parallel_size", "data_parallel_size", "data_parallel_size_local"),
     "load": (),
 }
-
-# Hashed fields, and the reason for each field the schema leaves out of the hash.
-HASH_EXCLUDED: dict[str, str] = {}

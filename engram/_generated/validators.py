@@ -25,83 +25,7 @@ from engram.errors import Problem
 if TYPE_CHECKING:
     from engram._generated.structs import EngramConfig
 
-__all__ = ["RULES", "check_document", "check_EngramConfig_rules"]
-
-# Every rule the schema names: (id, JSON pointer relative to its scope, message template, scope).
-RULES: tuple[tuple[str, str, str, str], ...] = (
-    (
-        "dp-shared-memory-needs-cpu-offload",
-        "/dp_shared_memory",
-        "dp_shared_memory requires cpu_offload=True",
-        "EngramConfig",
-    ),
-    (
-        "thp-packing-needs-private-offload",
-        "/thp_packing",
-        "thp_packing requires cpu_offload=True and dp_shared_memory=False",
-        "EngramConfig",
-    ),
-    (
-        "model-architecture",
-        "/architecture",
-        "EngramConfig requires a model with supported Engram embeddings, non-empty n-gram layer ids, and CUDA. Architecture {value!r} carries no n-gram embeddings; supported: DeepseekV41ForCausalLM, Qwen4ExpForCausalLM, Qwen4ExpForConditionalGeneration.",
-        "ModelConfig",
-    ),
-    (
-        "platform-backend",
-        "/platform",
-        "EngramConfig requires a model with supported Engram embeddings, non-empty n-gram layer ids, and CUDA. Platform {value!r} has no Engram backend; use 'cuda', 'rocm' or 'cpu'.",
-        "deployment",
-    ),
-    (
-        "dp-shared-memory-needs-dp",
-        "/engram/dp_shared_memory",
-        "dp_shared_memory requires data_parallel_size > 1.",
-        "deployment",
-    ),
-    (
-        "dp-shared-memory-no-elastic-ep",
-        "/engram/dp_shared_memory",
-        "dp_shared_memory is not supported with elastic EP.",
-        "deployment",
-    ),
-    (
-        "embedding-across-dp-no-elastic-ep",
-        "/engram/embedding_across_dp",
-        "Engram embedding_across_dp is not supported with elastic EP yet.",
-        "deployment",
-    ),
-    (
-        "dp-shared-memory-needs-weight-loader",
-        "/load/load_format",
-        "dp_shared_memory requires load_format 'auto', 'safetensors' or 'pt'; got {value!r}.",
-        "deployment",
-    ),
-    (
-        "model-layer-ids",
-        "/model/hf_text_config/engram_layer_ids",
-        "EngramConfig requires a model with supported Engram embeddings, non-empty n-gram layer ids, and CUDA. DeepseekV41ForCausalLM needs hf_text_config.engram_layer_ids, a non-empty list of distinct layer ids; got {value!r}.",
-        "deployment",
-    ),
-    (
-        "model-ngram-fields",
-        "/model/hf_text_config",
-        "DeepseekV41ForCausalLM's n-gram fields in hf_text_config are off ({problems}); where given they must be integers: engram_max_ngram_size >= 2; engram_n_heads, engram_head_dim and engram_compressed_vocab_size >= 1; engram_pad_token_id (or engram_pad_id) and engram_seed >= 0; engram_vocab_size >= 2, or a list of such, one per order.",
-        "deployment",
-    ),
-    (
-        "model-layer-ids",
-        "/model/hf_text_config/ple_layer_ids",
-        "EngramConfig requires a model with supported Engram embeddings, non-empty n-gram layer ids, and CUDA. Qwen4Exp models need hf_text_config.ple_layer_ids, a non-empty list of distinct layer ids; got {value!r}.",
-        "deployment",
-    ),
-    (
-        "model-ngram-fields",
-        "/model/hf_text_config",
-        "Qwen4Exp's n-gram fields in hf_text_config are off ({problems}); where given they must be integers: ngram_size >= 2; heads_per_ngram, ple_embed_dim, vocab_size and make_ngram_vocab_size_divisible_by >= 1; ngram_vocab_size_base >= 2; ngram_seed and eos_token_id >= 0.",
-        "deployment",
-    ),
-)
+__all__ = ["check_document", "check_EngramConfig_rules"]
 
 
 def check_EngramConfig_cpu_offload(v: Any, path: str, out: list[Problem]) -> None:
@@ -628,19 +552,6 @@ def _matches_8(v: Any) -> bool:
 
 
 def _matches_9(v: Any) -> bool:
-    return (not isinstance(v, dict) or ("engram" in v and "parallel" in v)) and (
-        not isinstance(v, dict)
-        or "engram" not in v
-        or (not isinstance(v["engram"], dict) or ("dp_shared_memory" in v["engram"]))
-        and (
-            not isinstance(v["engram"], dict)
-            or "dp_shared_memory" not in v["engram"]
-            or v["engram"]["dp_shared_memory"] is True
-        )
-    )
-
-
-def _matches_10(v: Any) -> bool:
     return (
         not isinstance(v, dict)
         or "parallel" not in v
@@ -652,7 +563,7 @@ def _matches_10(v: Any) -> bool:
     )
 
 
-def _matches_11(v: Any) -> bool:
+def _matches_10(v: Any) -> bool:
     return (
         (not isinstance(v, dict) or ("engram" in v and "parallel" in v))
         and (
@@ -678,19 +589,7 @@ def _matches_11(v: Any) -> bool:
     )
 
 
-def _matches_12(v: Any) -> bool:
-    return (
-        not isinstance(v, dict)
-        or "parallel" not in v
-        or (
-            not isinstance(v["parallel"], dict)
-            or "enable_elastic_ep" not in v["parallel"]
-            or v["parallel"]["enable_elastic_ep"] is False
-        )
-    )
-
-
-def _matches_13(v: Any) -> bool:
+def _matches_11(v: Any) -> bool:
     return (not isinstance(v, dict) or ("engram" in v and "load" in v)) and (
         not isinstance(v, dict)
         or "engram" not in v
@@ -703,7 +602,7 @@ def _matches_13(v: Any) -> bool:
     )
 
 
-def _matches_14(v: Any) -> bool:
+def _matches_12(v: Any) -> bool:
     return (
         not isinstance(v, dict)
         or "load" not in v
@@ -719,7 +618,7 @@ def _matches_14(v: Any) -> bool:
     )
 
 
-def _matches_15(v: Any) -> bool:
+def _matches_13(v: Any) -> bool:
     return (not isinstance(v, dict) or ("model" in v)) and (
         not isinstance(v, dict)
         or "model" not in v
@@ -732,7 +631,7 @@ def _matches_15(v: Any) -> bool:
     )
 
 
-def _matches_16(v: Any) -> bool:
+def _matches_14(v: Any) -> bool:
     return (
         not isinstance(v, dict)
         or "model" not in v
@@ -753,20 +652,7 @@ def _matches_16(v: Any) -> bool:
     )
 
 
-def _matches_17(v: Any) -> bool:
-    return (not isinstance(v, dict) or ("model" in v)) and (
-        not isinstance(v, dict)
-        or "model" not in v
-        or (not isinstance(v["model"], dict) or ("architecture" in v["model"]))
-        and (
-            not isinstance(v["model"], dict)
-            or "architecture" not in v["model"]
-            or v["model"]["architecture"] == "DeepseekV41ForCausalLM"
-        )
-    )
-
-
-def _matches_18(v: Any) -> bool:
+def _matches_15(v: Any) -> bool:
     return (
         not isinstance(v, dict)
         or "model" not in v
@@ -778,7 +664,7 @@ def _matches_18(v: Any) -> bool:
     )
 
 
-def _matches_19(v: Any) -> bool:
+def _matches_16(v: Any) -> bool:
     return (not isinstance(v, dict) or ("model" in v)) and (
         not isinstance(v, dict)
         or "model" not in v
@@ -794,7 +680,7 @@ def _matches_19(v: Any) -> bool:
     )
 
 
-def _matches_20(v: Any) -> bool:
+def _matches_17(v: Any) -> bool:
     return (
         not isinstance(v, dict)
         or "model" not in v
@@ -812,23 +698,7 @@ def _matches_20(v: Any) -> bool:
     )
 
 
-def _matches_21(v: Any) -> bool:
-    return (not isinstance(v, dict) or ("model" in v)) and (
-        not isinstance(v, dict)
-        or "model" not in v
-        or (not isinstance(v["model"], dict) or ("architecture" in v["model"]))
-        and (
-            not isinstance(v["model"], dict)
-            or "architecture" not in v["model"]
-            or (
-                v["model"]["architecture"] == "Qwen4ExpForCausalLM"
-                or v["model"]["architecture"] == "Qwen4ExpForConditionalGeneration"
-            )
-        )
-    )
-
-
-def _matches_22(v: Any) -> bool:
+def _matches_18(v: Any) -> bool:
     return (
         not isinstance(v, dict)
         or "model" not in v
@@ -873,7 +743,7 @@ def check_document(v: Any, path: str, out: list[Problem]) -> None:
             )
         )
     # rule dp-shared-memory-no-elastic-ep
-    if _matches_9(v) and not _matches_10(v):
+    if _matches_7(v) and not _matches_9(v):
         out.append(
             Problem(
                 path + "/engram/dp_shared_memory",
@@ -882,7 +752,7 @@ def check_document(v: Any, path: str, out: list[Problem]) -> None:
             )
         )
     # rule embedding-across-dp-no-elastic-ep
-    if _matches_11(v) and not _matches_12(v):
+    if _matches_10(v) and not _matches_9(v):
         out.append(
             Problem(
                 path + "/engram/embedding_across_dp",
@@ -891,7 +761,7 @@ def check_document(v: Any, path: str, out: list[Problem]) -> None:
             )
         )
     # rule dp-shared-memory-needs-weight-loader
-    if _matches_13(v) and not _matches_14(v):
+    if _matches_11(v) and not _matches_12(v):
         out.append(
             Problem(
                 path + "/load/load_format",
@@ -902,7 +772,7 @@ def check_document(v: Any, path: str, out: list[Problem]) -> None:
             )
         )
     # rule model-layer-ids
-    if _matches_15(v) and not _matches_16(v):
+    if _matches_13(v) and not _matches_14(v):
         out.append(
             Problem(
                 path + "/model/hf_text_config/engram_layer_ids",
@@ -913,7 +783,7 @@ def check_document(v: Any, path: str, out: list[Problem]) -> None:
             )
         )
     # rule model-ngram-fields
-    if _matches_17(v) and not _matches_18(v):
+    if _matches_13(v) and not _matches_15(v):
         out.append(
             Problem(
                 path + "/model/hf_text_config",
@@ -924,7 +794,7 @@ def check_document(v: Any, path: str, out: list[Problem]) -> None:
             )
         )
     # rule model-layer-ids
-    if _matches_19(v) and not _matches_20(v):
+    if _matches_16(v) and not _matches_17(v):
         out.append(
             Problem(
                 path + "/model/hf_text_config/ple_layer_ids",
@@ -935,7 +805,7 @@ def check_document(v: Any, path: str, out: list[Problem]) -> None:
             )
         )
     # rule model-ngram-fields
-    if _matches_21(v) and not _matches_22(v):
+    if _matches_16(v) and not _matches_18(v):
         out.append(
             Problem(
                 path + "/model/hf_text_config",
