@@ -1,6 +1,7 @@
 """The CUDA kernels (kernels/*.cu): built with nvcc into a cache keyed by the sources' hash, loaded with
 ctypes through the C ABI of kernels/engram_kernels.h, and registered as the CUDA implementations of
-engram::gather and engram::ngram_hash. Also the CUDA runtime that pins host tables (registration.py).
+engram::gather_into (which engram::gather calls on every device) and engram::ngram_hash. Also the CUDA
+runtime that pins host tables (registration.py).
 
 Nothing in a launch allocates device memory behind torch's back or synchronises, so the ops can be
 captured in CUDA graphs; ids are range-checked before the launch in eager mode, and during capture the
@@ -20,7 +21,7 @@ import torch
 from engram import native
 from engram._build import KERNELS, build_library
 from engram.errors import EngramError
-from engram.ops import DEAD_ID, OUT_KINDS, check_ids, check_out, gather, gather_into, ngram_hash
+from engram.ops import DEAD_ID, OUT_KINDS, check_ids, check_out, gather_into, ngram_hash
 
 _VP, _I64, _I64P = ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)
 SIGNATURES: dict[str, list[type]] = {
@@ -133,6 +134,7 @@ def _stream(device: torch.device) -> int:
     return int(torch.cuda.current_stream(device).cuda_stream)
 
 
+@gather_into.register_kernel("cuda")
 def _gather_into_cuda(
     weight: torch.Tensor,
     scale: torch.Tensor | None,
@@ -141,6 +143,7 @@ def _gather_into_cuda(
     table_rows: int,
     out: torch.Tensor,
 ) -> None:
+    check_out(ids, weight.shape[1], out)
     raw = scale is None and out.dtype == weight.dtype
     if not raw and (scale is None or out.dtype not in OUT_KINDS):
         raise EngramError(
@@ -161,33 +164,6 @@ def _gather_into_cuda(
         0 if raw else OUT_KINDS[out.dtype], _error_flag(ids.device).data_ptr(), _stream(ids.device),
     )  # fmt: skip
     check(library, status, "engram_gather_cuda")
-
-
-@gather.register_kernel("cuda")
-def _gather_cuda(
-    weight: torch.Tensor,
-    scale: torch.Tensor | None,
-    ids: torch.Tensor,
-    row_start: int,
-    table_rows: int,
-    out_dtype: torch.dtype,
-) -> torch.Tensor:
-    out = torch.empty((*ids.shape, weight.shape[1]), dtype=out_dtype, device=ids.device)
-    _gather_into_cuda(weight, scale, ids, row_start, table_rows, out)
-    return out
-
-
-@gather_into.register_kernel("cuda")
-def _gather_into_cuda_op(
-    weight: torch.Tensor,
-    scale: torch.Tensor | None,
-    ids: torch.Tensor,
-    row_start: int,
-    table_rows: int,
-    out: torch.Tensor,
-) -> None:
-    check_out(ids, weight.shape[1], out)
-    _gather_into_cuda(weight, scale, ids, row_start, table_rows, out)
 
 
 @ngram_hash.register_kernel("cuda")

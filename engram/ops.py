@@ -109,18 +109,6 @@ def check_out(ids: torch.Tensor, dim: int, out: torch.Tensor) -> None:
         )
 
 
-def _gather_into_cpu(
-    weight: torch.Tensor,
-    scale: torch.Tensor | None,
-    ids: torch.Tensor,
-    row_start: int,
-    table_rows: int,
-    out: torch.Tensor,
-) -> None:
-    if not _gather_into_native(weight, scale, ids, row_start, table_rows, out):
-        out.copy_(gather_reference(weight, scale, ids, row_start, table_rows, out.dtype))
-
-
 @torch.library.custom_op("engram::gather", mutates_args=())
 def gather(
     weight: torch.Tensor,
@@ -131,9 +119,15 @@ def gather(
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
     """Rows for global row ids `ids` ([..]) from a shard holding rows [row_start, row_start + len(weight))
-    of a table of `table_rows` rows: [.., dim] in out_dtype. DEAD_ID and rows of other shards read zeros."""
-    out = empty_cpu((*ids.shape, weight.shape[1]), out_dtype)
-    _gather_into_cpu(weight, scale, ids, row_start, table_rows, out)
+    of a table of `table_rows` rows: [.., dim] in out_dtype. DEAD_ID and rows of other shards read zeros.
+    Any device: a fresh output, filled by engram::gather_into's kernel for that device."""
+    shape = (*ids.shape, weight.shape[1])
+    out = (
+        empty_cpu(shape, out_dtype)
+        if ids.device.type == "cpu"
+        else torch.empty(shape, dtype=out_dtype, device=ids.device)
+    )
+    gather_into(weight, scale, ids, row_start, table_rows, out)
     return out
 
 
@@ -149,7 +143,7 @@ def _(
     return ids.new_empty((*ids.shape, weight.shape[1]), dtype=out_dtype)
 
 
-@torch.library.custom_op("engram::gather_into", mutates_args=("out",))
+@torch.library.custom_op("engram::gather_into", mutates_args=("out",), device_types="cpu")
 def gather_into(
     weight: torch.Tensor,
     scale: torch.Tensor | None,
@@ -159,9 +153,11 @@ def gather_into(
     out: torch.Tensor,
 ) -> None:
     """engram::gather into a buffer the caller keeps ([.., dim], its dtype the output's): no allocation,
-    no page faults for a fresh output, a static address for CUDA graphs."""
+    no page faults for a fresh output, a static address for CUDA graphs. This is the CPU kernel; the
+    CUDA one is in engram.kernels."""
     check_out(ids, weight.shape[1], out)
-    _gather_into_cpu(weight, scale, ids, row_start, table_rows, out)
+    if not _gather_into_native(weight, scale, ids, row_start, table_rows, out):
+        out.copy_(gather_reference(weight, scale, ids, row_start, table_rows, out.dtype))
 
 
 @gather_into.register_fake
@@ -229,7 +225,7 @@ def _ngram_hash_native(
     return True
 
 
-@torch.library.custom_op("engram::ngram_hash", mutates_args=("out",))
+@torch.library.custom_op("engram::ngram_hash", mutates_args=("out",), device_types="cpu")
 def ngram_hash(
     ext: torch.Tensor,
     start: torch.Tensor,
@@ -240,7 +236,8 @@ def ngram_hash(
     fill: int,
     out: torch.Tensor,
 ) -> None:
-    """Row ids into `out` [T, L, C]; `magic` holds the Barrett constants floor((2^64 - 1) / prime)."""
+    """Row ids into `out` [T, L, C]; `magic` holds the Barrett constants floor((2^64 - 1) / prime). The
+    CPU kernel; the CUDA one is in engram.kernels."""
     if not _ngram_hash_native(ext, start, multipliers, primes, magic, offsets, fill, out):
         ngram_hash_reference(ext, start, multipliers, primes, offsets, fill, out)
 
