@@ -25,8 +25,7 @@ from engram.runtime.launch import free_port, run_local, values
 from engram.runtime.loader import Checkpoint, load_shards
 from engram.runtime.mapping import map_shared_file
 from engram.runtime.shm import shm_dir
-from engram.runtime.storage import ShardFormat, allocate
-from engram.runtime.tables import table_rows
+from engram.runtime.tables import allocate_shards, whole_tables
 
 CHUNK = 64 << 20
 
@@ -51,13 +50,12 @@ def load_throughput(spec_name: str, checkpoint: Path) -> list[list[str]]:
     )
     group = edist.new_group([0], "bench")
 
-    rows = table_rows(spec)
+    plans = whole_tables(spec)
+    rows = {p.table: p.table_rows for p in plans}
     load_s, both_s = [], []
     for _ in range(5):
         start = time.perf_counter()
-        shards = [
-            allocate(name, ShardFormat(n, spec.head_dim, spec.dtype), "shm", group=group) for name, n in rows.items()
-        ]
+        shards = allocate_shards(spec, plans, "shm", group=group)
         allocated = time.perf_counter()
         load_shards(shards, rows, Checkpoint(checkpoint), group=group, progress=False)
         done = time.perf_counter()

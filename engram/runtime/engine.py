@@ -17,10 +17,11 @@ from engram.hostmem import HostLimits
 from engram.ngram.spec import ModelSpec
 from engram.runtime.dist import Group, new_group, timeout_s
 from engram.runtime.embedding import EngramEmbedding, gather_replica_ids
-from engram.runtime.loader import Checkpoint, load_shards, shard_weight_loader
+from engram.runtime.loader import Checkpoint, shard_weight_loader
 from engram.runtime.plan import DeploymentPlan, RankPlan, plan_deployment
 from engram.runtime.registration import CudaRuntime
-from engram.runtime.storage import ShardFormat, TableShard, allocate
+from engram.runtime.storage import TableShard
+from engram.runtime.tables import open_tables
 
 log = logging.getLogger("engram")
 
@@ -97,19 +98,8 @@ class EngramTables:
             runtime = LibraryRuntime(cuda_library())  # host tables are pinned and read over UVA
         groups = create_groups(plan, rank)
         checkpoint = checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint(checkpoint)
-        shards = [
-            allocate(
-                t.table,
-                ShardFormat(t.rows, spec.head_dim, spec.dtype),
-                mine.placement,
-                row_start=t.row_start,
-                group=groups.shm,
-                runtime=runtime,
-            )
-            for t in mine.tables
-        ]
-        load_shards(
-            shards, {t.table: t.table_rows for t in mine.tables}, checkpoint, group=groups.shm, progress=progress
+        shards = open_tables(
+            spec, checkpoint, mine.placement, plans=mine.tables, group=groups.shm, runtime=runtime, progress=progress
         )
         layers = [
             EngramEmbedding(

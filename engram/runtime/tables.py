@@ -1,19 +1,44 @@
-"""All tables of a model, allocated and loaded in one call (whole tables; the sharded plans build on it)."""
+"""A rank's tables, allocated and loaded in one call: whole tables by default, or the shards a plan gives."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from engram.ngram.spec import ModelSpec
 from engram.runtime.dist import Group
 from engram.runtime.loader import Checkpoint, load_shards
 from engram.runtime.memory import pss
+from engram.runtime.plan import TableShardPlan, table_shards
 from engram.runtime.registration import CudaRuntime
 from engram.runtime.storage import Placement, ShardFormat, TableShard, allocate
 
 
-def table_rows(spec: ModelSpec) -> dict[str, int]:
-    return dict(zip(spec.table_names(), spec.layout.table_rows, strict=True))
+def whole_tables(spec: ModelSpec) -> tuple[TableShardPlan, ...]:
+    """Plans for every table in full: what one rank alone holds."""
+    return table_shards(spec, 0, 1)
+
+
+def allocate_shards(
+    spec: ModelSpec,
+    plans: Sequence[TableShardPlan],
+    placement: Placement,
+    *,
+    group: Group | None = None,
+    runtime: CudaRuntime | None = None,
+) -> list[TableShard]:
+    """Memory for each planned shard; `group` (the node-local DP group) is used with placement shm only."""
+    shared = group if placement == "shm" else None
+    return [
+        allocate(
+            p.table,
+            ShardFormat(p.rows, spec.head_dim, spec.dtype),
+            placement,
+            row_start=p.row_start,
+            group=shared,
+            runtime=runtime,
+        )
+        for p in plans
+    ]
 
 
 def open_tables(
@@ -21,19 +46,20 @@ def open_tables(
     checkpoint: Checkpoint,
     placement: Placement,
     *,
+    plans: Sequence[TableShardPlan] | None = None,
     group: Group | None = None,
     runtime: CudaRuntime | None = None,
     progress: bool = True,
     on_bytes: Callable[[int], None] | None = None,
 ) -> list[TableShard]:
-    """Allocate every table of `spec` where `placement` says and load it from `checkpoint`. `group` is
-    the node-local DP group, needed (and used for loading) only with placement shm."""
-    shared = group if placement == "shm" else None
-    shards = [
-        allocate(name, ShardFormat(rows, spec.head_dim, spec.dtype), placement, group=shared, runtime=runtime)
-        for name, rows in table_rows(spec).items()
-    ]
-    load_shards(shards, table_rows(spec), checkpoint, group=shared, progress=progress, on_bytes=on_bytes)
+    """Allocate the planned shards (default: every table whole) where `placement` says and load them
+    from `checkpoint`. With placement shm, `group` shares them and only its leader writes."""
+    plans = whole_tables(spec) if plans is None else plans
+    shards = allocate_shards(spec, plans, placement, group=group, runtime=runtime)
+    rows = {p.table: p.table_rows for p in plans}
+    load_shards(
+        shards, rows, checkpoint, group=group if placement == "shm" else None, progress=progress, on_bytes=on_bytes
+    )
     return shards
 
 

@@ -17,9 +17,8 @@ from engram.ngram.spec import ModelSpec
 from engram.ops import DEAD_ID
 from engram.runtime.embedding import EngramEmbedding
 from engram.runtime.engine import EngramTables
-from engram.runtime.loader import Checkpoint, load_shards
-from engram.runtime.plan import TableShardPlan
-from engram.runtime.storage import ShardFormat, allocate
+from engram.runtime.loader import Checkpoint
+from engram.runtime.tables import open_tables, whole_tables
 from tests.runtime.specs import SPECS
 
 FIELDS = ("cpu_offload", "embedding_across_dp", "dp_shared_memory", "thp_packing")
@@ -53,12 +52,9 @@ def batches(spec: ModelSpec, dp_rank: int, dp: int) -> Iterator[torch.Tensor]:
 
 def unsharded(spec: ModelSpec, checkpoint: str) -> list[EngramEmbedding]:
     """The single-process reference: whole tables, no group."""
-    tables = []
-    for name, rows in zip(spec.table_names(), spec.layout.table_rows, strict=True):
-        shard = allocate(name, ShardFormat(rows, spec.head_dim, spec.dtype), "host")
-        load_shards([shard], {name: rows}, Checkpoint(checkpoint), progress=False)
-        tables.append((shard, TableShardPlan(name, rows, "row", 0, rows, 0, spec.layout.columns)))
-    return [EngramEmbedding(*tables[t], columns=spec.layout.columns) for t in spec.layout.table_of_layer]
+    plans = whole_tables(spec)
+    shards = open_tables(spec, Checkpoint(checkpoint), "host", progress=False)
+    return [EngramEmbedding(shards[t], plans[t], columns=spec.layout.columns) for t in spec.layout.table_of_layer]
 
 
 @contextlib.contextmanager
