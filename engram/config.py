@@ -45,6 +45,7 @@ __all__ = [
     "add_deployment_args",
     "add_engram_args",
     "checked_parts",
+    "document_from_args",
     "load_config",
     "load_deployment",
     "read_deployment",
@@ -181,6 +182,13 @@ def engram_flag_inputs(recorded: Iterable[tuple[str, str]] | None) -> tuple[list
         else:
             fields.append((flag, flag.removeprefix("--engram-config."), raw))
     return objects, fields
+
+
+def document_from_args(namespace: Any, source: Source) -> dict[str, Any]:
+    """`source` with what a command line gave applied: the engram flags, and the deployment flags where
+    the parser has them (add_engram_args, add_deployment_args)."""
+    objects, fields = engram_flag_inputs(getattr(namespace, "engram_config", None))
+    return read_deployment(source, engram_json=objects, overrides=fields, flags=deployment_flag_values(namespace))
 
 
 def deployment_flag_values(namespace: Any) -> dict[tuple[str, ...], Any]:

@@ -45,17 +45,10 @@ def check_shm(plan: DeploymentPlan | None) -> Check:
     stats = os.statvfs(directory)
     total, free = stats.f_blocks * stats.f_frsize, stats.f_bavail * stats.f_frsize
     detail = f"{directory}: {_gib(total)} in all, {_gib(free)} free"
-    if plan is not None:
-        needed = max((n["shm_bytes"] for n in per_node(plan)), default=0)
-        if needed > free:
-            return Check(
-                "shm",
-                "fail",
-                f"{detail}; the plan needs {_gib(needed)} per node",
-                "docker run --shm-size=<size> or --ipc=host; or a larger ENGRAM_SHM_DIR",
-            )
-        detail += f"; the plan needs {_gib(needed)} per node"
-    return Check("shm", "pass", detail)
+    if plan is None:
+        return Check("shm", "pass", detail)
+    fix = "docker run --shm-size=<size> or --ipc=host; or a larger ENGRAM_SHM_DIR"
+    return _against_plan("shm", detail, _most_per_node(plan, "shm_bytes"), free, "needs", fix)
 
 
 def check_thp() -> Check:
@@ -88,17 +81,20 @@ def check_memory(plan: DeploymentPlan | None) -> Check:
     limits = read_host_limits()
     cgroup = "no cgroup limit" if limits.cgroup_bytes is None else f"cgroup limit {_gib(limits.cgroup_bytes)}"
     detail = f"RAM {_gib(limits.physical_bytes)}, {cgroup}"
-    if plan is not None:
-        needed = max((n["host_bytes"] for n in per_node(plan)), default=0)
-        if needed > limits.available:
-            return Check(
-                "host memory",
-                "fail",
-                f"{detail}; the plan pins {_gib(needed)} per node",
-                "--engram-config '{\"cpu_offload\": false}', dp_shared_memory or embedding_across_dp",
-            )
-        detail += f"; the plan pins {_gib(needed)} per node"
-    return Check("host memory", "pass", detail)
+    if plan is None:
+        return Check("host memory", "pass", detail)
+    fix = "--engram-config '{\"cpu_offload\": false}', dp_shared_memory or embedding_across_dp"
+    return _against_plan("host memory", detail, _most_per_node(plan, "host_bytes"), limits.available, "pins", fix)
+
+
+def _most_per_node(plan: DeploymentPlan, key: str) -> int:
+    return max((node[key] for node in per_node(plan)), default=0)
+
+
+def _against_plan(name: str, detail: str, needed: int, available: int, verb: str, fix: str) -> Check:
+    """pass when the plan's largest node fits in what this machine has, else fail with the fix."""
+    detail = f"{detail}; the plan {verb} {_gib(needed)} per node"
+    return Check(name, "pass", detail) if needed <= available else Check(name, "fail", detail, fix)
 
 
 def check_node() -> Check:

@@ -6,7 +6,9 @@ import argparse
 import json
 from typing import Any
 
-from engram.config import add_engram_args, engram_flag_inputs, read_deployment, validate_deployment
+import msgspec
+
+from engram.config import add_engram_args, document_from_args, validate_deployment
 from engram.demo import run_demo
 from engram.presets import PRESETS, get_preset
 
@@ -27,15 +29,14 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     spec = get_preset(args.preset)
-    objects, fields = engram_flag_inputs(args.engram_config)
     document = {
         "engram": {"dp_shared_memory": args.dp > 1},
-        "model": {"architecture": spec.architecture, "hf_text_config": spec.hf_text_config},
+        "model": msgspec.to_builtins(spec.model_config()),
         "parallel": {"tensor_parallel_size": args.tp, "data_parallel_size": args.dp},
         "load": {"load_format": "safetensors"},
         "platform": "cpu",
     }
-    deployment = validate_deployment(read_deployment(document, engram_json=objects, overrides=fields))
+    deployment = validate_deployment(document_from_args(args, document))
     report = run_demo(spec, deployment)
     if args.json:
         print(json.dumps(report, indent=2))

@@ -7,14 +7,9 @@ import argparse
 import json
 from typing import Any
 
-from engram.config import (
-    add_deployment_args,
-    add_engram_args,
-    deployment_flag_values,
-    engram_flag_inputs,
-    read_deployment,
-    validate_deployment,
-)
+import msgspec
+
+from engram.config import add_deployment_args, add_engram_args, document_from_args, validate_deployment
 from engram.errors import EngramError
 from engram.hostmem import read_host_limits
 from engram.planning import host_bytes_by_dp, summary
@@ -43,14 +38,8 @@ def register(subparsers: Any) -> None:
 
 def build_plan(args: argparse.Namespace) -> DeploymentPlan:
     spec = get_preset(args.preset)
-    objects, fields = engram_flag_inputs(args.engram_config)
-    document = {
-        "model": {"architecture": spec.architecture, "hf_text_config": spec.hf_text_config},
-        "parallel": {},
-        "platform": "cuda",
-    }
-    document = read_deployment(document, engram_json=objects, overrides=fields, flags=deployment_flag_values(args))
-    deployment = validate_deployment(document)
+    document = {"model": msgspec.to_builtins(spec.model_config()), "parallel": {}, "platform": "cuda"}
+    deployment = validate_deployment(document_from_args(args, document))
     assert deployment.parallel is not None and deployment.platform is not None
     return plan_deployment(spec, deployment.engram, deployment.parallel, deployment.platform)
 

@@ -15,9 +15,7 @@ from engram.config import (
     add_deployment_args,
     add_engram_args,
     checked_parts,
-    deployment_flag_values,
-    engram_flag_inputs,
-    read_deployment,
+    document_from_args,
     validate_deployment,
 )
 from engram.errors import ConfigError, Problem
@@ -41,22 +39,22 @@ def add_deployment_inputs(parser: argparse.ArgumentParser) -> None:
     add_deployment_args(parser)
 
 
-def document_from_args(args: argparse.Namespace) -> dict[str, Any]:
+def read_document(args: argparse.Namespace) -> dict[str, Any]:
+    """The positional document (a path, or '-' for stdin) with the flags applied."""
     source: Any = args.document
     if source == "-":
         source = sys.stdin.buffer.read()
-    objects, fields = engram_flag_inputs(args.engram_config)
-    return read_deployment(source, engram_json=objects, overrides=fields, flags=deployment_flag_values(args))
+    return document_from_args(args, source)
 
 
 def deployment_from_args(args: argparse.Namespace) -> Deployment:
-    return validate_deployment(document_from_args(args))
+    return validate_deployment(read_document(args))
 
 
 def run_validate(args: argparse.Namespace) -> int:
     checked: list[str] = []
     try:
-        document = document_from_args(args)
+        document = read_document(args)
         checked = checked_parts(document)
         deployment = validate_deployment(document)
     except ConfigError as exc:
