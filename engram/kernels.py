@@ -22,6 +22,7 @@ from engram import native
 from engram._build import KERNELS, build_library
 from engram.errors import EngramError
 from engram.ops import DEAD_ID, OUT_KINDS, check_ids, check_out, gather_into, ngram_hash
+from engram.runtime import registration
 
 _VP, _I64, _I64P = ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)
 SIGNATURES: dict[str, list[type]] = {
@@ -30,6 +31,7 @@ SIGNATURES: dict[str, list[type]] = {
     "engram_host_register": [_VP, ctypes.c_uint64, ctypes.c_uint],
     "engram_host_unregister": [_VP],
     "engram_host_get_device_pointer": [ctypes.POINTER(ctypes.c_void_p), _VP],
+    "engram_pointer_memory_type": [ctypes.POINTER(ctypes.c_int), _VP],
     "engram_cuda_get_last_error": [],
     "engram_cuda_last_error": [],
 }
@@ -110,11 +112,27 @@ class LibraryRuntime:
         code = int(self.library.engram_host_get_device_pointer(ctypes.byref(pointer), addr))
         return code, int(pointer.value or 0)
 
+    def pointer_memory_type(self, addr: int) -> tuple[int, int]:
+        kind = ctypes.c_int(0)
+        code = int(self.library.engram_pointer_memory_type(ctypes.byref(kind), addr))
+        return code, int(kind.value)
+
     def get_last_error(self) -> int:
         return int(self.library.engram_cuda_get_last_error())
 
     def error_string(self, code: int) -> str:
         return str(self.library.engram_cuda_error_string(code).decode(errors="replace"))
+
+
+def check_readable(runtime: registration.CudaRuntime, *tables: torch.Tensor | None) -> None:
+    """Host tables must be registered for the GPU to read them (the driver's word, not torch's)."""
+    for name, table in zip(("weight", "scale"), tables, strict=False):
+        if table is None or table.device.type != "cpu" or not table.numel():
+            continue
+        if not registration.is_registered(runtime, table.data_ptr(), table.numel() * table.element_size()):
+            raise EngramError(
+                f"the {name} table is in host memory the CUDA driver does not report as registered: the GPU cannot read it (allocate it through engram.runtime.storage, or keep it on the device)"
+            )
 
 
 @functools.cache
@@ -149,11 +167,7 @@ def _gather_into_cuda(
         raise EngramError(
             f"the CUDA gather reads fp8 into {list(OUT_KINDS)} or copies rows as stored; {weight.dtype} -> {out.dtype} is neither"
         )
-    for name, table in (("weight", weight), ("scale", scale)):
-        if table is not None and table.device.type == "cpu" and table.numel() and not table.is_pinned():
-            raise EngramError(
-                f"the {name} table is in unpinned host memory: the GPU cannot read it (register it, or keep it on the device)"
-            )
+    check_readable(LibraryRuntime(cuda_library()), weight, scale)
     flat = ids.reshape(-1).to(torch.int64).contiguous()
     if not torch.cuda.is_current_stream_capturing():
         check_ids(flat, table_rows)

@@ -55,6 +55,8 @@ int engram_ngram_hash_cuda(const int64_t* ext, const int64_t* start, int64_t tok
 int engram_host_register(void* host, uint64_t size, unsigned int flags);
 int engram_host_unregister(void* host);
 int engram_host_get_device_pointer(void** device, void* host);
+/* cudaPointerGetAttributes(pointer).type into *type: 0 unregistered, 1 page-locked host, 2 device, 3 managed */
+int engram_pointer_memory_type(int* type, const void* pointer);
 int engram_cuda_get_last_error(void); /* cudaGetLastError: returns and clears the sticky error */
 int engram_cuda_last_error(void);     /* the error behind the last ENGRAM_ERR_CUDA of this library */
 const char* engram_cuda_error_string(int code);

@@ -27,3 +27,13 @@ extern "C" int engram_host_unregister(void* host) { return static_cast<int>(cuda
 extern "C" int engram_host_get_device_pointer(void** device, void* host) {
     return static_cast<int>(cudaHostGetDevicePointer(device, host, 0));
 }
+// Asks the driver, not torch: Tensor.is_pinned() answers False for registered memory until torch has
+// created its own CUDA context, while the pointer attributes are right from the first registration.
+extern "C" int engram_pointer_memory_type(int* type, const void* pointer) {
+    if (type == nullptr) return static_cast<int>(cudaErrorInvalidValue);
+    cudaPointerAttributes attributes{};
+    const cudaError_t err = cudaPointerGetAttributes(&attributes, pointer);
+    if (err != cudaSuccess) return static_cast<int>(err);
+    *type = static_cast<int>(attributes.type);
+    return 0;
+}

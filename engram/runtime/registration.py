@@ -13,6 +13,7 @@ from engram.runtime.mapping import Mapping
 CHUNK_BYTES = 64 << 30
 HOST_REGISTER_PORTABLE = 1
 HOST_REGISTER_MAPPED = 2
+MEMORY_TYPE_HOST = 1  # cudaMemoryTypeHost: page-locked host memory, readable by the GPU
 
 
 class CudaRuntime(Protocol):
@@ -21,6 +22,7 @@ class CudaRuntime(Protocol):
     def host_register(self, addr: int, size: int, flags: int) -> int: ...
     def host_unregister(self, addr: int) -> int: ...
     def host_get_device_pointer(self, addr: int) -> tuple[int, int]: ...
+    def pointer_memory_type(self, addr: int) -> tuple[int, int]: ...
     def get_last_error(self) -> int: ...
     def error_string(self, code: int) -> str: ...
 
@@ -59,5 +61,31 @@ def register(mapping: Mapping, runtime: CudaRuntime, *, chunk_bytes: int = CHUNK
             raise EngramError(
                 "this GPU maps registered host memory at other addresses (no unified addressing); keep the tables on the GPU (cpu_offload=false)"
             )
+    if not is_registered(runtime, mapping.addr, mapping.length, chunk_bytes=chunk_bytes):
+        undo()
+        raise EngramError(
+            f"cudaHostRegister reported success but the CUDA driver does not see the {mapping.length:,} bytes at {mapping.addr:#x} as page-locked host memory; the GPU cannot read them (check the driver, or set cpu_offload=false)"
+        )
     mapping.on_release(undo)
     return mapping.addr
+
+
+def is_registered(runtime: CudaRuntime, addr: int, size: int, *, chunk_bytes: int = CHUNK_BYTES) -> bool:
+    """Whether the CUDA driver reports [addr, addr + size) as page-locked host memory, asked of its pointer
+    attributes at the first and last byte of every registration chunk. Never Tensor.is_pinned(): torch
+    answers False for registered memory until it has created its own CUDA context."""
+    probes = sorted(
+        {
+            p
+            for start in range(addr, addr + size, chunk_bytes)
+            for p in (start, min(start + chunk_bytes, addr + size) - 1)
+        }
+    )
+    for probe in probes:
+        code, kind = runtime.pointer_memory_type(probe)
+        if code != 0:
+            runtime.get_last_error()  # clear it: a failed query must not surface in a later CUDA call
+            return False
+        if kind != MEMORY_TYPE_HOST:
+            return False
+    return True

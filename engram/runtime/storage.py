@@ -141,9 +141,4 @@ def allocate(
         pointer = register(mapping, runtime)
     weight = mapping.view(0, (fmt.rows, fmt.dim), WEIGHT_DTYPES[fmt.dtype])
     scale = mapping.view(fmt.scale_offset, (fmt.rows, fmt.dim // SCALE_BLOCK), SCALE_DTYPE) if fmt.scaled else None
-    if runtime is not None and torch.cuda.is_available() and not weight.is_pinned():
-        mapping.release()
-        raise EngramError(
-            f"{name}: registered host memory does not report as pinned; a UVA view would silently copy the table"
-        )
     return TableShard(name, row_start, fmt, placement, weight, scale, mapping, pointer, note)

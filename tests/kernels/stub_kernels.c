@@ -35,6 +35,15 @@ int engram_host_get_device_pointer(void** device, void* host) {
     *device = host;
     return 0;
 }
+/* Registered memory reports as page-locked host memory (1), anything else as unregistered (0); stub_lie
+ * makes registration "succeed" without the driver knowing, the failure the check must catch. */
+static int lie = 0;
+void stub_lie(int value) { lie = value; }
+int engram_pointer_memory_type(int* type, const void* pointer) {
+    (void)pointer;
+    *type = registered > 0 && !lie ? 1 : 0;
+    return 0;
+}
 int engram_cuda_get_last_error(void) { int code = sticky; sticky = 0; return code; }
 int engram_cuda_last_error(void) { return cuda_error; }
 const char* engram_cuda_error_string(int code) { return code == 2 ? "out of memory" : code == 1 ? "invalid argument" : "unknown error"; }

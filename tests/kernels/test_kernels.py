@@ -44,6 +44,7 @@ def stub() -> ctypes.CDLL:
     path = build_library("engram_stub", [source], "cc", ["-O1", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror"])
     library = kernels.load(path)
     library.stub_set.argtypes = [ctypes.c_int] * 4
+    library.stub_lie.argtypes = [ctypes.c_int]
     return library
 
 
@@ -86,6 +87,28 @@ def test_registration_through_the_library(stub: ctypes.CDLL) -> None:
     with pytest.raises(EngramError, match=r"cudaHostGetDevicePointer failed: invalid argument \(error 1\)"):
         register(failing, runtime)
     assert stub.stub_registered() == 0  # the chunk registered before the failure was undone
+
+
+def test_host_tables_readable_by_the_gpu_per_the_driver(stub: ctypes.CDLL) -> None:
+    """The CUDA gather asks the driver (pointer attributes) whether a host table is registered."""
+    runtime = kernels.LibraryRuntime(stub)
+    stub.stub_set(0, 0, 0, 0)
+    mapping = map_anonymous(4096)
+    table = mapping.view(0, (64, 64), torch.uint8)
+    with pytest.raises(
+        EngramError, match="the weight table is in host memory the CUDA driver does not report as registered"
+    ):
+        kernels.check_readable(runtime, table, None)
+    register(mapping, runtime)
+    kernels.check_readable(runtime, table, None)
+    kernels.check_readable(runtime, torch.empty(0), None)  # nothing to read
+    stub.stub_lie(1)
+    with pytest.raises(EngramError, match="the scale table is in host memory"):
+        kernels.check_readable(runtime, None, table)
+    stub.stub_lie(0)
+    del table
+    mapping.release()
+    assert stub.stub_registered() == 0
 
 
 def test_missing_library(tmp_path: Path) -> None:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import gc
 
 import pytest
+import torch
 
 from engram.errors import EngramError
 from engram.runtime.mapping import map_anonymous
-from engram.runtime.registration import CHUNK_BYTES, register
+from engram.runtime.registration import CHUNK_BYTES, is_registered, register
+from engram.runtime.storage import ShardFormat, allocate
 
 
 class FakeRuntime:
@@ -18,6 +20,7 @@ class FakeRuntime:
         fail_pointer: bool = False,
         device_base: int | None = None,
         gap: int = 0,
+        lie: bool = False,
     ) -> None:
         self.calls: list[tuple] = []  # type: ignore[type-arg]
         self.registered: dict[int, int] = {}
@@ -26,6 +29,7 @@ class FakeRuntime:
         self.fail_pointer = fail_pointer
         self.device_base = device_base
         self.gap = gap
+        self.lie = lie  # registration "succeeds" but the driver does not know the memory
 
     def host_register(self, addr: int, size: int, flags: int) -> int:
         self.calls.append(("register", addr, size, flags))
@@ -46,6 +50,10 @@ class FakeRuntime:
         first = min(self.registered)
         base = addr if self.device_base is None else self.device_base + (addr - first)
         return 0, base + (self.gap if addr != first else 0)
+
+    def pointer_memory_type(self, addr: int) -> tuple[int, int]:
+        inside = any(start <= addr < start + size for start, size in self.registered.items())
+        return 0, 1 if inside and not self.lie else 0
 
     def get_last_error(self) -> int:
         code, self.sticky = self.sticky, 0
@@ -109,3 +117,43 @@ def test_gc_unregisters() -> None:
     del mapping
     gc.collect()
     assert runtime.registered == {}
+
+
+def test_registration_is_confirmed_by_the_driver() -> None:
+    mapping = map_anonymous(5 * 4096)
+    runtime = FakeRuntime(lie=True)
+    with pytest.raises(EngramError, match="reported success but the CUDA driver does not see the 20,480 bytes"):
+        register(mapping, runtime, chunk_bytes=2 * 4096)
+    assert runtime.registered == {}  # every chunk undone
+    assert not is_registered(FakeRuntime(), mapping.addr, mapping.length)  # never registered at all
+    mapping.release()
+
+
+def test_a_gap_between_chunks_is_caught() -> None:
+    mapping = map_anonymous(6 * 4096)
+    runtime = FakeRuntime()
+    register(mapping, runtime, chunk_bytes=2 * 4096)
+    assert is_registered(runtime, mapping.addr, mapping.length, chunk_bytes=2 * 4096)
+    del runtime.registered[mapping.addr + 2 * 4096]  # the middle chunk lost
+    assert not is_registered(runtime, mapping.addr, mapping.length, chunk_bytes=2 * 4096)
+    runtime.registered.clear()
+    mapping.release()
+
+
+@pytest.mark.parametrize("placement", ["pinned", "hugepages"])
+def test_host_tables_start_before_torch_initialises_cuda(monkeypatch: pytest.MonkeyPatch, placement: str) -> None:
+    """The H200 regression: registration succeeded while Tensor.is_pinned() said False because torch had
+    not created its CUDA context yet, and allocate refused every host placement. The driver's pointer
+    attributes decide now, so the shard is allocated, registered and readable."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self, device=None: False)
+    runtime = FakeRuntime()
+    shard = allocate("layers.2.engram.embed", ShardFormat(1000, 64, "fp8"), placement, runtime=runtime)  # type: ignore[arg-type]
+    assert shard.device_pointer == shard.mapping.addr  # type: ignore[union-attr]
+    assert is_registered(runtime, shard.weight.data_ptr(), shard.weight.numel())
+    shard.release()
+    assert runtime.registered == {}
+    liar = FakeRuntime(lie=True)
+    with pytest.raises(EngramError, match="does not see the .* bytes .* as page-locked host memory"):
+        allocate("t", ShardFormat(1000, 64, "fp8"), placement, runtime=liar)  # type: ignore[arg-type]
+    assert liar.registered == {}
