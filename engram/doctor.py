@@ -12,10 +12,12 @@ from pathlib import Path
 import torch
 
 from engram import native
+from engram.errors import EngramError
 from engram.hostmem import read_host_limits
 from engram.planning import per_node
 from engram.runtime.hugepages import thp_mode
 from engram.runtime.plan import DeploymentPlan
+from engram.runtime.registration import CudaRuntime
 from engram.runtime.shm import node_identity, shm_dir
 
 GIB = 1 << 30
@@ -129,12 +131,23 @@ def check_cuda() -> list[Check]:
     name = torch.cuda.get_device_name()
     return [
         Check("CUDA", "pass", f"{torch.cuda.device_count()} device(s), {name}, CUDA {torch.version.cuda}"),
-        Check(
-            "UVA",
-            "pass",
-            "64-bit unified addressing; each registration verifies the host address is readable on the GPU",
-        ),
+        check_uva(),
     ]
+
+
+UVA_FIX = "raise the memlock limit (ulimit -l unlimited; docker: --ulimit memlock=-1), update the NVIDIA driver, or keep the tables on the GPU (cpu_offload=false)"
+
+
+def check_uva(runtime: CudaRuntime | None = None, device: str = "cuda") -> Check:
+    """Really register a small host buffer and read it on the GPU through UVA (kernels.uva_probe)."""
+    from engram import kernels  # builds the CUDA kernels on first use
+
+    try:
+        return Check(
+            "UVA", "pass", kernels.uva_probe(runtime or kernels.LibraryRuntime(kernels.cuda_library()), device)
+        )
+    except EngramError as exc:
+        return Check("UVA", "fail", str(exc), UVA_FIX)
 
 
 def check_nvcc() -> Check:

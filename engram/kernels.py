@@ -21,8 +21,9 @@ import torch
 from engram import native
 from engram._build import KERNELS, build_library
 from engram.errors import EngramError
-from engram.ops import DEAD_ID, OUT_KINDS, check_ids, check_out, gather_into, ngram_hash
+from engram.ops import DEAD_ID, OUT_KINDS, check_ids, check_out, gather, gather_into, ngram_hash
 from engram.runtime import registration
+from engram.runtime.mapping import map_anonymous
 
 _VP, _I64, _I64P = ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)
 SIGNATURES: dict[str, list[type]] = {
@@ -135,6 +136,28 @@ def check_readable(runtime: registration.CudaRuntime, *tables: torch.Tensor | No
             )
 
 
+PROBE_ROWS, PROBE_ROW_BYTES = 4096, 256  # 1 MiB
+
+
+def uva_probe(runtime: registration.CudaRuntime, device: torch.device | str = "cuda") -> str:
+    """Register 1 MiB of host memory and gather scattered rows of it on `device` through its UVA address:
+    what every host table placement relies on. Returns what was read; raises EngramError naming the
+    step that failed."""
+    mapping = map_anonymous(PROBE_ROWS * PROBE_ROW_BYTES, kind="pinned")
+    table = mapping.view(0, (PROBE_ROWS, PROBE_ROW_BYTES), torch.uint8)
+    try:
+        table.copy_(torch.randint(0, 256, table.shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(7)))
+        registration.register(mapping, runtime)
+        ids = torch.randperm(PROBE_ROWS, generator=torch.Generator().manual_seed(8))[:1024]
+        read = gather(table, None, ids.to(device), 0, PROBE_ROWS, torch.uint8).cpu()
+        if not torch.equal(read, table[ids]):
+            raise EngramError("rows read from the GPU through UVA differ from host memory")
+        return f"registered {mapping.length >> 20} MiB of host memory and read {ids.numel()} scattered rows of it on {device} through UVA, bit for bit"
+    finally:
+        del table
+        mapping.release()
+
+
 @functools.cache
 def _error_flag(device: torch.device) -> torch.Tensor:
     return torch.zeros(1, dtype=torch.int32, device=device)
@@ -201,4 +224,4 @@ def _ngram_hash_cuda(
     check(library, status, "engram_ngram_hash_cuda")
 
 
-__all__ = ["DEAD_ID", "LibraryRuntime", "build", "check_error_flag", "cuda_library", "load"]
+__all__ = ["DEAD_ID", "LibraryRuntime", "build", "check_error_flag", "cuda_library", "load", "uva_probe"]

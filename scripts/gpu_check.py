@@ -1,10 +1,16 @@
-"""GPU check, one command (under 8 minutes on an H200): build the CUDA kernels; check every kernel against
-its CPU twin on fresh random data, writing into poisoned output buffers; then print a table: UVA gather
-GB/s for 264-byte (fp8 row + scales), 512-byte and 2-KB rows from a pinned host table of 8 GiB or more
-against pinned host-to-device cudaMemcpy (target >= 0.7x for rows of 512 bytes and more), device-resident
-gather against device-to-device copy (target >= 0.6x), and hash tokens/s.
+"""The GPU acceptance test of the whole runtime, one command (a few minutes on an H200, the build included):
 
-Run: python scripts/gpu_check.py [--table-gib 8] [--json OUT]. Exit 0 when every check passed.
+1. build the CUDA kernels;
+2. every kernel against its CPU twin on fresh random data, into poisoned output buffers;
+3. `EngramTables.build(platform="cuda")` for every placement (device, pinned, huge pages, /dev/shm shared
+   by two processes on the one GPU, embedding_across_dp and TP 2 with two processes), from a checkpoint
+   written by `engram make-checkpoint`, each lookup compared bit for bit with the CPU reference, with a
+   CUDA-graph capture and replay at a decode shape and torch.compile(fullgraph=True) where the rank can;
+4. the benchmark table: gather GB/s against the pinned H2D memcpy and the D2D copy, hash tokens/s.
+
+Every stage is guarded: a failure is reported (ok/FAIL and the error) and the next stage still runs.
+Run: python scripts/gpu_check.py [--table-gib 8] [--json OUT]. Exit 0 when every stage passed, 1 when
+any failed, 2 without a CUDA device.
 """
 
 from __future__ import annotations
@@ -14,14 +20,21 @@ import ctypes
 import functools
 import json
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+import traceback
 from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from engram import kernels
+from engram.config import validate_deployment
+from engram.errors import EngramError
 from engram.ops import OUT_KINDS, gather_reference
 from engram.presets import get_preset
 from engram.runtime.storage import Placement, ShardFormat, TableShard, allocate
@@ -35,6 +48,54 @@ FORMATS = [
     ("fp16 rows", "fp16", 64, torch.float16),
     ("fp32 rows", "fp32", 512, torch.float32),
 ]
+# (stage name, engram config, TP, DP, extra checks): every placement through EngramTables on the GPU
+PLACEMENTS: list[tuple[str, dict[str, bool], int, int, tuple[str, ...]]] = [
+    ("device", {"cpu_offload": False}, 1, 1, ("graph", "compile")),
+    ("pinned", {}, 1, 1, ("graph", "compile")),
+    ("hugepages", {"thp_packing": True}, 1, 1, ("graph",)),
+    ("shm, DP 2 sharing one mapping", {"dp_shared_memory": True}, 1, 2, ("graph",)),
+    ("embedding_across_dp, DP 2", {"embedding_across_dp": True}, 1, 2, ("graph",)),
+    ("TP 2, pinned", {}, 2, 1, ("graph",)),
+]
+
+
+@dataclass
+class Stage:
+    name: str
+    ok: bool
+    seconds: float
+    error: str = ""
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Report:
+    stages: list[Stage] = field(default_factory=list)
+    bench: list[dict[str, Any]] = field(default_factory=list)
+
+    def run(self, name: str, fn: Callable[[], dict[str, Any] | None]) -> Stage:
+        """Run one stage; any exception fails it (with its last line, and the traceback for a bug) and
+        the next stage runs regardless. A stage fails by raising, or by returning {"ok": False, ...}."""
+        started = time.perf_counter()
+        try:
+            detail = fn() or {}
+            stage = Stage(name, bool(detail.pop("ok", True)), time.perf_counter() - started, detail=detail)
+        except Exception as exc:  # the report must list every stage, whatever failed
+            error = str(exc) if isinstance(exc, EngramError) else traceback.format_exc(limit=-3).strip()
+            stage = Stage(name, False, time.perf_counter() - started, error=error)
+        print(
+            f"  {'ok  ' if stage.ok else 'FAIL'} {name} ({stage.seconds:.1f} s){'  ' + stage.error.splitlines()[-1] if stage.error else ''}",
+            flush=True,
+        )
+        self.stages.append(stage)
+        return stage
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.stages) and all(s.ok for s in self.stages)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "stages": [asdict(s) for s in self.stages], "bench": self.bench}
 
 
 def gpu_time(fn: Callable[[], object], repeat: int = 7) -> float:
@@ -93,20 +154,28 @@ def launch_gather(
     kernels.check(library, status, "engram_gather_cuda")
 
 
+BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
 def same_bits(got: torch.Tensor, want: torch.Tensor) -> bool:
-    """Equal bit for bit, NaNs of either sign counted equal."""
+    """Equal bit for bit, NaNs of either sign counted equal; any dtype (integers have no NaN)."""
     got, want = got.cpu(), want.cpu()
     if got.dtype != want.dtype or got.shape != want.shape:
         return False
+    if not (want.is_floating_point() or want.is_complex()):
+        return bool(torch.equal(got, want))
     nan = torch.isnan(want.float())
-    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[want.element_size()]
+    bits = BITS[want.element_size()]
     return bool(torch.equal(nan, torch.isnan(got.float())) and torch.equal(got[~nan].view(bits), want[~nan].view(bits)))
 
 
-def check_gather(library: ctypes.CDLL, runtime: kernels.LibraryRuntime, results: list[dict[str, Any]]) -> None:
-    for (name, dtype, dim, out_dtype), placement in ((f, p) for f in FORMATS for p in ("pinned", "device")):
-        rows, row_start, table_rows = 5000, 1000, 8000
-        shard = make_shard(dtype, dim, rows, placement, runtime, row_start)  # type: ignore[arg-type]
+def check_gather(
+    library: ctypes.CDLL, runtime: kernels.LibraryRuntime, name: str, placement: Placement
+) -> dict[str, Any]:
+    _, dtype, dim, out_dtype = next(f for f in FORMATS if f[0] == name)
+    rows, row_start, table_rows = 5000, 1000, 8000
+    shard = make_shard(dtype, dim, rows, placement, runtime, row_start)
+    try:
         fill_random(shard, seed=dim)
         ids = torch.randint(-1, table_rows, (4099,), generator=torch.Generator().manual_seed(dim)).cuda()
         out = torch.full(
@@ -128,25 +197,74 @@ def check_gather(library: ctypes.CDLL, runtime: kernels.LibraryRuntime, results:
         bad = ids.clone()
         bad[7] = table_rows  # an id outside the table: zeros and the flag, never a read out of bounds
         launch_gather(library, shard, bad, table_rows, out.clone(), flag)
-        results.append({"check": f"gather {name} {placement}", "ok": same_bits(out, want) and int(flag.item()) == 1})
+        return {
+            "ok": same_bits(out, want) and int(flag.item()) == 1,
+            "rows_equal": same_bits(out, want),
+            "flag": int(flag.item()),
+        }
+    finally:
         shard.release()
 
 
-def check_hash(results: list[dict[str, Any]]) -> None:
-    for preset in ("deepseek-v4.1-flash", "qwen4-exp-ple"):
-        spec = get_preset(preset)
-        hasher = spec.hasher()
-        generator = torch.Generator().manual_seed(5)
-        ids = torch.randint(0, spec.vocab, (100_003,), generator=generator)
-        dead = torch.rand(ids.numel(), generator=generator) < 0.01
-        want = hasher.hash(ids, dead)
-        poisoned = torch.full(want.shape, -12345, dtype=torch.int64, device="cuda")
-        state = hasher.new_state()
-        got = hasher.hash(ids.cuda(), dead.cuda(), state, out=poisoned)
-        chunked, state = hasher.hash_with_state(ids[:50_000].cuda(), dead[:50_000].cuda())
-        rest, _ = hasher.hash_with_state(ids[50_000:].cuda(), dead[50_000:].cuda(), state)
-        ok = same_bits(got, want) and same_bits(torch.cat([chunked, rest]), want)
-        results.append({"check": f"ngram hash {preset}", "ok": ok})
+def check_hash(preset: str) -> dict[str, Any]:
+    spec = get_preset(preset)
+    hasher = spec.hasher()
+    generator = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, spec.vocab, (100_003,), generator=generator)
+    dead = torch.rand(ids.numel(), generator=generator) < 0.01
+    want = hasher.hash(ids, dead)
+    poisoned = torch.full(want.shape, -12345, dtype=torch.int64, device="cuda")
+    got = hasher.hash(ids.cuda(), dead.cuda(), hasher.new_state(), out=poisoned)
+    chunked, state = hasher.hash_with_state(ids[:50_000].cuda(), dead[:50_000].cuda())
+    rest, _ = hasher.hash_with_state(ids[50_000:].cuda(), dead[50_000:].cuda(), state)
+    whole, pieces = same_bits(got, want), same_bits(torch.cat([chunked, rest]), want)
+    return {"ok": whole and pieces, "whole": whole, "chunked": pieces}
+
+
+def write_checkpoint_cli(preset: str, out: Path) -> Path:
+    """A checkpoint written as a user would: `engram make-checkpoint`."""
+    subprocess.run(
+        [sys.executable, "-m", "engram", "make-checkpoint", "--preset", preset, "--out", str(out)],
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
+    return out
+
+
+def check_placement(
+    preset: str, checkpoint: Path, engram: dict[str, bool], tp: int, dp: int, extras: tuple[str, ...], device: str
+) -> dict[str, Any]:
+    """The demo's replicas on `device` with this placement: lookups equal the CPU reference bit for bit,
+    and every extra check passes (or says why this rank cannot run it, e.g. graphs with collectives)."""
+    from engram.demo import run_demo  # imports the launcher; the kernel-only stages do not need it
+
+    deployment = validate_deployment(
+        {
+            "engram": engram,
+            "parallel": {"tensor_parallel_size": tp, "data_parallel_size": dp},
+            "load": {"load_format": "safetensors"},
+            "platform": device,
+        }
+    )
+    report = run_demo(get_preset(preset), deployment, device=device, checkpoint=checkpoint, extras=extras, timeout=300)
+    failed = [
+        f"{name} on rank {rank}"
+        for name, per_rank in report["checks"].items()
+        for rank, v in enumerate(per_rank)
+        if v is False
+    ]
+    return {
+        "ok": report["match"] and not failed,
+        "match": report["match"],
+        "placement": report["placement"],
+        "device": report["device"],
+        "backend": report["backend"] + " (NCCL refuses two ranks on one GPU)" if tp * dp > 1 else report["backend"],
+        "checks": report["checks"],
+        "failed_checks": failed,
+        "load_seconds": report["load_seconds"],
+        "lookups_per_second": report["lookups_per_second"],
+    }
 
 
 def copy_ceilings() -> tuple[float, float]:
@@ -201,24 +319,7 @@ def bench(library: ctypes.CDLL, runtime: kernels.LibraryRuntime, table_gib: floa
     return rows_out
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--table-gib", type=float, default=8.0)
-    parser.add_argument("--json", help="also write the results to this file")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("gpu_check: no CUDA device here; run it on a GPU machine", file=sys.stderr)
-        return 2
-    started = time.perf_counter()
-    library = kernels.load(kernels.build())
-    runtime = kernels.LibraryRuntime(library)
-    print(f"{torch.cuda.get_device_name()}: kernels built in {time.perf_counter() - started:.1f} s")
-    results: list[dict[str, Any]] = []
-    check_gather(library, runtime, results)
-    check_hash(results)
-    for result in results:
-        print(f"  {'ok  ' if result['ok'] else 'FAIL'} {result['check']}")
-    table = bench(library, runtime, args.table_gib)
+def print_bench(table: list[dict[str, Any]]) -> None:
     print(f"\n{'rows':<22} {'table':<18} {'GiB':>6} {'gather GB/s':>12} {'ceiling':>11} {'GB/s':>8} {'ratio':>6}")
     for row in table:
         if "tokens_per_s" in row:
@@ -227,12 +328,60 @@ def main() -> int:
             print(
                 f"{row['rows']:<22} {row['table']:<18} {row['table_gib']:>6} {row['gather_gbps']:>12.1f} {row['ceiling']:>11} {row['ceiling_gbps']:>8.1f} {row['ratio']:>5.2f}x"
             )
-    print("targets: UVA gather >= 0.7x H2D memcpy for rows of 512 B and more; device gather >= 0.6x D2D copy")
-    print(f"total {time.perf_counter() - started:.0f} s")
+
+
+def run_all(report: Report, table_gib: float, preset: str, workdir: Path) -> None:
+    built: dict[str, Any] = {}
+
+    def build() -> dict[str, Any]:
+        built["library"] = kernels.load(kernels.build())
+        built["runtime"] = kernels.LibraryRuntime(built["library"])
+        return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda}
+
+    if not report.run("build the CUDA kernels", build).ok:
+        return  # nothing below runs without them
+    library, runtime = built["library"], built["runtime"]
+    for name, *_ in FORMATS:
+        for placement in ("pinned", "device"):
+            report.run(f"gather {name} {placement}", functools.partial(check_gather, library, runtime, name, placement))
+    for hashed in ("deepseek-v4.1-flash", "qwen4-exp-ple"):
+        report.run(f"ngram hash {hashed}", functools.partial(check_hash, hashed))
+    checkpoint = workdir / "checkpoint"
+    if report.run(
+        f"engram make-checkpoint --preset {preset}", lambda: {"path": str(write_checkpoint_cli(preset, checkpoint))}
+    ).ok:
+        for label, engram, tp, dp, extras in PLACEMENTS:
+            report.run(
+                f"EngramTables on cuda: {label}",
+                functools.partial(check_placement, preset, checkpoint, engram, tp, dp, extras, "cuda"),
+            )
+
+    def benchmark() -> dict[str, Any]:
+        report.bench = bench(library, runtime, table_gib)
+        return {}
+
+    report.run("benchmark", benchmark)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--table-gib", type=float, default=8.0, help="pinned table size for the benchmark")
+    parser.add_argument("--preset", default="demo", help="model of the placement stages (default demo, 262 MB)")
+    parser.add_argument("--json", metavar="OUT", help="also write the report to this file")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gpu_check: no CUDA device here; run it on a GPU machine", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    report = Report()
+    with tempfile.TemporaryDirectory(prefix="engram-gpu-check-") as workdir:
+        run_all(report, args.table_gib, args.preset, Path(workdir))
+    print_bench(report.bench)
+    failed = [s.name for s in report.stages if not s.ok]
+    print(f"\n{len(report.stages) - len(failed)} passed, {len(failed)} failed in {time.perf_counter() - started:.0f} s")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"checks": results, "bench": table}, f, indent=2)
-    return 0 if all(r["ok"] for r in results) else 1
+        Path(args.json).write_text(json.dumps(report.as_dict(), indent=2))
+    return 0 if report.ok else 1
 
 
 if __name__ == "__main__":

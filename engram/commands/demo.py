@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 
 from engram.config import add_engram_args, document_from_args, validate_deployment
-from engram.demo import run_demo
+from engram.demo import default_device, run_demo
 from engram.presets import PRESETS, get_preset
 
 MIB = 1 << 20
@@ -22,6 +22,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--preset", default="demo", choices=sorted(PRESETS))
     parser.add_argument("--dp", type=int, default=2, help="data-parallel replicas (default 2)")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per replica (default 1)")
+    parser.add_argument(
+        "--device",
+        choices=["auto", "cpu", "cuda"],
+        default="auto",
+        help="where the replicas hash and look up (default auto: the GPU when CUDA is available)",
+    )
     parser.add_argument("--json", action="store_true")
     add_engram_args(parser)
     parser.set_defaults(run=run)
@@ -37,13 +43,13 @@ def run(args: argparse.Namespace) -> int:
         "platform": "cpu",
     }
     deployment = validate_deployment(document_from_args(args, document))
-    report = run_demo(spec, deployment)
+    report = run_demo(spec, deployment, device=default_device() if args.device == "auto" else args.device)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0 if report["match"] else 1
     shared = report["host_pss_bytes"] / report["table_bytes"]
     print(
-        f"engram demo: preset {report['preset']}, TP {report['tensor_parallel_size']} x DP {report['data_parallel_size']}, tables {report['placement']}"
+        f"engram demo: preset {report['preset']}, TP {report['tensor_parallel_size']} x DP {report['data_parallel_size']}, tables {report['placement']} on {report['device']}"
     )
     print(
         f"  config      {' '.join(f'{k}={str(v).lower()}' for k, v in report['engram'].items())}  hash {report['hash'][:16]}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from engram.cli import main
 from engram.presets import get_preset
@@ -30,6 +31,7 @@ def test_demo_shared_tables(capsys: pytest.CaptureFixture[str]) -> None:
     report = demo(capsys)
     assert report["match"] is True
     assert report["placement"] == "shm" and report["engram"]["dp_shared_memory"] is True
+    assert report["device"] == "cpu" and report["backend"] == "gloo" and report["checks"] == {}
     assert report["table_bytes"] == TINY == 678_150
     assert TINY <= report["host_pss_bytes"] < 1.15 * TINY
     assert report["private_estimate_bytes"] == 2 * TINY
@@ -61,6 +63,14 @@ def test_demo_across_dp_and_tp(capsys: pytest.CaptureFixture[str]) -> None:
 def test_demo_refuses_an_invalid_config(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--preset", "tiny", "--dp", "1", "--engram-config.dp_shared_memory", "true"]) == 2
     assert "dp_shared_memory requires data_parallel_size > 1." in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: the demo runs on it")
+def test_demo_on_cuda_without_a_gpu_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--preset", "tiny", "--device", "cuda"]) == 2
+    assert capsys.readouterr().err == (
+        "error: device cuda: no CUDA device here (torch.cuda.is_available() is False); use --device cpu\n"
+    )
 
 
 def test_doctor_passes_here_with_warnings(capsys: pytest.CaptureFixture[str]) -> None:

@@ -111,6 +111,36 @@ def test_host_tables_readable_by_the_gpu_per_the_driver(stub: ctypes.CDLL) -> No
     assert stub.stub_registered() == 0
 
 
+def test_doctor_uva_check_registers_and_reads(stub: ctypes.CDLL) -> None:
+    """engram doctor's UVA check really registers a buffer and reads it back (here through the stub
+    runtime and the CPU gather; on a GPU through the driver and the CUDA kernel), and says how to fix
+    a failed registration."""
+    from engram.doctor import check_uva
+
+    runtime = kernels.LibraryRuntime(stub)
+    stub.stub_set(0, 0, 0, 0)
+    passed = check_uva(runtime, device="cpu")
+    assert (passed.name, passed.status) == ("UVA", "pass")
+    assert (
+        passed.detail
+        == "registered 1 MiB of host memory and read 1024 scattered rows of it on cpu through UVA, bit for bit"
+    )
+    assert stub.stub_registered() == 0  # unregistered again
+    stub.stub_set(0, 0, 2, 0)  # cudaHostRegister: out of memory (the memlock limit, typically)
+    failed = check_uva(runtime, device="cpu")
+    assert (
+        failed.status == "fail"
+        and "cudaHostRegister of 1,048,576 bytes at offset 0 failed: out of memory" in failed.detail
+    )
+    assert "ulimit -l unlimited" in failed.fix and runtime.get_last_error() == 0
+    stub.stub_set(0, 0, 0, 0)
+    stub.stub_lie(1)
+    lied = check_uva(runtime, device="cpu")
+    stub.stub_lie(0)
+    assert lied.status == "fail" and "does not see the 1,048,576 bytes" in lied.detail
+    assert stub.stub_registered() == 0
+
+
 def test_missing_library(tmp_path: Path) -> None:
     with pytest.raises(EngramError, match="cannot load the CUDA kernels from"):
         kernels.load(tmp_path / "libnothing.so")
