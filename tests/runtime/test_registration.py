@@ -154,6 +154,6 @@ def test_host_tables_start_before_torch_initialises_cuda(monkeypatch: pytest.Mon
     shard.release()
     assert runtime.registered == {}
     liar = FakeRuntime(lie=True)
-    with pytest.raises(EngramError, match="does not see the .* bytes .* as page-locked host memory"):
+    with pytest.raises(EngramError, match=r"does not see the .* bytes .* as page-locked host memory"):
         allocate("t", ShardFormat(1000, 64, "fp8"), placement, runtime=liar)  # type: ignore[arg-type]
     assert liar.registered == {}
