@@ -4,8 +4,9 @@ engram::gather_into (which engram::gather calls on every device) and engram::ngr
 runtime that pins host tables (registration.py).
 
 Nothing in a launch allocates device memory behind torch's back or synchronises, so the ops can be
-captured in CUDA graphs; ids are range-checked before the launch in eager mode, and during capture the
-kernel reads zeros for a bad id and raises a device flag (check_error_flag)."""
+captured in CUDA graphs, and nothing synchronises: in eager mode as under capture, the kernel reads zeros
+for an id outside its table and raises a flag in pinned host memory, which the engine reads once a step
+without a sync (check_error_flag, EngramTables.check_errors)."""
 
 from __future__ import annotations
 
@@ -21,13 +22,30 @@ import torch
 from engram import native
 from engram._build import KERNELS, build_library
 from engram.errors import EngramError
-from engram.ops import DEAD_ID, OUT_KINDS, check_ids, check_out, gather, gather_into, ngram_hash
+from engram.ops import DEAD_ID, OUT_KINDS, gather, gather_into, ngram_hash, run_gather, sort_ids
 from engram.runtime import registration
 from engram.runtime.mapping import map_anonymous
 
 _VP, _I64, _I64P = ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)
 SIGNATURES: dict[str, list[type]] = {
-    "engram_gather_cuda": [_VP, _VP, _I64, _I64, _I64, _I64, _I64, _VP, _I64, _VP, ctypes.c_int, _VP, _VP],
+    "engram_gather_cuda": [
+        _VP,
+        _VP,
+        _I64,
+        _I64,
+        _I64,
+        _I64,
+        _I64,
+        _VP,
+        _VP,
+        _VP,
+        _I64,
+        _VP,
+        ctypes.c_int,
+        _VP,
+        ctypes.c_int,
+        _VP,
+    ],
     "engram_ngram_hash_cuda": [_VP, _VP, _I64, _I64, _VP, _VP, _VP, _VP, _I64, _I64, _I64, _I64, _VP, _VP],
     "engram_host_register": [_VP, ctypes.c_uint64, ctypes.c_uint],
     "engram_host_unregister": [_VP],
@@ -159,20 +177,63 @@ def uva_probe(runtime: registration.CudaRuntime, device: torch.device | str = "c
 
 
 @functools.cache
-def _error_flag(device: torch.device) -> torch.Tensor:
-    return torch.zeros(1, dtype=torch.int32, device=device)
+def error_flag(device: torch.device) -> torch.Tensor:
+    """Where the gathers on `device` report an id outside their table: one int32 in pinned host memory,
+    which the kernels write through its UVA address (a plain store: it only goes from 0 to 1) and the
+    host reads without synchronising. The address is fixed, so captured graphs report there too."""
+    return torch.zeros(1, dtype=torch.int32, pin_memory=True)
 
 
-def check_error_flag(device: torch.device | str = "cuda") -> None:
-    """Raise if a captured gather saw an id outside its table since the last check (synchronises)."""
-    flag = _error_flag(torch.device(device))
-    if int(flag.item()):
+def check_error_flag(device: torch.device | str = "cuda", *, after: torch.cuda.Event | None = None) -> None:
+    """Raise (and clear the flag) if a gather on `device` read an id outside its table since the last
+    check; it read zeros for it. The flag covers the gathers finished so far: `after`, an event recorded
+    behind the gathers to cover, is waited for first (when the engine checks at the start of a step, the
+    previous step's lookups have normally long finished, so this costs nothing)."""
+    if after is not None:
+        after.synchronize()
+    flag = error_flag(torch.device(device))
+    if int(flag[0]):
         flag.zero_()
         raise EngramError(f"a gather on {device} was given a row id outside its table (it read zeros instead)")
 
 
+@functools.cache
+def library_runtime() -> LibraryRuntime:
+    return LibraryRuntime(cuda_library())
+
+
 def _stream(device: torch.device) -> int:
     return int(torch.cuda.current_stream(device).cuda_stream)
+
+
+def launch_cuda(
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    ids: torch.Tensor,
+    row_start: int,
+    table_rows: int,
+    out: torch.Tensor,
+    dedup: bool,
+    *,
+    max_blocks: int = 0,
+) -> None:
+    """The CUDA kernel on the current stream, arguments already checked (ops.run_gather). Nothing here
+    synchronises: ids outside the table read zeros and raise error_flag, which the engine checks once a
+    step (EngramTables.check_errors)."""
+    check_readable(library_runtime(), weight, scale)
+    flat = ids.reshape(-1).to(torch.int64).contiguous()
+    order = leader = None
+    if dedup and flat.numel():
+        flat, order, leader = sort_ids(flat)
+    library = cuda_library()
+    status = library.engram_gather_cuda(
+        weight.data_ptr() or None, scale.data_ptr() if scale is not None and scale.numel() else None, weight.shape[0], weight.shape[1],
+        weight.shape[1] * weight.element_size(), row_start, table_rows, flat.data_ptr() or None,
+        None if order is None else order.data_ptr(), None if leader is None else leader.data_ptr(), flat.numel(),
+        out.data_ptr() or None, 0 if scale is None else OUT_KINDS[out.dtype], error_flag(ids.device).data_ptr(), max_blocks,
+        _stream(ids.device),
+    )  # fmt: skip
+    check(library, status, "engram_gather_cuda")
 
 
 @gather_into.register_kernel("cuda")
@@ -183,24 +244,9 @@ def _gather_into_cuda(
     row_start: int,
     table_rows: int,
     out: torch.Tensor,
+    dedup: bool = False,
 ) -> None:
-    check_out(ids, weight.shape[1], out)
-    raw = scale is None and out.dtype == weight.dtype
-    if not raw and (scale is None or out.dtype not in OUT_KINDS):
-        raise EngramError(
-            f"the CUDA gather reads fp8 into {list(OUT_KINDS)} or copies rows as stored; {weight.dtype} -> {out.dtype} is neither"
-        )
-    check_readable(LibraryRuntime(cuda_library()), weight, scale)
-    flat = ids.reshape(-1).to(torch.int64).contiguous()
-    if not torch.cuda.is_current_stream_capturing():
-        check_ids(flat, table_rows)
-    library = cuda_library()
-    status = library.engram_gather_cuda(
-        weight.data_ptr() or None, scale.data_ptr() if scale is not None and scale.numel() else None, weight.shape[0], weight.shape[1],
-        weight.shape[1] * weight.element_size(), row_start, table_rows, flat.data_ptr() or None, flat.numel(), out.data_ptr() or None,
-        0 if raw else OUT_KINDS[out.dtype], _error_flag(ids.device).data_ptr(), _stream(ids.device),
-    )  # fmt: skip
-    check(library, status, "engram_gather_cuda")
+    run_gather(weight, scale, ids, row_start, table_rows, out, dedup, launch_cuda)
 
 
 @ngram_hash.register_kernel("cuda")

@@ -26,7 +26,7 @@ SIGNATURES: dict[str, list[type]] = {
     ],
     "engram_gather_cpu": [
         _VP, _VP, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-        _I64P, ctypes.c_int64, _VP, ctypes.c_int, _I64P, ctypes.c_int,
+        _I64P, _I64P, _I64P, ctypes.c_int64, _VP, ctypes.c_int, _I64P, ctypes.c_int,
     ],
 }  # fmt: skip
 

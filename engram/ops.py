@@ -5,6 +5,7 @@ torch; engram.kernels adds the CUDA kernels. Fake kernels let torch.compile trac
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 
 import torch
 
@@ -30,13 +31,84 @@ def ensure_kernels(device: torch.device) -> None:
         import engram.kernels  # noqa: F401
 
 
+ID_DTYPES = (torch.int64, torch.int32)
+TABLE_DTYPES = (torch.float8_e4m3fn, torch.bfloat16, torch.float16, torch.float32, torch.uint8)
+SCALE_DTYPE = torch.float8_e8m0fnu
+
+
 def check_ids(ids: torch.Tensor, table_rows: int) -> None:
-    """Ids outside [-1, table_rows) are an error, raised before any row is read."""
+    """Ids outside [-1, table_rows) are an error, raised before any row is read (a host sync on a GPU:
+    the engine checks once per step instead, see engram.kernels.ErrorFlag)."""
     if ids.numel() == 0:
         return
     bad = ids[(ids < DEAD_ID) | (ids >= table_rows)]
     if bad.numel():
         raise EngramError(f"row id {int(bad[0])} is outside the table's {table_rows} rows (DEAD_ID is {DEAD_ID})")
+
+
+def _describe(t: torch.Tensor) -> str:
+    return f"{t.dtype} {list(t.shape)} on {t.device}"
+
+
+def check_gather_args(
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    ids: torch.Tensor,
+    row_start: int,
+    table_rows: int,
+    out_dtype: torch.dtype,
+) -> None:
+    """Every argument of a gather against the others, before any kernel runs: the kernels trust these
+    extents (a scale with fewer rows than the weight would be read past its end)."""
+    if weight.dim() != 2 or weight.dtype not in TABLE_DTYPES or not weight.is_contiguous():
+        raise EngramError(
+            f"weight must be a contiguous 2-D table of {', '.join(map(str, TABLE_DTYPES))}; got {_describe(weight)}"
+        )
+    rows, dim = weight.shape
+    if ids.dtype not in ID_DTYPES:
+        raise EngramError(f"ids must be int64 or int32 row ids; got {_describe(ids)}")
+    if not (row_start >= 0 and row_start + rows <= table_rows):
+        raise EngramError(
+            f"the shard's rows [{row_start}, {row_start + rows}) must lie inside the table's {table_rows} rows"
+        )
+    if scale is None:
+        if weight.dtype == torch.float8_e4m3fn and out_dtype != weight.dtype:
+            raise EngramError("fp8 rows need their ue8m0 block scales to be dequantised: pass scale")
+        if out_dtype not in TABLE_DTYPES:
+            raise EngramError(f"the output dtype must be one of {', '.join(map(str, TABLE_DTYPES))}; got {out_dtype}")
+        return
+    if weight.dtype != torch.float8_e4m3fn:
+        raise EngramError(f"a scale goes with fp8 (float8_e4m3fn) rows only; the weight is {weight.dtype}")
+    if dim % SCALE_BLOCK:
+        raise EngramError(f"fp8 rows need a dim divisible by {SCALE_BLOCK} (one scale per block); got {dim}")
+    expected = (rows, dim // SCALE_BLOCK)
+    if scale.dtype != SCALE_DTYPE or tuple(scale.shape) != expected or not scale.is_contiguous():
+        raise EngramError(
+            f"scale must be a contiguous {SCALE_DTYPE} tensor of shape {list(expected)} (one per block of {SCALE_BLOCK}); got {_describe(scale)}"
+        )
+    if scale.device != weight.device:
+        raise EngramError(f"scale and weight must be on one device; got {scale.device} and {weight.device}")
+    if out_dtype not in OUT_KINDS:
+        raise EngramError(f"fp8 rows dequantise into {' or '.join(map(str, OUT_KINDS))}; got {out_dtype}")
+
+
+def check_out(ids: torch.Tensor, dim: int, out: torch.Tensor) -> None:
+    shape = (*ids.shape, dim)
+    if tuple(out.shape) != shape or not out.is_contiguous() or out.device != ids.device:
+        raise EngramError(
+            f"out must be a contiguous tensor of shape {list(shape)} on {ids.device}, got {list(out.shape)} on {out.device}"
+        )
+
+
+def sort_ids(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The sorted form of a gather's ids ([n] int64), in static shapes (capturable, no host sync): ids
+    ascending, the order that sorted them, and for each position the first index of its run of equals."""
+    ordered, order = torch.sort(ids)
+    first = torch.ones_like(ordered, dtype=torch.bool)
+    first[1:] = ordered[1:] != ordered[:-1]
+    index = torch.arange(ids.numel(), device=ids.device)
+    leader = torch.where(first, index, 0).cummax(0).values
+    return ordered, order, leader
 
 
 def gather_reference(
@@ -48,6 +120,7 @@ def gather_reference(
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
     """The gather in plain torch: what every kernel is tested against, and the fallback."""
+    check_gather_args(weight, scale, ids, row_start, table_rows, out_dtype)
     check_ids(ids, table_rows)
     flat = ids.reshape(-1).to(torch.int64)
     local = flat - row_start
@@ -70,43 +143,60 @@ def gather_reference(
     return values.view(*ids.shape, weight.shape[1])
 
 
-def _gather_into_native(
+Launch = Callable[[torch.Tensor, "torch.Tensor | None", torch.Tensor, int, int, torch.Tensor, bool], None]
+
+
+def run_gather(
     weight: torch.Tensor,
     scale: torch.Tensor | None,
     ids: torch.Tensor,
     row_start: int,
     table_rows: int,
     out: torch.Tensor,
-) -> bool:
-    """The native CPU kernel into `out`; False where it does not apply (no library, a conversion it lacks)."""
+    dedup: bool,
+    launch: Launch,
+) -> None:
+    """What every device's gather_into does around its kernel: check every argument, and turn a dtype
+    conversion the kernels do not make (rows stored as one float type, wanted as another) into a raw
+    gather and a torch copy, so no path ever reinterprets bytes."""
+    check_gather_args(weight, scale, ids, row_start, table_rows, out.dtype)
+    check_out(ids, weight.shape[1], out)
+    if scale is None and out.dtype != weight.dtype:
+        raw = torch.empty(out.shape, dtype=weight.dtype, device=out.device)
+        launch(weight, None, ids, row_start, table_rows, raw, dedup)
+        out.copy_(raw)
+    else:
+        launch(weight, scale, ids, row_start, table_rows, out, dedup)
+
+
+def _launch_cpu(
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    ids: torch.Tensor,
+    row_start: int,
+    table_rows: int,
+    out: torch.Tensor,
+    dedup: bool,
+) -> None:
+    """The native CPU kernel, or plain torch where it did not build."""
     library = native.cpu_library()
-    raw = scale is None and out.dtype == weight.dtype
-    if (
-        library is None
-        or not weight.is_contiguous()
-        or not out.is_contiguous()
-        or not (raw or (scale is not None and out.dtype in OUT_KINDS))
-    ):
-        return False
+    if library is None:
+        out.copy_(gather_reference(weight, scale, ids, row_start, table_rows, out.dtype))
+        return
     flat = ids.reshape(-1).to(torch.int64).contiguous()
+    order = leader = None
+    if dedup and flat.numel():
+        flat, order, leader = sort_ids(flat)
     bad = ctypes.c_int64(0)
     status = library.engram_gather_cpu(
-        weight.data_ptr() or None, scale.contiguous().data_ptr() if scale is not None else None, weight.shape[0], weight.shape[1],
-        weight.shape[1] * weight.element_size(), row_start, table_rows, native.ptr(flat), flat.numel(), out.data_ptr() or None,
-        0 if raw else OUT_KINDS[out.dtype], ctypes.byref(bad), threads_for(flat.numel()),
+        weight.data_ptr() or None, scale.data_ptr() if scale is not None else None, weight.shape[0], weight.shape[1],
+        weight.shape[1] * weight.element_size(), row_start, table_rows, native.ptr(flat),
+        None if order is None else native.ptr(order), None if leader is None else native.ptr(leader), flat.numel(),
+        out.data_ptr() or None, 0 if scale is None else OUT_KINDS[out.dtype], ctypes.byref(bad), threads_for(flat.numel()),
     )  # fmt: skip
     if status == 2:
         raise EngramError(f"row id {bad.value} is outside the table's {table_rows} rows (DEAD_ID is {DEAD_ID})")
     native.check(status, "engram_gather_cpu")
-    return True
-
-
-def check_out(ids: torch.Tensor, dim: int, out: torch.Tensor) -> None:
-    shape = (*ids.shape, dim)
-    if tuple(out.shape) != shape or not out.is_contiguous() or out.device != ids.device:
-        raise EngramError(
-            f"out must be a contiguous tensor of shape {list(shape)} on {ids.device}, got {list(out.shape)} on {out.device}"
-        )
 
 
 @torch.library.custom_op("engram::gather", mutates_args=())
@@ -117,17 +207,19 @@ def gather(
     row_start: int,
     table_rows: int,
     out_dtype: torch.dtype,
+    dedup: bool = False,
 ) -> torch.Tensor:
     """Rows for global row ids `ids` ([..]) from a shard holding rows [row_start, row_start + len(weight))
     of a table of `table_rows` rows: [.., dim] in out_dtype. DEAD_ID and rows of other shards read zeros.
-    Any device: a fresh output, filled by engram::gather_into's kernel for that device."""
+    Any device: a fresh output, filled by engram::gather_into's kernel for that device. `dedup` takes
+    the sorted form (each distinct row read once, in address order; see use_sorted)."""
     shape = (*ids.shape, weight.shape[1])
     out = (
         empty_cpu(shape, out_dtype)
         if ids.device.type == "cpu"
         else torch.empty(shape, dtype=out_dtype, device=ids.device)
     )
-    gather_into(weight, scale, ids, row_start, table_rows, out)
+    gather_into(weight, scale, ids, row_start, table_rows, out, dedup)
     return out
 
 
@@ -139,6 +231,7 @@ def _(
     row_start: int,
     table_rows: int,
     out_dtype: torch.dtype,
+    dedup: bool = False,
 ) -> torch.Tensor:
     return ids.new_empty((*ids.shape, weight.shape[1]), dtype=out_dtype)
 
@@ -151,13 +244,15 @@ def gather_into(
     row_start: int,
     table_rows: int,
     out: torch.Tensor,
+    dedup: bool = False,
 ) -> None:
     """engram::gather into a buffer the caller keeps ([.., dim], its dtype the output's): no allocation,
     no page faults for a fresh output, a static address for CUDA graphs. This is the CPU kernel; the
     CUDA one is in engram.kernels."""
-    check_out(ids, weight.shape[1], out)
-    if not _gather_into_native(weight, scale, ids, row_start, table_rows, out):
-        out.copy_(gather_reference(weight, scale, ids, row_start, table_rows, out.dtype))
+    for name, t in (("weight", weight), ("scale", scale), ("out", out)):
+        if t is not None and t.device.type != "cpu":
+            raise EngramError(f"ids are on the CPU but {name} is on {t.device}: put them on one device")
+    run_gather(weight, scale, ids, row_start, table_rows, out, dedup, _launch_cpu)
 
 
 @gather_into.register_fake
@@ -168,6 +263,7 @@ def _(
     row_start: int,
     table_rows: int,
     out: torch.Tensor,
+    dedup: bool = False,
 ) -> None:
     return None
 

@@ -4,6 +4,10 @@
 // A row is handled by a sub-warp of LANES threads, each moving 16 bytes at a time (rows start 128-byte
 // aligned when the table does and rows are multiples of 16 bytes). Each sub-warp keeps ROWS_IN_FLIGHT rows
 // loading at once: over PCIe (UVA) a row is ~1 us away, so latency, not bandwidth, bounds a lone row.
+//
+// The sorted form (order and leader given) reads each distinct row once, leaders only, in ascending
+// address order (the GPU's translation of scattered host addresses, not the link, limits random reads),
+// writing it to out[order[i]]; a second kernel copies it to the other positions of its run.
 #include <cuda_runtime.h>
 
 #include "engram_common.h"
@@ -17,10 +21,35 @@ constexpr int ROWS_IN_FLIGHT = 4;
 
 __device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
+// Where row i is read from and written to. local < 0 reads zeros; dst < 0 writes nothing (a follower of
+// the sorted form, or an entry that failed its check, which also raises the flag).
+struct RowPlan {
+    int64_t local;
+    int64_t dst;
+};
+
+__device__ __forceinline__ RowPlan plan_row(int64_t i, int64_t n, const int64_t* ids, const int64_t* order,
+                                            const int64_t* leader, int64_t shard_rows, int64_t row_start,
+                                            int64_t table_rows, bool report, int* error_flag) {
+    RowPlan p{-1, -1};
+    if (i >= n) return p;
+    if (leader != nullptr && leader[i] != i) return p;  // copied from its leader by copy_runs
+    const int64_t dst = order != nullptr ? order[i] : i;
+    const int64_t id = ids[i];
+    if (id < -1 || id >= table_rows || dst < 0 || dst >= n) {
+        if (report) *reinterpret_cast<volatile int*>(error_flag) = 1;  // 0 -> 1 only: a plain store suffices, also in host memory
+        return p;
+    }
+    p.dst = dst;
+    if (id >= 0 && id - row_start >= 0 && id - row_start < shard_rows) p.local = id - row_start;
+    return p;
+}
+
 // Raw rows: 16-byte vectors when everything is aligned, bytes otherwise.
 template <int LANES>
 __global__ void gather_raw(const uint8_t* __restrict__ weight, int64_t shard_rows, int64_t row_bytes, int64_t row_start,
-                           int64_t table_rows, const int64_t* __restrict__ ids, int64_t n, uint8_t* __restrict__ out,
+                           int64_t table_rows, const int64_t* __restrict__ ids, const int64_t* __restrict__ order,
+                           const int64_t* __restrict__ leader, int64_t n, uint8_t* __restrict__ out,
                            int* __restrict__ error_flag) {
     const int lane = threadIdx.x % LANES;
     const int64_t group = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / LANES;
@@ -28,17 +57,12 @@ __global__ void gather_raw(const uint8_t* __restrict__ weight, int64_t shard_row
     const bool vector = (row_bytes & 15) == 0 && aligned16(weight) && aligned16(out);
     for (int64_t base = group * ROWS_IN_FLIGHT; base < n; base += groups * ROWS_IN_FLIGHT) {
         const uint8_t* src[ROWS_IN_FLIGHT];
+        int64_t dst[ROWS_IN_FLIGHT];
 #pragma unroll
         for (int r = 0; r < ROWS_IN_FLIGHT; ++r) {
-            const int64_t i = base + r;
-            src[r] = nullptr;
-            if (i >= n) continue;
-            const int64_t id = ids[i];
-            if (id < -1 || id >= table_rows) {
-                if (lane == 0) atomicOr(error_flag, 1);
-            } else if (id >= 0 && id - row_start >= 0 && id - row_start < shard_rows) {
-                src[r] = weight + (id - row_start) * row_bytes;
-            }
+            const RowPlan p = plan_row(base + r, n, ids, order, leader, shard_rows, row_start, table_rows, lane == 0, error_flag);
+            src[r] = p.local >= 0 ? weight + p.local * row_bytes : nullptr;
+            dst[r] = p.dst;
         }
         if (vector) {
             for (int64_t off = lane * 16; off < row_bytes; off += LANES * 16) {
@@ -47,13 +71,13 @@ __global__ void gather_raw(const uint8_t* __restrict__ weight, int64_t shard_row
                 for (int r = 0; r < ROWS_IN_FLIGHT; ++r) v[r] = src[r] ? *reinterpret_cast<const uint4*>(src[r] + off) : make_uint4(0, 0, 0, 0);
 #pragma unroll
                 for (int r = 0; r < ROWS_IN_FLIGHT; ++r)
-                    if (base + r < n) *reinterpret_cast<uint4*>(out + (base + r) * row_bytes + off) = v[r];
+                    if (dst[r] >= 0) *reinterpret_cast<uint4*>(out + dst[r] * row_bytes + off) = v[r];
             }
         } else {
             for (int64_t off = lane; off < row_bytes; off += LANES) {
 #pragma unroll
                 for (int r = 0; r < ROWS_IN_FLIGHT; ++r)
-                    if (base + r < n) out[(base + r) * row_bytes + off] = src[r] ? src[r][off] : 0;
+                    if (dst[r] >= 0) out[dst[r] * row_bytes + off] = src[r] ? src[r][off] : 0;
             }
         }
     }
@@ -62,7 +86,8 @@ __global__ void gather_raw(const uint8_t* __restrict__ weight, int64_t shard_row
 // fp8 rows: each thread dequantises 16 values (one uint4) with the scale of their block of 32.
 template <int LANES>
 __global__ void gather_fp8(const uint8_t* __restrict__ weight, const uint8_t* __restrict__ scale, int64_t shard_rows,
-                           int64_t dim, int64_t row_start, int64_t table_rows, const int64_t* __restrict__ ids, int64_t n,
+                           int64_t dim, int64_t row_start, int64_t table_rows, const int64_t* __restrict__ ids,
+                           const int64_t* __restrict__ order, const int64_t* __restrict__ leader, int64_t n,
                            uint8_t* __restrict__ out, int out_kind, int* __restrict__ error_flag) {
     const int lane = threadIdx.x % LANES;
     const int64_t group = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / LANES;
@@ -70,17 +95,12 @@ __global__ void gather_fp8(const uint8_t* __restrict__ weight, const uint8_t* __
     const int64_t out_bytes = dim * (out_kind == ENGRAM_OUT_F32 ? 4 : 2);
     for (int64_t base = group * ROWS_IN_FLIGHT; base < n; base += groups * ROWS_IN_FLIGHT) {
         int64_t local[ROWS_IN_FLIGHT];
+        int64_t dst_row[ROWS_IN_FLIGHT];
 #pragma unroll
         for (int r = 0; r < ROWS_IN_FLIGHT; ++r) {
-            const int64_t i = base + r;
-            local[r] = -1;
-            if (i >= n) continue;
-            const int64_t id = ids[i];
-            if (id < -1 || id >= table_rows) {
-                if (lane == 0) atomicOr(error_flag, 1);
-            } else if (id >= 0 && id - row_start >= 0 && id - row_start < shard_rows) {
-                local[r] = id - row_start;
-            }
+            const RowPlan p = plan_row(base + r, n, ids, order, leader, shard_rows, row_start, table_rows, lane == 0, error_flag);
+            local[r] = p.local;
+            dst_row[r] = p.dst;
         }
         for (int64_t v0 = lane * 16; v0 < dim; v0 += LANES * 16) {
             uint4 w[ROWS_IN_FLIGHT];
@@ -92,8 +112,8 @@ __global__ void gather_fp8(const uint8_t* __restrict__ weight, const uint8_t* __
             }
 #pragma unroll
             for (int r = 0; r < ROWS_IN_FLIGHT; ++r) {
-                if (base + r >= n) continue;
-                uint8_t* dst = out + (base + r) * out_bytes;
+                if (dst_row[r] < 0) continue;
+                uint8_t* dst = out + dst_row[r] * out_bytes;
                 const uint8_t* bytes = reinterpret_cast<const uint8_t*>(&w[r]);
                 const float factor = engram_e8m0_to_float(s[r]);
                 if (out_kind == ENGRAM_OUT_F32) {
@@ -116,42 +136,77 @@ __global__ void gather_fp8(const uint8_t* __restrict__ weight, const uint8_t* __
     }
 }
 
-int blocks_for(int64_t groups_needed, int lanes) {
+// The sorted form's second pass: every follower copies its leader's output row (device memory to device
+// memory). A leader outside [0, i) that is not its own leader, or an order entry outside [0, n) copies nothing and raises the flag.
+template <int LANES>
+__global__ void copy_runs(uint8_t* __restrict__ out, int64_t out_bytes, const int64_t* __restrict__ order,
+                          const int64_t* __restrict__ leader, int64_t n, int* __restrict__ error_flag) {
+    const int lane = threadIdx.x % LANES;
+    const int64_t group = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / LANES;
+    const int64_t groups = static_cast<int64_t>(gridDim.x) * blockDim.x / LANES;
+    const bool vector = (out_bytes & 15) == 0 && aligned16(out);
+    for (int64_t i = group; i < n; i += groups) {
+        const int64_t from = leader[i];
+        if (from == i) continue;
+        if (from < 0 || from > i || leader[from] != from || order[i] < 0 || order[i] >= n || order[from] < 0 || order[from] >= n) {
+            if (lane == 0) *reinterpret_cast<volatile int*>(error_flag) = 1;
+            continue;
+        }
+        const uint8_t* src = out + order[from] * out_bytes;
+        uint8_t* dst = out + order[i] * out_bytes;
+        if (vector) {
+            for (int64_t off = lane * 16; off < out_bytes; off += LANES * 16)
+                *reinterpret_cast<uint4*>(dst + off) = *reinterpret_cast<const uint4*>(src + off);
+        } else {
+            for (int64_t off = lane; off < out_bytes; off += LANES) dst[off] = src[off];
+        }
+    }
+}
+
+int blocks_for(int64_t groups_needed, int lanes, int max_blocks) {
     const int64_t per_block = THREADS / lanes;
     int64_t blocks = (groups_needed + per_block - 1) / per_block;
     if (blocks < 1) blocks = 1;
+    if (max_blocks > 0 && blocks > max_blocks) blocks = max_blocks;  // the loops stride over the rest
     return blocks > 65535 * 16 ? 65535 * 16 : static_cast<int>(blocks);
 }
 
 }  // namespace
 
 extern "C" int engram_gather_cuda(const void* weight, const void* scale, int64_t shard_rows, int64_t dim, int64_t row_bytes,
-                                  int64_t row_start, int64_t table_rows, const int64_t* ids, int64_t n, void* out, int out_kind,
-                                  int* error_flag, void* stream) {
-    if (n < 0 || shard_rows < 0 || dim < 1 || row_bytes < 1 || row_start < 0 || !error_flag) return ENGRAM_ERR_ARGUMENT;
-    if (out_kind != ENGRAM_OUT_RAW && (dim % 32 || (shard_rows && !scale))) return ENGRAM_ERR_ARGUMENT;
+                                  int64_t row_start, int64_t table_rows, const int64_t* ids, const int64_t* order,
+                                  const int64_t* leader, int64_t n, void* out, int out_kind, int* error_flag,
+                                  int max_blocks, void* stream) {
+    if (n < 0 || shard_rows < 0 || dim < 1 || row_bytes < 1 || row_start < 0 || max_blocks < 0 || !error_flag) return ENGRAM_ERR_ARGUMENT;
+    if (out_kind != ENGRAM_OUT_RAW && out_kind != ENGRAM_OUT_F32 && out_kind != ENGRAM_OUT_BF16) return ENGRAM_ERR_ARGUMENT;
+    if (out_kind != ENGRAM_OUT_RAW && (dim % 32 || row_bytes != dim || (shard_rows && !scale))) return ENGRAM_ERR_ARGUMENT;
+    if ((order == nullptr) != (leader == nullptr)) return ENGRAM_ERR_ARGUMENT;
     if (n == 0) return ENGRAM_OK;
     if (!ids || !out || (shard_rows && !weight)) return ENGRAM_ERR_ARGUMENT;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     const int64_t groups = (n + ROWS_IN_FLIGHT - 1) / ROWS_IN_FLIGHT;
     const auto* w = static_cast<const uint8_t*>(weight);
     auto* o = static_cast<uint8_t*>(out);
+    const int64_t out_bytes = out_kind == ENGRAM_OUT_RAW ? row_bytes : dim * (out_kind == ENGRAM_OUT_F32 ? 4 : 2);
     if (out_kind == ENGRAM_OUT_RAW) {
         // Short rows take a sub-warp: one 16-byte vector per lane, so no lane idles on a 256-byte row.
         if (row_bytes <= 128) {
-            gather_raw<8><<<blocks_for(groups, 8), THREADS, 0, s>>>(w, shard_rows, row_bytes, row_start, table_rows, ids, n, o, error_flag);
+            gather_raw<8><<<blocks_for(groups, 8, max_blocks), THREADS, 0, s>>>(w, shard_rows, row_bytes, row_start, table_rows, ids, order, leader, n, o, error_flag);
         } else if (row_bytes <= 256) {
-            gather_raw<16><<<blocks_for(groups, 16), THREADS, 0, s>>>(w, shard_rows, row_bytes, row_start, table_rows, ids, n, o, error_flag);
+            gather_raw<16><<<blocks_for(groups, 16, max_blocks), THREADS, 0, s>>>(w, shard_rows, row_bytes, row_start, table_rows, ids, order, leader, n, o, error_flag);
         } else {
-            gather_raw<32><<<blocks_for(groups, 32), THREADS, 0, s>>>(w, shard_rows, row_bytes, row_start, table_rows, ids, n, o, error_flag);
+            gather_raw<32><<<blocks_for(groups, 32, max_blocks), THREADS, 0, s>>>(w, shard_rows, row_bytes, row_start, table_rows, ids, order, leader, n, o, error_flag);
         }
     } else {
         const auto* sc = static_cast<const uint8_t*>(scale);
         if (dim <= 256) {
-            gather_fp8<16><<<blocks_for(groups, 16), THREADS, 0, s>>>(w, sc, shard_rows, dim, row_start, table_rows, ids, n, o, out_kind, error_flag);
+            gather_fp8<16><<<blocks_for(groups, 16, max_blocks), THREADS, 0, s>>>(w, sc, shard_rows, dim, row_start, table_rows, ids, order, leader, n, o, out_kind, error_flag);
         } else {
-            gather_fp8<32><<<blocks_for(groups, 32), THREADS, 0, s>>>(w, sc, shard_rows, dim, row_start, table_rows, ids, n, o, out_kind, error_flag);
+            gather_fp8<32><<<blocks_for(groups, 32, max_blocks), THREADS, 0, s>>>(w, sc, shard_rows, dim, row_start, table_rows, ids, order, leader, n, o, out_kind, error_flag);
         }
     }
+    const int status = engram_launch_status();
+    if (status != ENGRAM_OK || leader == nullptr) return status;
+    copy_runs<16><<<blocks_for(n, 16, max_blocks), THREADS, 0, s>>>(o, out_bytes, order, leader, n, error_flag);
     return engram_launch_status();
 }

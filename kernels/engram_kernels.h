@@ -29,21 +29,28 @@ int engram_ngram_hash_cpu(const int64_t* ext, const int64_t* start, int64_t toke
  * ue8m0 [shard_rows, dim / 32] or NULL. ids: int64 [n] global row ids. DEAD_ID (-1) and ids outside
  * [row_start, row_start + shard_rows) give zero rows; any id outside [-1, table_rows) makes the call
  * return ENGRAM_ERR_RANGE with *bad_id set, and nothing is read or written.
- * out_kind: ENGRAM_OUT_RAW copies row_bytes as stored; ENGRAM_OUT_F32 / ENGRAM_OUT_BF16 dequantise fp8. */
+ * out_kind: ENGRAM_OUT_RAW copies row_bytes as stored; ENGRAM_OUT_F32 / ENGRAM_OUT_BF16 dequantise fp8.
+ *
+ * Sorted form: order and leader both given (else both NULL). ids are then sorted ascending, order [n] is
+ * the permutation that sorted them (ids[i] belongs in out row order[i]) and leader [n] the first index of
+ * i's run of equal ids. Each distinct row is read once, in address order, and copied to every position
+ * of its run. The CPU twin checks that contract and returns ENGRAM_ERR_ARGUMENT when it does not hold. */
 int engram_gather_cpu(const uint8_t* weight, const uint8_t* scale, int64_t shard_rows, int64_t dim, int64_t row_bytes,
-                      int64_t row_start, int64_t table_rows, const int64_t* ids, int64_t n, uint8_t* out, int out_kind,
-                      int64_t* bad_id, int num_threads);
+                      int64_t row_start, int64_t table_rows, const int64_t* ids, const int64_t* order,
+                      const int64_t* leader, int64_t n, uint8_t* out, int out_kind, int64_t* bad_id, int num_threads);
 
 /* ---- CUDA (the .cu files). `stream` is a cudaStream_t; nothing here allocates or synchronises, so the
  * calls can be captured in CUDA graphs. A launch failure returns ENGRAM_ERR_CUDA; the CUDA error code is
  * then engram_cuda_last_error(). */
 
-/* As engram_gather_cpu, for device tables or UVA views of registered host tables. Ids outside the table
- * read zeros and set *error_flag (device memory) to 1: a kernel cannot raise, so callers check the flag
- * (engram/kernels.py does before the launch when not capturing). */
+/* As engram_gather_cpu (plain or sorted form), for device tables or UVA views of registered host tables.
+ * Ids outside the table, and order or leader entries outside [0, n), read or write nothing and set
+ * *error_flag to 1 (device memory, or registered host memory the host reads without a sync): a kernel
+ * cannot raise. max_blocks > 0 caps the grid, so a lookup running beside compute leaves it SMs. */
 int engram_gather_cuda(const void* weight, const void* scale, int64_t shard_rows, int64_t dim, int64_t row_bytes,
-                       int64_t row_start, int64_t table_rows, const int64_t* ids, int64_t n, void* out, int out_kind,
-                       int* error_flag, void* stream);
+                       int64_t row_start, int64_t table_rows, const int64_t* ids, const int64_t* order,
+                       const int64_t* leader, int64_t n, void* out, int out_kind, int* error_flag, int max_blocks,
+                       void* stream);
 
 /* As engram_ngram_hash_cpu, all pointers in device memory. */
 int engram_ngram_hash_cuda(const int64_t* ext, const int64_t* start, int64_t tokens, int64_t context,

@@ -143,13 +143,23 @@ def make_shard(
 
 
 def launch_gather(
-    library: ctypes.CDLL, shard: TableShard, ids: torch.Tensor, table_rows: int, out: torch.Tensor, flag: torch.Tensor
+    library: ctypes.CDLL,
+    shard: TableShard,
+    ids: torch.Tensor,
+    table_rows: int,
+    out: torch.Tensor,
+    flag: torch.Tensor,
+    sorted_form: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
+    """The kernel straight through its C ABI, with a flag of the check's own; `sorted_form` is
+    ops.sort_ids(ids) for the sorted, deduplicated gather."""
     raw = shard.scale is None
+    ids, order, leader = sorted_form if sorted_form is not None else (ids, None, None)
     status = library.engram_gather_cuda(
         shard.weight.data_ptr(), None if raw else shard.scale.data_ptr(), shard.rows, shard.format.dim,  # type: ignore[union-attr]
-        shard.weight.shape[1] * shard.weight.element_size(), shard.row_start, table_rows, ids.data_ptr(), ids.numel(),
-        out.data_ptr(), 0 if raw else OUT_KINDS[out.dtype], flag.data_ptr(), torch.cuda.current_stream().cuda_stream,
+        shard.weight.shape[1] * shard.weight.element_size(), shard.row_start, table_rows, ids.data_ptr(),
+        None if order is None else order.data_ptr(), None if leader is None else leader.data_ptr(), ids.numel(),
+        out.data_ptr(), 0 if raw else OUT_KINDS[out.dtype], flag.data_ptr(), 0, torch.cuda.current_stream().cuda_stream,
     )  # fmt: skip
     kernels.check(library, status, "engram_gather_cuda")
 

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 
 from engram.errors import EngramError
-from engram.ops import DEAD_ID, check_ids, ensure_kernels, gather, gather_into
+from engram.ops import DEAD_ID, ensure_kernels, gather, gather_into
 from engram.runtime.dist import Group
 from engram.runtime.plan import TableShardPlan
 from engram.runtime.storage import TableShard
@@ -73,7 +73,8 @@ class EngramEmbedding(nn.Module):
                 return gather(self.weight, self.scale, ids, plan.row_start, plan.table_rows, self.out_dtype)  # type: ignore[no-any-return]
             gather_into(self.weight, self.scale, ids, plan.row_start, plan.table_rows, out)
             return out
-        check_ids(ids, plan.table_rows)  # every rank raises alike, before any collective
+        # Every rank holds the same ids, so on the CPU every rank's kernel raises alike before the
+        # collective; on a GPU every rank's kernel flags the bad id alike (EngramTables.check_errors).
         columns = ids[:, plan.head_start : plan.head_stop] if plan.kind == "head" else ids
         rows: torch.Tensor = gather(self.weight, self.scale, columns, plan.row_start, plan.table_rows, self.out_dtype)
         rows = self._combine_heads(rows) if plan.kind == "head" else self._combine_rows(rows)

@@ -62,6 +62,7 @@ class EngramTables:
     groups: RankGroups
     shards: list[TableShard]
     layers: list[EngramEmbedding]
+    _pending: tuple[torch.cuda.Event, torch.device] | None = None  # behind the last step's GPU lookups
 
     @classmethod
     def build(
@@ -93,9 +94,9 @@ class EngramTables:
         rank = dist.get_rank()
         mine = plan.ranks[rank]
         if platform == "cuda" and runtime is None and mine.placement != "device":
-            from engram.kernels import LibraryRuntime, cuda_library
+            from engram.kernels import library_runtime
 
-            runtime = LibraryRuntime(cuda_library())  # host tables are pinned and read over UVA
+            runtime = library_runtime()  # host tables are pinned and read over UVA
         groups = create_groups(plan, rank)
         checkpoint = checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint(checkpoint)
         shards = open_tables(
@@ -122,13 +123,38 @@ class EngramTables:
 
     def lookup(self, rows: torch.Tensor) -> list[torch.Tensor]:
         """rows: [T, layers, C] from NgramHasher -> per layer [T, C, D]. With embedding_across_dp the
-        replicas' ids are gathered once per step, for all layers together."""
+        replicas' ids are gathered once per step, for all layers together.
+
+        On a GPU nothing here synchronises: an id outside its table reads zeros and is reported by the
+        next lookup (or check_errors), on every rank of the group alike, since they all hold the same ids."""
+        self.check_errors()
+        expected = (len(self.layers), self.layers[0].columns) if self.layers else ()
+        if rows.dim() != 3 or tuple(rows.shape[1:]) != expected:
+            raise EngramError(
+                f"rows must be [tokens, {', '.join(map(str, expected))}] (tokens, layers, columns); got {list(rows.shape)}"
+            )
         if self.groups.dp is None or self.groups.dp.size == 1:
-            return [layer(rows[:, i]) for i, layer in enumerate(self.layers)]
-        tokens, layers, columns = rows.shape
-        everyone, start = gather_replica_ids(rows.reshape(tokens, layers * columns).to(torch.int64), self.groups.dp)
-        everyone = everyone.view(-1, layers, columns)
-        return [layer.lookup_gathered(everyone[:, i])[start : start + tokens] for i, layer in enumerate(self.layers)]
+            out = [layer(rows[:, i]) for i, layer in enumerate(self.layers)]
+        else:
+            tokens, layers, columns = rows.shape
+            everyone, start = gather_replica_ids(rows.reshape(tokens, layers * columns).to(torch.int64), self.groups.dp)
+            everyone = everyone.view(-1, layers, columns)
+            out = [layer.lookup_gathered(everyone[:, i])[start : start + tokens] for i, layer in enumerate(self.layers)]
+        if rows.is_cuda and not torch.cuda.is_current_stream_capturing():
+            done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            done.record()
+            self._pending = (done, rows.device)
+        return out
+
+    def check_errors(self) -> None:
+        """Raise if a lookup since the last check was given a row id outside its table (on a GPU the kernels
+        only flag it). Waits for the last step's lookups to finish first, which they normally have by the
+        next step (the engine synchronised to sample), so this costs no sync in the steady state."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            from engram.kernels import check_error_flag
+
+            check_error_flag(pending[1], after=pending[0])
 
     def release(self) -> None:
         self.layers.clear()

@@ -14,6 +14,9 @@ CHUNK_BYTES = 64 << 30
 HOST_REGISTER_PORTABLE = 1
 HOST_REGISTER_MAPPED = 2
 MEMORY_TYPE_HOST = 1  # cudaMemoryTypeHost: page-locked host memory, readable by the GPU
+# Mappings this process registered and has not unregistered yet, (addr, length) -> the runtime that did:
+# a lookup checks its tables here (microseconds) before asking the driver.
+_live: dict[tuple[int, int], CudaRuntime] = {}
 
 
 class CudaRuntime(Protocol):
@@ -31,8 +34,10 @@ def register(mapping: Mapping, runtime: CudaRuntime, *, chunk_bytes: int = CHUNK
     """Register `mapping` and return its device pointer (its own address: unified addressing is required);
     unregistration runs when it is released."""
     done: list[int] = []
+    key = (mapping.addr, mapping.length)  # never the mapping itself: its release hooks must not keep it alive
 
     def undo() -> None:
+        _live.pop(key, None)
         for addr in reversed(done):
             if runtime.host_unregister(addr) != 0:
                 runtime.get_last_error()
@@ -66,14 +71,20 @@ def register(mapping: Mapping, runtime: CudaRuntime, *, chunk_bytes: int = CHUNK
         raise EngramError(
             f"cudaHostRegister reported success but the CUDA driver does not see the {mapping.length:,} bytes at {mapping.addr:#x} as page-locked host memory; the GPU cannot read them (check the driver, or set cpu_offload=false)"
         )
+    _live[key] = runtime
     mapping.on_release(undo)
     return mapping.addr
 
 
 def is_registered(runtime: CudaRuntime, addr: int, size: int, *, chunk_bytes: int = CHUNK_BYTES) -> bool:
     """Whether the CUDA driver reports [addr, addr + size) as page-locked host memory, asked of its pointer
-    attributes at the first and last byte of every registration chunk. Never Tensor.is_pinned(): torch
+    attributes at the first and last byte of every registration chunk (ranges inside a mapping this
+    process registered through `runtime` are known without asking). Never Tensor.is_pinned(): torch
     answers False for registered memory until it has created its own CUDA context."""
+    if any(
+        start <= addr and addr + size <= start + length and known is runtime for (start, length), known in _live.items()
+    ):
+        return True
     probes = sorted(
         {
             p

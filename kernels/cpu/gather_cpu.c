@@ -1,5 +1,9 @@
-/* CPU twin of the gather: ids are checked first (nothing is read if one is outside the table), then
- * rows are copied or dequantised in parallel. Row math is engram_dequant_row, shared with CUDA. */
+/* CPU twin of the gather: every argument is checked first (nothing is read or written if one is wrong),
+ * then rows are copied or dequantised in parallel. Row math is engram_dequant_row, shared with CUDA.
+ *
+ * The sorted form (order and leader given) reads each distinct row once, in address order, then copies it
+ * to the other positions that asked for it: the access pattern that makes host tables fast on a GPU. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "../engram_common.h"
@@ -26,46 +30,101 @@ static void dequant_row_cpu(const uint8_t* w, const uint8_t* s, int64_t dim, int
     }
 }
 
-int engram_gather_cpu(const uint8_t* weight, const uint8_t* scale, int64_t shard_rows, int64_t dim, int64_t row_bytes,
-                      int64_t row_start, int64_t table_rows, const int64_t* ids, int64_t n, uint8_t* out, int out_kind,
-                      int64_t* bad_id, int num_threads) {
-    if (n < 0 || shard_rows < 0 || dim < 1 || row_bytes < 1 || num_threads < 1 || row_start < 0) return ENGRAM_ERR_ARGUMENT;
-    if (out_kind != ENGRAM_OUT_RAW && dim % 32) return ENGRAM_ERR_ARGUMENT;
-    if (n == 0) return ENGRAM_OK;
-    if (!ids || !out || !bad_id || (shard_rows && (!weight || (out_kind != ENGRAM_OUT_RAW && !scale)))) return ENGRAM_ERR_ARGUMENT;
+typedef struct {
+    const uint8_t* weight;
+    const uint8_t* scale;
+    int64_t shard_rows, dim, row_bytes, row_start, out_bytes;
+    int out_kind;
+} table_t;
+
+static void prefetch_row(const table_t* t, int64_t id) {
+    const int64_t local = id - t->row_start;
+    if (id < 0 || local < 0 || local >= t->shard_rows) return;
+    const uint8_t* row = t->weight + local * t->row_bytes;
+    for (int64_t b = 0; b < t->row_bytes; b += 64) __builtin_prefetch(row + b, 0, 0);
+}
+
+/* One row into dst: zeros for DEAD_ID and rows of other shards. */
+static void read_row(const table_t* t, int64_t id, uint8_t* dst) {
+    const int64_t local = id - t->row_start;
+    if (id < 0 || local < 0 || local >= t->shard_rows) {
+        memset(dst, 0, (size_t)t->out_bytes);
+    } else if (t->out_kind == ENGRAM_OUT_RAW) {
+        memcpy(dst, t->weight + local * t->row_bytes, (size_t)t->row_bytes);
+    } else {
+        dequant_row_cpu(t->weight + local * t->row_bytes, t->scale + local * (t->dim / 32), t->dim, t->out_kind, dst);
+    }
+}
+
+/* ENGRAM_OK, or ENGRAM_ERR_RANGE with *bad_id the first id outside [-1, table_rows). */
+static int check_range(const int64_t* ids, int64_t n, int64_t table_rows, int64_t* bad_id, int num_threads) {
     int64_t lo = ids[0], hi = ids[0];
 #pragma omp parallel for num_threads(num_threads) reduction(min : lo) reduction(max : hi)
     for (int64_t i = 0; i < n; ++i) {
         lo = ids[i] < lo ? ids[i] : lo;
         hi = ids[i] > hi ? ids[i] : hi;
     }
-    if (lo < -1 || hi >= table_rows) {
-        for (int64_t i = 0; i < n; ++i) {
-            if (ids[i] < -1 || ids[i] >= table_rows) { *bad_id = ids[i]; break; }
+    if (lo >= -1 && hi < table_rows) return ENGRAM_OK;
+    for (int64_t i = 0; i < n; ++i) {
+        if (ids[i] < -1 || ids[i] >= table_rows) {
+            *bad_id = ids[i];
+            break;
         }
-        return ENGRAM_ERR_RANGE;
     }
-    const int64_t out_bytes = out_kind == ENGRAM_OUT_RAW ? row_bytes : dim * (out_kind == ENGRAM_OUT_F32 ? 4 : 2);
-    const int64_t scale_bytes = dim / 32;
+    return ENGRAM_ERR_RANGE;
+}
+
+/* The sorted form's contract, checked in O(n): ids ascending, order a permutation of [0, n), leader[i]
+ * the first index of i's run of equal ids. Anything else could leave output rows unwritten. */
+static int check_sorted(const int64_t* ids, const int64_t* order, const int64_t* leader, int64_t n) {
+    uint8_t* seen = calloc((size_t)n, 1);
+    if (!seen) return ENGRAM_ERR_ARGUMENT;
+    int status = ENGRAM_OK;
+    for (int64_t i = 0; i < n && status == ENGRAM_OK; ++i) {
+        const int64_t expected = i > 0 && ids[i] == ids[i - 1] ? leader[i - 1] : i;
+        if ((i > 0 && ids[i] < ids[i - 1]) || leader[i] != expected || order[i] < 0 || order[i] >= n || seen[order[i]]) {
+            status = ENGRAM_ERR_ARGUMENT;
+        } else {
+            seen[order[i]] = 1;
+        }
+    }
+    free(seen);
+    return status;
+}
+
+int engram_gather_cpu(const uint8_t* weight, const uint8_t* scale, int64_t shard_rows, int64_t dim, int64_t row_bytes,
+                      int64_t row_start, int64_t table_rows, const int64_t* ids, const int64_t* order,
+                      const int64_t* leader, int64_t n, uint8_t* out, int out_kind, int64_t* bad_id, int num_threads) {
+    if (n < 0 || shard_rows < 0 || dim < 1 || row_bytes < 1 || num_threads < 1 || row_start < 0) return ENGRAM_ERR_ARGUMENT;
+    if (out_kind != ENGRAM_OUT_RAW && out_kind != ENGRAM_OUT_F32 && out_kind != ENGRAM_OUT_BF16) return ENGRAM_ERR_ARGUMENT;
+    if (out_kind != ENGRAM_OUT_RAW && (dim % 32 || row_bytes != dim)) return ENGRAM_ERR_ARGUMENT;
+    if ((order == NULL) != (leader == NULL)) return ENGRAM_ERR_ARGUMENT;
+    if (n == 0) return ENGRAM_OK;
+    if (!ids || !out || !bad_id || (shard_rows && (!weight || (out_kind != ENGRAM_OUT_RAW && !scale)))) return ENGRAM_ERR_ARGUMENT;
+    const int range = check_range(ids, n, table_rows, bad_id, num_threads);
+    if (range != ENGRAM_OK) return range;
+    const table_t t = {weight, scale, shard_rows, dim, row_bytes, row_start,
+                       out_kind == ENGRAM_OUT_RAW ? row_bytes : dim * (out_kind == ENGRAM_OUT_F32 ? 4 : 2), out_kind};
+    if (order == NULL) {
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+        for (int64_t i = 0; i < n; ++i) {
+            /* Rows are random: ask for one a few iterations ahead, so several cache misses are in flight. */
+            if (i + ENGRAM_PREFETCH < n) prefetch_row(&t, ids[i + ENGRAM_PREFETCH]);
+            read_row(&t, ids[i], out + i * t.out_bytes);
+        }
+        return ENGRAM_OK;
+    }
+    const int sorted = check_sorted(ids, order, leader, n);
+    if (sorted != ENGRAM_OK) return sorted;
+    /* Each distinct row once, in address order, into its first position... */
 #pragma omp parallel for num_threads(num_threads) schedule(static)
     for (int64_t i = 0; i < n; ++i) {
-        /* Rows are random: ask for one a few iterations ahead, so several cache misses are in flight. */
-        if (i + ENGRAM_PREFETCH < n) {
-            int64_t ahead = ids[i + ENGRAM_PREFETCH] - row_start;
-            if (ahead >= 0 && ahead < shard_rows) {
-                const uint8_t* row = weight + ahead * row_bytes;
-                for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(row + b, 0, 0);
-            }
-        }
-        int64_t local = ids[i] - row_start;
-        uint8_t* dst = out + i * out_bytes;
-        if (ids[i] < 0 || local < 0 || local >= shard_rows) {
-            memset(dst, 0, (size_t)out_bytes);
-        } else if (out_kind == ENGRAM_OUT_RAW) {
-            memcpy(dst, weight + local * row_bytes, (size_t)row_bytes);
-        } else {
-            dequant_row_cpu(weight + local * row_bytes, scale + local * scale_bytes, dim, out_kind, dst);
-        }
+        if (leader[i] == i) read_row(&t, ids[i], out + order[i] * t.out_bytes);
+    }
+    /* ...then copied to the other positions of its run. */
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+        if (leader[i] != i) memcpy(out + order[i] * t.out_bytes, out + order[leader[i]] * t.out_bytes, (size_t)t.out_bytes);
     }
     return ENGRAM_OK;
 }

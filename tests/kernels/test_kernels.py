@@ -50,11 +50,15 @@ def stub() -> ctypes.CDLL:
 
 def test_status_codes(stub: ctypes.CDLL) -> None:
     stub.stub_set(0, 0, 0, 0)
-    kernels.check(stub, stub.engram_gather_cuda(None, None, 0, 1, 1, 0, 0, None, 0, None, 0, None, None), "gather")
+    kernels.check(
+        stub, stub.engram_gather_cuda(None, None, 0, 1, 1, 0, 0, None, None, None, 0, None, 0, None, 0, None), "gather"
+    )
     stub.stub_set(3, 2, 0, 0)
     with pytest.raises(EngramError, match=r"^engram_gather_cuda failed: CUDA error 2 \(out of memory\)$"):
         kernels.check(
-            stub, stub.engram_gather_cuda(None, None, 0, 1, 1, 0, 0, None, 0, None, 0, None, None), "engram_gather_cuda"
+            stub,
+            stub.engram_gather_cuda(None, None, 0, 1, 1, 0, 0, None, None, None, 0, None, 0, None, 0, None),
+            "engram_gather_cuda",
         )
     stub.stub_set(1, 0, 0, 0)
     with pytest.raises(EngramError, match=r"^engram_ngram_hash_cuda failed: invalid argument$"):
@@ -103,8 +107,9 @@ def test_host_tables_readable_by_the_gpu_per_the_driver(stub: ctypes.CDLL) -> No
     kernels.check_readable(runtime, table, None)
     kernels.check_readable(runtime, torch.empty(0), None)  # nothing to read
     stub.stub_lie(1)
+    kernels.check_readable(runtime, None, table)  # known registered through this runtime: no driver call
     with pytest.raises(EngramError, match="the scale table is in host memory"):
-        kernels.check_readable(runtime, None, table)
+        kernels.check_readable(kernels.LibraryRuntime(stub), None, table)  # another runtime asks the driver
     stub.stub_lie(0)
     del table
     mapping.release()

@@ -8,8 +8,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engram import native
 from engram.errors import EngramError
-from engram.ops import _gather_into_native, gather, gather_into, gather_reference
+from engram.ops import gather, gather_into, gather_reference
 from engram.runtime.embedding import EngramEmbedding
 from engram.runtime.plan import TableShardPlan
 from engram.runtime.storage import ShardFormat, allocate
@@ -22,13 +23,19 @@ def native_gather(
     row_start: int,
     table_rows: int,
     out_dtype: torch.dtype,
+    dedup: bool = False,
 ) -> torch.Tensor:
+    assert native.cpu_library() is not None  # the native twin, not the torch fallback
     out = torch.full((*ids.shape, weight.shape[1]), 7, dtype=out_dtype)  # poisoned: every element must be written
-    assert _gather_into_native(weight, scale, ids, row_start, table_rows, out)
+    gather_into(weight, scale, ids, row_start, table_rows, out, dedup)
     return out
 
 
-PATHS = {"native": native_gather, "torch": gather_reference}
+def sorted_gather(*args: object) -> torch.Tensor:
+    return native_gather(*args, dedup=True)  # type: ignore[arg-type]
+
+
+PATHS = {"native": native_gather, "sorted": sorted_gather, "torch": gather_reference}
 
 
 def every_fp8_and_scale() -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,7 +57,7 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.equal(nan, torch.isnan(b)) and torch.equal(a[~nan].view(bits), b[~nan].view(bits)))
 
 
-@pytest.mark.parametrize("path", ["native", "torch"])
+@pytest.mark.parametrize("path", ["native", "sorted", "torch"])
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
 def test_fp8_dequantisation_is_exact(path: str, out_dtype: torch.dtype) -> None:
     weight, scale = every_fp8_and_scale()
@@ -60,7 +67,7 @@ def test_fp8_dequantisation_is_exact(path: str, out_dtype: torch.dtype) -> None:
     assert same_bits(got, float64_reference(weight, scale).to(out_dtype))
 
 
-@pytest.mark.parametrize("path", ["native", "torch"])
+@pytest.mark.parametrize("path", ["native", "sorted", "torch"])
 def test_zeros_for_dead_and_unowned_rows(path: str) -> None:
     weight = torch.arange(1, 4 * 32 + 1, dtype=torch.float32).view(4, 32)
     ids = torch.tensor([[10, -1, 13], [9, 14, 11]])  # the shard holds rows 10..13 of a 20-row table
@@ -70,7 +77,7 @@ def test_zeros_for_dead_and_unowned_rows(path: str) -> None:
     assert not got[0, 1].any() and not got[1, 0].any() and not got[1, 1].any()
 
 
-@pytest.mark.parametrize("path", ["native", "torch"])
+@pytest.mark.parametrize("path", ["native", "sorted", "torch"])
 @pytest.mark.parametrize("bad", [20, 1 << 40, -2])
 def test_ids_outside_the_table_raise(path: str, bad: int) -> None:
     weight = torch.zeros(4, 32)
@@ -163,3 +170,93 @@ def test_kept_output_buffer() -> None:
         module(ids, out=torch.empty((6, 4, 31), dtype=torch.bfloat16))
     with pytest.raises(EngramError, match=r"out must be torch\.bfloat16, got torch\.float32"):
         module(ids, out=torch.empty((6, 4, 32)))
+
+
+def guarded_scale(rows: int, columns: int) -> torch.Tensor:
+    """A ue8m0 scale whose last byte sits right before a page the process may not touch: any read past
+    its end is a SIGSEGV, not a silently accepted call."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    region = mmap.mmap(-1, 2 * mmap.PAGESIZE)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    assert libc.mprotect(ctypes.c_void_p(base + mmap.PAGESIZE), mmap.PAGESIZE, 0) == 0  # PROT_NONE
+    nbytes = rows * columns
+    array = (ctypes.c_uint8 * nbytes).from_address(base + mmap.PAGESIZE - nbytes)
+    tensor = torch.frombuffer(array, dtype=torch.uint8).view(rows, columns).view(torch.float8_e8m0fnu)
+    tensor._keep = region  # type: ignore[attr-defined]  # the mapping lives as long as the tensor
+    return tensor
+
+
+@pytest.mark.parametrize("path", ["native", "sorted", "torch"])
+def test_a_short_scale_is_refused_before_any_read(path: str) -> None:
+    weight = torch.zeros(5000, 32, dtype=torch.float8_e4m3fn)
+    with pytest.raises(
+        EngramError, match=r"scale must be a contiguous torch.float8_e8m0fnu tensor of shape \[5000, 1\]"
+    ):
+        PATHS[path](weight, guarded_scale(1, 1), torch.tensor([4999, 0]), 0, 5000, torch.bfloat16)
+    with pytest.raises(
+        EngramError, match=r"shape \[5000, 1\] \(one per block of 32\); got torch.float8_e8m0fnu \[5000, 2\]"
+    ):
+        PATHS[path](
+            weight, torch.zeros(5000, 2, dtype=torch.float8_e8m0fnu), torch.tensor([1]), 0, 5000, torch.bfloat16
+        )
+
+
+@pytest.mark.parametrize("path", ["native", "sorted", "torch"])
+def test_what_the_kernels_do_not_implement_is_refused(path: str) -> None:
+    fp8 = torch.zeros(10, 32, dtype=torch.float8_e4m3fn)
+    ids = torch.tensor([1, 2])
+    cases = [
+        (
+            fp8,
+            torch.ones(10, 1),
+            torch.bfloat16,
+            r"scale must be a contiguous torch.float8_e8m0fnu tensor .* got torch.float32",
+        ),
+        (
+            torch.zeros(10, 32, dtype=torch.bfloat16),
+            torch.zeros(10, 1, dtype=torch.float8_e8m0fnu),
+            torch.bfloat16,
+            "a scale goes with fp8",
+        ),
+        (fp8, None, torch.bfloat16, "fp8 rows need their ue8m0 block scales to be dequantised: pass scale"),
+        (
+            fp8,
+            torch.zeros(10, 1, dtype=torch.float8_e8m0fnu),
+            torch.float16,
+            r"fp8 rows dequantise into torch.float32 or torch.bfloat16; got torch.float16",
+        ),
+        (torch.zeros(10, 32, 1), None, torch.float32, r"weight must be a contiguous 2-D table"),
+        (torch.zeros(10, 32, dtype=torch.int64), None, torch.int64, r"weight must be a contiguous 2-D table"),
+    ]
+    for weight, scale, out_dtype, message in cases:
+        with pytest.raises(EngramError, match=message):
+            PATHS[path](weight, scale, ids, 0, 10, out_dtype)
+
+
+@pytest.mark.parametrize("path", ["native", "sorted", "torch"])
+@pytest.mark.parametrize(
+    "ids",
+    [
+        torch.tensor([1.0, 2.5]),
+        torch.tensor([True, False]),
+        torch.tensor([float("nan")]),
+        torch.tensor([1, 2], dtype=torch.uint8),
+    ],
+)
+def test_ids_must_be_integers(path: str, ids: torch.Tensor) -> None:
+    with pytest.raises(EngramError, match=r"ids must be int64 or int32 row ids; got"):
+        PATHS[path](torch.zeros(10, 32), None, ids, 0, 10, torch.float32)
+
+
+def test_shard_outside_its_table_and_conversions() -> None:
+    weight = torch.arange(4 * 32, dtype=torch.float32).view(4, 32)
+    with pytest.raises(EngramError, match=r"the shard's rows \[8, 12\) must lie inside the table's 10 rows"):
+        gather(weight, None, torch.tensor([9]), 8, 10, torch.float32)
+    converted = gather(
+        weight, None, torch.tensor([2, -1]), 0, 4, torch.bfloat16
+    )  # a real conversion, never a reinterpretation
+    assert torch.equal(converted, gather_reference(weight, None, torch.tensor([2, -1]), 0, 4, torch.bfloat16))
+    assert torch.equal(converted[0], weight[2].to(torch.bfloat16)) and not converted[1].any()

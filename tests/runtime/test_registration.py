@@ -133,11 +133,14 @@ def test_a_gap_between_chunks_is_caught() -> None:
     mapping = map_anonymous(6 * 4096)
     runtime = FakeRuntime()
     register(mapping, runtime, chunk_bytes=2 * 4096)
-    assert is_registered(runtime, mapping.addr, mapping.length, chunk_bytes=2 * 4096)
-    del runtime.registered[mapping.addr + 2 * 4096]  # the middle chunk lost
-    assert not is_registered(runtime, mapping.addr, mapping.length, chunk_bytes=2 * 4096)
-    runtime.registered.clear()
+    driver = FakeRuntime()  # another runtime: it asks the driver instead of trusting the registry
+    driver.registered = dict(runtime.registered)
+    assert is_registered(driver, mapping.addr, mapping.length, chunk_bytes=2 * 4096)
+    del driver.registered[mapping.addr + 2 * 4096]  # the middle chunk lost
+    assert not is_registered(driver, mapping.addr, mapping.length, chunk_bytes=2 * 4096)
+    assert is_registered(runtime, mapping.addr + 4096, 4096)  # inside a mapping registered through it
     mapping.release()
+    assert runtime.registered == {} and not is_registered(runtime, mapping.addr, 4096)
 
 
 @pytest.mark.parametrize("placement", ["pinned", "hugepages"])
