@@ -10,11 +10,14 @@ without a sync (check_error_flag, EngramTables.check_errors)."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import ctypes
 import functools
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -46,6 +49,7 @@ SIGNATURES: dict[str, list[type]] = {
         ctypes.c_int,
         _VP,
     ],
+    "engram_check_ids_cuda": [_VP, _I64, _I64, _VP, _VP],
     "engram_ngram_hash_cuda": [_VP, _VP, _I64, _I64, _VP, _VP, _VP, _VP, _I64, _I64, _I64, _I64, _VP, _VP],
     "engram_host_register": [_VP, ctypes.c_uint64, ctypes.c_uint],
     "engram_host_unregister": [_VP],
@@ -197,6 +201,22 @@ def check_error_flag(device: torch.device | str = "cuda", *, after: torch.cuda.E
         raise EngramError(f"a gather on {device} was given a row id outside its table (it read zeros instead)")
 
 
+_max_blocks: contextvars.ContextVar[int] = contextvars.ContextVar("engram_max_blocks", default=0)
+
+
+@contextlib.contextmanager
+def limit_blocks(blocks: int) -> Iterator[None]:
+    """Gathers launched inside use at most `blocks` thread blocks (0: no cap): a lookup running beside
+    the model's compute (EngramTables.prefetch) then leaves it the rest of the GPU."""
+    if blocks < 0:
+        raise EngramError(f"a block cap must be at least 0 (0: no cap), got {blocks}")
+    token = _max_blocks.set(blocks)
+    try:
+        yield
+    finally:
+        _max_blocks.reset(token)
+
+
 @functools.cache
 def library_runtime() -> LibraryRuntime:
     return LibraryRuntime(cuda_library())
@@ -214,23 +234,28 @@ def launch_cuda(
     table_rows: int,
     out: torch.Tensor,
     dedup: bool,
-    *,
-    max_blocks: int = 0,
+    check_also: torch.Tensor | None,
 ) -> None:
     """The CUDA kernel on the current stream, arguments already checked (ops.run_gather). Nothing here
     synchronises: ids outside the table read zeros and raise error_flag, which the engine checks once a
     step (EngramTables.check_errors)."""
     check_readable(library_runtime(), weight, scale)
+    library = cuda_library()
+    if check_also is not None:
+        more = check_also.reshape(-1).to(torch.int64).contiguous()
+        status = library.engram_check_ids_cuda(
+            more.data_ptr() or None, more.numel(), table_rows, error_flag(ids.device).data_ptr(), _stream(ids.device)
+        )
+        check(library, status, "engram_check_ids_cuda")
     flat = ids.reshape(-1).to(torch.int64).contiguous()
     order = leader = None
     if dedup and flat.numel():
         flat, order, leader = sort_ids(flat)
-    library = cuda_library()
     status = library.engram_gather_cuda(
         weight.data_ptr() or None, scale.data_ptr() if scale is not None and scale.numel() else None, weight.shape[0], weight.shape[1],
         weight.shape[1] * weight.element_size(), row_start, table_rows, flat.data_ptr() or None,
         None if order is None else order.data_ptr(), None if leader is None else leader.data_ptr(), flat.numel(),
-        out.data_ptr() or None, 0 if scale is None else OUT_KINDS[out.dtype], error_flag(ids.device).data_ptr(), max_blocks,
+        out.data_ptr() or None, 0 if scale is None else OUT_KINDS[out.dtype], error_flag(ids.device).data_ptr(), _max_blocks.get(),
         _stream(ids.device),
     )  # fmt: skip
     check(library, status, "engram_gather_cuda")
@@ -245,8 +270,9 @@ def _gather_into_cuda(
     table_rows: int,
     out: torch.Tensor,
     dedup: bool = False,
+    check: torch.Tensor | None = None,
 ) -> None:
-    run_gather(weight, scale, ids, row_start, table_rows, out, dedup, launch_cuda)
+    run_gather(weight, scale, ids, row_start, table_rows, out, dedup, check, launch_cuda)
 
 
 @ngram_hash.register_kernel("cuda")

@@ -100,6 +100,23 @@ def check_out(ids: torch.Tensor, dim: int, out: torch.Tensor) -> None:
         )
 
 
+# When the sorted form pays, in lookups per call (None: never). The GPU's translation of scattered host
+# addresses, not PCIe, limits random reads of host tables: on the H200 (issue 11) 1M uniform V4.1 lookups
+# ran at 7.1 GB/s plain and 41 GB/s sorted from an 8 GiB pinned table (4.9 and 22 from 32 GiB), and even
+# a 1 GiB table gained 2x. The floor below which the sort's extra launches cost more than they save is
+# provisional until scripts/gpu_check.py's decode and prefill rows are measured: set from its table.
+# Device tables read at 0.87x a D2D copy already, and on the CPU the sort did not pay (bench_lookup.py,
+# 2 cores, 4 GiB fp8 table: 0.87-1.08x the plain gather, uniform and real-text ids).
+SORT_MIN_LOOKUPS = {"uva": 4096, "device": None, "cpu": None}
+
+
+def use_sorted(lookups: int, weight: torch.Tensor, device: torch.device) -> bool:
+    """Whether a gather of `lookups` rows of `weight` on `device` should take the sorted form."""
+    where = "cpu" if device.type == "cpu" else "uva" if weight.device.type == "cpu" else "device"
+    floor = SORT_MIN_LOOKUPS[where]
+    return floor is not None and lookups >= floor
+
+
 def sort_ids(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The sorted form of a gather's ids ([n] int64), in static shapes (capturable, no host sync): ids
     ascending, the order that sorted them, and for each position the first index of its run of equals."""
@@ -143,7 +160,9 @@ def gather_reference(
     return values.view(*ids.shape, weight.shape[1])
 
 
-Launch = Callable[[torch.Tensor, "torch.Tensor | None", torch.Tensor, int, int, torch.Tensor, bool], None]
+Launch = Callable[
+    [torch.Tensor, "torch.Tensor | None", torch.Tensor, int, int, torch.Tensor, bool, "torch.Tensor | None"], None
+]
 
 
 def run_gather(
@@ -154,6 +173,7 @@ def run_gather(
     table_rows: int,
     out: torch.Tensor,
     dedup: bool,
+    check: torch.Tensor | None,
     launch: Launch,
 ) -> None:
     """What every device's gather_into does around its kernel: check every argument, and turn a dtype
@@ -161,12 +181,14 @@ def run_gather(
     gather and a torch copy, so no path ever reinterprets bytes."""
     check_gather_args(weight, scale, ids, row_start, table_rows, out.dtype)
     check_out(ids, weight.shape[1], out)
+    if check is not None and (check.dtype not in ID_DTYPES or check.device != ids.device):
+        raise EngramError(f"check must hold int64 or int32 row ids on {ids.device}; got {_describe(check)}")
     if scale is None and out.dtype != weight.dtype:
         raw = torch.empty(out.shape, dtype=weight.dtype, device=out.device)
-        launch(weight, None, ids, row_start, table_rows, raw, dedup)
+        launch(weight, None, ids, row_start, table_rows, raw, dedup, check)
         out.copy_(raw)
     else:
-        launch(weight, scale, ids, row_start, table_rows, out, dedup)
+        launch(weight, scale, ids, row_start, table_rows, out, dedup, check)
 
 
 def _launch_cpu(
@@ -177,8 +199,11 @@ def _launch_cpu(
     table_rows: int,
     out: torch.Tensor,
     dedup: bool,
+    check: torch.Tensor | None,
 ) -> None:
     """The native CPU kernel, or plain torch where it did not build."""
+    if check is not None:
+        check_ids(check, table_rows)
     library = native.cpu_library()
     if library is None:
         out.copy_(gather_reference(weight, scale, ids, row_start, table_rows, out.dtype))
@@ -208,18 +233,20 @@ def gather(
     table_rows: int,
     out_dtype: torch.dtype,
     dedup: bool = False,
+    check: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Rows for global row ids `ids` ([..]) from a shard holding rows [row_start, row_start + len(weight))
     of a table of `table_rows` rows: [.., dim] in out_dtype. DEAD_ID and rows of other shards read zeros.
     Any device: a fresh output, filled by engram::gather_into's kernel for that device. `dedup` takes
-    the sorted form (each distinct row read once, in address order; see use_sorted)."""
+    the sorted form (each distinct row read once, in address order; see use_sorted). `check`: more ids
+    to range-check alike (a head shard's peers read the step's other columns: all ranks must agree)."""
     shape = (*ids.shape, weight.shape[1])
     out = (
         empty_cpu(shape, out_dtype)
         if ids.device.type == "cpu"
         else torch.empty(shape, dtype=out_dtype, device=ids.device)
     )
-    gather_into(weight, scale, ids, row_start, table_rows, out, dedup)
+    gather_into(weight, scale, ids, row_start, table_rows, out, dedup, check)
     return out
 
 
@@ -232,6 +259,7 @@ def _(
     table_rows: int,
     out_dtype: torch.dtype,
     dedup: bool = False,
+    check: torch.Tensor | None = None,
 ) -> torch.Tensor:
     return ids.new_empty((*ids.shape, weight.shape[1]), dtype=out_dtype)
 
@@ -245,6 +273,7 @@ def gather_into(
     table_rows: int,
     out: torch.Tensor,
     dedup: bool = False,
+    check: torch.Tensor | None = None,
 ) -> None:
     """engram::gather into a buffer the caller keeps ([.., dim], its dtype the output's): no allocation,
     no page faults for a fresh output, a static address for CUDA graphs. This is the CPU kernel; the
@@ -252,7 +281,7 @@ def gather_into(
     for name, t in (("weight", weight), ("scale", scale), ("out", out)):
         if t is not None and t.device.type != "cpu":
             raise EngramError(f"ids are on the CPU but {name} is on {t.device}: put them on one device")
-    run_gather(weight, scale, ids, row_start, table_rows, out, dedup, _launch_cpu)
+    run_gather(weight, scale, ids, row_start, table_rows, out, dedup, check, _launch_cpu)
 
 
 @gather_into.register_fake
@@ -264,6 +293,7 @@ def _(
     table_rows: int,
     out: torch.Tensor,
     dedup: bool = False,
+    check: torch.Tensor | None = None,
 ) -> None:
     return None
 

@@ -3,6 +3,8 @@ that keep every DeepSeek rule with tiny tables (`tiny` for tests, `demo` for the
 
 from __future__ import annotations
 
+import dataclasses
+
 from engram.errors import EngramError
 from engram.ngram.spec import ModelSpec
 
@@ -99,6 +101,21 @@ PRESETS: dict[str, ModelSpec] = {
         ),
     )
 }
+
+
+def scaled_preset(name: str, table_bytes: int) -> ModelSpec:
+    """A DeepSeek-family preset with its bucket sizes scaled so its tables hold about `table_bytes`: the
+    same row format, heads, orders and hash, for benchmarks of a given table size."""
+    base = get_preset(name)
+    if base.family != "deepseek":
+        raise EngramError(f"only DeepSeek-family presets scale; {name!r} is {base.family}")
+    factor = table_bytes / base.table_bytes
+    config = dict(base.hf_text_config)
+    sizes = config["engram_vocab_size"]
+    config["engram_vocab_size"] = (
+        [max(1, round(v * factor)) for v in sizes] if isinstance(sizes, list) else max(1, round(sizes * factor))
+    )
+    return dataclasses.replace(base, name=f"{name}@{table_bytes / 2**30:.1f}GiB", hf_text_config=config)
 
 
 def get_preset(name: str) -> ModelSpec:

@@ -163,6 +163,13 @@ __global__ void copy_runs(uint8_t* __restrict__ out, int64_t out_bytes, const in
     }
 }
 
+// Range check only: a rank that gathers some columns must still flag a bad id in the others, exactly as
+// its peers do, or it would be the one rank not raising after the collective.
+__global__ void check_ids(const int64_t* __restrict__ ids, int64_t n, int64_t table_rows, int* __restrict__ error_flag) {
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+        if (ids[i] < -1 || ids[i] >= table_rows) *reinterpret_cast<volatile int*>(error_flag) = 1;
+}
+
 int blocks_for(int64_t groups_needed, int lanes, int max_blocks) {
     const int64_t per_block = THREADS / lanes;
     int64_t blocks = (groups_needed + per_block - 1) / per_block;
@@ -208,5 +215,12 @@ extern "C" int engram_gather_cuda(const void* weight, const void* scale, int64_t
     const int status = engram_launch_status();
     if (status != ENGRAM_OK || leader == nullptr) return status;
     copy_runs<16><<<blocks_for(n, 16, max_blocks), THREADS, 0, s>>>(o, out_bytes, order, leader, n, error_flag);
+    return engram_launch_status();
+}
+
+extern "C" int engram_check_ids_cuda(const int64_t* ids, int64_t n, int64_t table_rows, int* error_flag, void* stream) {
+    if (n < 0 || !error_flag || (n && !ids)) return ENGRAM_ERR_ARGUMENT;
+    if (n == 0) return ENGRAM_OK;
+    check_ids<<<blocks_for(n, 1, 64), THREADS, 0, static_cast<cudaStream_t>(stream)>>>(ids, n, table_rows, error_flag);
     return engram_launch_status();
 }

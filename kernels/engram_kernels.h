@@ -52,6 +52,10 @@ int engram_gather_cuda(const void* weight, const void* scale, int64_t shard_rows
                        const int64_t* leader, int64_t n, void* out, int out_kind, int* error_flag, int max_blocks,
                        void* stream);
 
+/* Only the range check of engram_gather_cuda, over ids [n]: sets *error_flag for any id outside
+ * [-1, table_rows). For a rank that gathers some columns of a step whose other columns its peers read. */
+int engram_check_ids_cuda(const int64_t* ids, int64_t n, int64_t table_rows, int* error_flag, void* stream);
+
 /* As engram_ngram_hash_cpu, all pointers in device memory. */
 int engram_ngram_hash_cuda(const int64_t* ext, const int64_t* start, int64_t tokens, int64_t context,
                            const int64_t* multipliers, const int64_t* primes, const int64_t* magic,

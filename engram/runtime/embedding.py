@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 
 from engram.errors import EngramError
-from engram.ops import DEAD_ID, ensure_kernels, gather, gather_into
+from engram.ops import DEAD_ID, ensure_kernels, gather, gather_into, use_sorted
 from engram.runtime.dist import Group
 from engram.runtime.plan import TableShardPlan
 from engram.runtime.storage import TableShard
@@ -69,15 +69,22 @@ class EngramEmbedding(nn.Module):
         ensure_kernels(ids.device)
         plan = self.plan
         if self.group is None:
+            dedup = use_sorted(ids.numel(), self.weight, ids.device)
             if out is None:
-                return gather(self.weight, self.scale, ids, plan.row_start, plan.table_rows, self.out_dtype)  # type: ignore[no-any-return]
-            gather_into(self.weight, self.scale, ids, plan.row_start, plan.table_rows, out)
+                return gather(self.weight, self.scale, ids, plan.row_start, plan.table_rows, self.out_dtype, dedup)  # type: ignore[no-any-return]
+            gather_into(self.weight, self.scale, ids, plan.row_start, plan.table_rows, out, dedup)
             return out
-        # Every rank holds the same ids, so on the CPU every rank's kernel raises alike before the
-        # collective; on a GPU every rank's kernel flags the bad id alike (EngramTables.check_errors).
-        columns = ids[:, plan.head_start : plan.head_stop] if plan.kind == "head" else ids
-        rows: torch.Tensor = gather(self.weight, self.scale, columns, plan.row_start, plan.table_rows, self.out_dtype)
-        rows = self._combine_heads(rows) if plan.kind == "head" else self._combine_rows(rows)
+        # Every rank holds the same ids, and a head shard range-checks the other columns too (`check`), so
+        # on the CPU every rank raises alike before the collective, and on a GPU every rank's kernels flag
+        # the bad id alike (EngramTables.check_errors), with no sync.
+        head = plan.kind == "head"
+        columns = ids[:, plan.head_start : plan.head_stop] if head else ids
+        dedup = use_sorted(columns.numel(), self.weight, ids.device)
+        check = ids if head else None
+        rows: torch.Tensor = gather(
+            self.weight, self.scale, columns, plan.row_start, plan.table_rows, self.out_dtype, dedup, check
+        )
+        rows = self._combine_heads(rows) if head else self._combine_rows(rows)
         return rows if out is None else out.copy_(rows)
 
     def _combine_heads(self, rows: torch.Tensor) -> torch.Tensor:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -56,6 +57,23 @@ def create_groups(plan: DeploymentPlan, rank: int) -> RankGroups:
 
 
 @dataclass(eq=False)
+class Prefetched:
+    """Lookups started by EngramTables.prefetch: per layer its rows and the event that marks them done."""
+
+    outputs: list[torch.Tensor]
+    events: list[torch.cuda.Event | None]
+
+    def take(self, layer: int) -> torch.Tensor:
+        """Layer `layer`'s rows [T, C, D], safe to read on the current stream."""
+        rows, event = self.outputs[layer], self.events[layer]
+        if event is not None:
+            stream = torch.cuda.current_stream(rows.device)
+            stream.wait_event(event)
+            rows.record_stream(stream)  # allocated on the side stream, read here
+        return rows
+
+
+@dataclass(eq=False)
 class EngramTables:
     plan: DeploymentPlan
     rank_plan: RankPlan
@@ -63,6 +81,7 @@ class EngramTables:
     shards: list[TableShard]
     layers: list[EngramEmbedding]
     _pending: tuple[torch.cuda.Event, torch.device] | None = None  # behind the last step's GPU lookups
+    _side: torch.cuda.Stream | None = None  # prefetch's stream
 
     @classmethod
     def build(
@@ -127,6 +146,15 @@ class EngramTables:
 
         On a GPU nothing here synchronises: an id outside its table reads zeros and is reported by the
         next lookup (or check_errors), on every rank of the group alike, since they all hold the same ids."""
+        out = list(self._lookups(rows))
+        if rows.is_cuda and not torch.cuda.is_current_stream_capturing():
+            done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            done.record()
+            self._pending = (done, rows.device)
+        return out
+
+    def _lookups(self, rows: torch.Tensor) -> Iterator[torch.Tensor]:
+        """Each layer's lookup, launched as the caller asks for it (prefetch records an event between)."""
         self.check_errors()
         expected = (len(self.layers), self.layers[0].columns) if self.layers else ()
         if rows.dim() != 3 or tuple(rows.shape[1:]) != expected:
@@ -134,17 +162,43 @@ class EngramTables:
                 f"rows must be [tokens, {', '.join(map(str, expected))}] (tokens, layers, columns); got {list(rows.shape)}"
             )
         if self.groups.dp is None or self.groups.dp.size == 1:
-            out = [layer(rows[:, i]) for i, layer in enumerate(self.layers)]
-        else:
-            tokens, layers, columns = rows.shape
-            everyone, start = gather_replica_ids(rows.reshape(tokens, layers * columns).to(torch.int64), self.groups.dp)
-            everyone = everyone.view(-1, layers, columns)
-            out = [layer.lookup_gathered(everyone[:, i])[start : start + tokens] for i, layer in enumerate(self.layers)]
-        if rows.is_cuda and not torch.cuda.is_current_stream_capturing():
-            done = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            done.record()
-            self._pending = (done, rows.device)
-        return out
+            for i, layer in enumerate(self.layers):
+                yield layer(rows[:, i])
+            return
+        tokens, layers, columns = rows.shape
+        everyone, start = gather_replica_ids(rows.reshape(tokens, layers * columns).to(torch.int64), self.groups.dp)
+        everyone = everyone.view(-1, layers, columns)
+        for i, layer in enumerate(self.layers):
+            yield layer.lookup_gathered(everyone[:, i])[start : start + tokens]
+
+    def prefetch(self, rows: torch.Tensor, *, sm_share: float = 0.25) -> Prefetched:
+        """Start every layer's lookup now (row ids depend only on the tokens, so all are known when the
+        step starts) and return a handle; `take(layer)` hands each layer its rows. On a GPU the lookups
+        run on a side stream, at most `sm_share` of the SMs wide (in thread blocks), so the model's compute
+        keeps the rest; the layer's stream waits on that layer's event only. Capturable in a CUDA graph
+        (the side stream forks from and joins the capturing stream). On the CPU they run at once."""
+        if not 0 < sm_share <= 1:
+            raise EngramError(f"sm_share must be in (0, 1], got {sm_share}")
+        if not rows.is_cuda:
+            return Prefetched(self.lookup(rows), [None] * len(self.layers))
+        from engram.kernels import limit_blocks
+
+        main = torch.cuda.current_stream(rows.device)
+        if self._side is None:
+            self._side = torch.cuda.Stream(rows.device)  # type: ignore[no-untyped-call]
+        side = self._side
+        side.wait_stream(main)  # the ids were written on the main stream
+        blocks = max(1, round(sm_share * torch.cuda.get_device_properties(rows.device).multi_processor_count))
+        outputs: list[torch.Tensor] = []
+        events: list[torch.cuda.Event | None] = []
+        with torch.cuda.stream(side), limit_blocks(blocks):
+            for output in self._lookups(rows):
+                event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                event.record(side)
+                outputs.append(output)
+                events.append(event)
+        rows.record_stream(side)  # the caller may free rows before the side stream has read them
+        return Prefetched(outputs, events)
 
     def check_errors(self) -> None:
         """Raise if a lookup since the last check was given a row id outside its table (on a GPU the kernels

@@ -20,6 +20,10 @@ int engram_gather_cuda(const void* w, const void* s, int64_t rows, int64_t dim, 
     (void)out; (void)kind; (void)flag; (void)max_blocks; (void)stream;
     return next_status;
 }
+int engram_check_ids_cuda(const int64_t* ids, int64_t n, int64_t table_rows, int* flag, void* stream) {
+    (void)ids; (void)n; (void)table_rows; (void)flag; (void)stream;
+    return next_status;
+}
 int engram_ngram_hash_cuda(const int64_t* e, const int64_t* st, int64_t t, int64_t c, const int64_t* m, const int64_t* p,
                            const int64_t* mg, const int64_t* o, int64_t l, int64_t n, int64_t h, int64_t f, int64_t* out, void* s) {
     (void)e; (void)st; (void)t; (void)c; (void)m; (void)p; (void)mg; (void)o; (void)l; (void)n; (void)h; (void)f; (void)out; (void)s;

@@ -178,22 +178,32 @@ needs_gpu = pytest.mark.skipif(
 @needs_gpu
 @pytest.mark.parametrize("dtype", ["fp8", "bf16"])
 @pytest.mark.parametrize("placement", ["device", "pinned"])
-def test_cuda_gather_equals_cpu(dtype: str, placement: str) -> None:
+@pytest.mark.parametrize("dedup", [False, True])
+def test_cuda_gather_equals_cpu(dtype: str, placement: str, dedup: bool) -> None:
     from engram.ops import gather, gather_reference
     from engram.runtime.storage import ShardFormat, allocate
 
-    runtime = kernels.LibraryRuntime(kernels.cuda_library()) if placement == "pinned" else None
+    runtime = kernels.library_runtime() if placement == "pinned" else None
     shard = allocate("t", ShardFormat(300, 64, dtype), placement, row_start=100, runtime=runtime, device="cuda")  # type: ignore[arg-type]
     shard.weight.view(torch.uint8).copy_(torch.randint(0, 120, shard.weight.view(torch.uint8).shape, dtype=torch.uint8))
     if shard.scale is not None:
         shard.scale.view(torch.uint8).fill_(120)
     ids = torch.randint(-1, 500, (77, 5))
     out_dtype = torch.bfloat16
-    got = gather(shard.weight, shard.scale, ids.cuda(), 100, 500, out_dtype)
+    ids[3] = ids[5]  # duplicates for the sorted form
+    got = gather(shard.weight, shard.scale, ids.cuda(), 100, 500, out_dtype, dedup)
     want = gather_reference(
         shard.weight.cpu(), None if shard.scale is None else shard.scale.cpu(), ids, 100, 500, out_dtype
     )
     assert torch.equal(got.cpu(), want)
+    kernels.check_error_flag("cuda", after=None)  # nothing flagged so far
+    ids[0, 0] = 500  # outside the table: zeros and the pinned flag, no exception and no sync in the call
+    bad = gather(shard.weight, shard.scale, ids.cuda(), 100, 500, out_dtype, dedup)
+    torch.cuda.synchronize()
+    assert not bad.cpu()[0, 0].any()
+    with pytest.raises(EngramError, match="a gather on cuda was given a row id outside its table"):
+        kernels.check_error_flag("cuda")
+    kernels.check_error_flag("cuda")  # cleared
 
 
 @pytest.mark.gpu
@@ -204,3 +214,18 @@ def test_cuda_hash_equals_cpu() -> None:
     hasher = get_preset("deepseek-v4.1-flash").hasher()
     ids = torch.randint(0, 99_092, (1000,))
     assert torch.equal(hasher.hash(ids.cuda()).cpu(), hasher.hash(ids))
+
+
+def test_block_cap_is_scoped() -> None:
+    assert kernels._max_blocks.get() == 0
+    with kernels.limit_blocks(12):
+        assert kernels._max_blocks.get() == 12
+        with kernels.limit_blocks(0):
+            assert kernels._max_blocks.get() == 0
+        assert kernels._max_blocks.get() == 12
+    assert kernels._max_blocks.get() == 0
+    with (
+        pytest.raises(EngramError, match=r"a block cap must be at least 0 \(0: no cap\), got -1"),
+        kernels.limit_blocks(-1),
+    ):
+        pass

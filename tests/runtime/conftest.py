@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -53,10 +55,9 @@ def shm_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A private shm directory (on the same tmpfs-backed /dev/shm when possible)."""
     base = Path("/dev/shm")
     root = base if base.is_dir() and base.stat().st_mode & 0o002 else tmp_path
-    directory = Path(root) / f"engram-test-{tmp_path.name}"
-    directory.mkdir()
+    directory = Path(tempfile.mkdtemp(prefix="engram-test-", dir=root))  # unique even beside a killed run's
     monkeypatch.setenv("ENGRAM_SHM_DIR", str(directory))
-    yield directory
-    for leftover in directory.iterdir():
-        leftover.unlink()
-    directory.rmdir()
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)

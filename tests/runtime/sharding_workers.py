@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from engram.config import ConfigError, EngramConfig, ParallelConfig, load_config
+from engram.errors import EngramError
 from engram.ngram.spec import ModelSpec
 from engram.ops import DEAD_ID
 from engram.runtime.embedding import EngramEmbedding
@@ -167,3 +168,39 @@ def build_over_limit(rank: int, world: int, checkpoint: str) -> str:
         host_limits=HostLimits(spec.table_bytes),
     )
     return "built"
+
+
+def bad_id_then_good(
+    rank: int, world: int, tp: int, dp: int, checkpoint: str, engram: dict[str, bool]
+) -> dict[str, Any]:
+    """A step with an id outside its table, then a good step: every rank must raise alike in the first
+    (before any collective, so no rank waits on another) and match the reference in the second."""
+    spec = SPECS["ds7"]
+    parallel = ParallelConfig(tensor_parallel_size=tp, data_parallel_size=dp)
+    tables = EngramTables.build(spec, load_config(engram, env={}), parallel, checkpoint, platform="cpu", progress=False)
+    good = next(batches(spec, tables.rank_plan.dp_rank, dp))
+    bad = good.clone()
+    bad[0, 1, 2] = spec.layout.table_rows[1]  # layer 1 only: layer 0 runs, then the bad layer raises
+    try:
+        tables.lookup(bad)
+        error = None
+    except EngramError as exc:
+        error = str(exc)
+    shapes = []
+    for wrong in (good[:, 0], good[:, :1], torch.cat([good, good[:, :1]], dim=1), good.reshape(-1)):
+        try:
+            tables.lookup(wrong)
+            shapes.append("accepted")
+        except EngramError as exc:
+            shapes.append(str(exc))
+    reference = unsharded(spec, checkpoint)
+    got = tables.lookup(good)
+    prefetched = tables.prefetch(good)
+    want = [layer(good[:, i]) for i, layer in enumerate(reference)]
+    tables.release()
+    return {
+        "error": error,
+        "shapes": shapes,
+        "good_after": all(torch.equal(g, w) for g, w in zip(got, want, strict=True)),
+        "prefetch": all(torch.equal(prefetched.take(i), w) for i, w in enumerate(want)),
+    }

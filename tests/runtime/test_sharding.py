@@ -111,6 +111,31 @@ def test_sharded_equals_unsharded(tp: int, dp: int, checkpoints: dict[str, str],
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    ("tp", "dp", "engram"),
+    [(2, 1, {}), (1, 2, {"embedding_across_dp": True}), (2, 2, {"embedding_across_dp": True})],
+)
+def test_a_bad_id_raises_on_every_rank_alike(
+    tp: int, dp: int, engram: dict[str, bool], checkpoints: dict[str, str], shm_tmp: Path
+) -> None:
+    """Head all-gathers (TP) and across-DP row exchanges follow the gather: every rank raises the same
+    one line, nobody is left waiting in a collective, and the next step is right (prefetched too)."""
+    reports = values(
+        run_local(tp * dp, sharding_workers.bad_id_then_good, tp, dp, checkpoints["ds7"], engram, timeout=300)
+    )
+    rows = DS7.layout.table_rows[1]
+    assert [r["error"] for r in reports] == [f"row id {rows} is outside the table's {rows} rows (DEAD_ID is -1)"] * (
+        tp * dp
+    )
+    assert all(r["good_after"] and r["prefetch"] for r in reports)
+    tokens = 5  # the first batch of rank 0
+    shapes = [[tokens, 7], [tokens, 1, 7], [tokens, 3, 7], [tokens * 2 * 7]]
+    assert reports[0]["shapes"] == [
+        f"rows must be [tokens, 2, 7] (tokens, layers, columns); got {shape}" for shape in shapes
+    ]
+
+
+@pytest.mark.slow
 def test_two_simulated_nodes(checkpoints: dict[str, str], shm_tmp: Path) -> None:
     reports = values(run_local(4, sharding_workers.check_all, 1, 4, 2, checkpoints, ["ds7"], timeout=600))
     for index, report in enumerate(reports[0]):
