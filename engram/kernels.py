@@ -180,11 +180,16 @@ def uva_probe(runtime: registration.CudaRuntime, device: torch.device | str = "c
         mapping.release()
 
 
-@functools.cache
-def error_flag(device: torch.device) -> torch.Tensor:
+def error_flag(device: torch.device | str) -> torch.Tensor:
     """Where the gathers on `device` report an id outside their table: one int32 in pinned host memory,
     which the kernels write through its UVA address (a plain store: it only goes from 0 to 1) and the
     host reads without synchronising. The address is fixed, so captured graphs report there too."""
+    device = torch.device(device)
+    return _error_flag(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _error_flag(index: int) -> torch.Tensor:
     return torch.zeros(1, dtype=torch.int32, pin_memory=True)
 
 
@@ -195,7 +200,7 @@ def check_error_flag(device: torch.device | str = "cuda", *, after: torch.cuda.E
     previous step's lookups have normally long finished, so this costs nothing)."""
     if after is not None:
         after.synchronize()
-    flag = error_flag(torch.device(device))
+    flag = error_flag(device)
     if int(flag[0]):
         flag.zero_()
         raise EngramError(f"a gather on {device} was given a row id outside its table (it read zeros instead)")
