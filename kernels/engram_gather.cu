@@ -21,8 +21,9 @@ constexpr int ROWS_IN_FLIGHT = 4;
 
 __device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
-// Where row i is read from and written to. local < 0 reads zeros; dst < 0 writes nothing (a follower of
-// the sorted form, or an entry that failed its check, which also raises the flag).
+// Where row i is read from and written to. local < 0 reads zeros (DEAD_ID, rows of other shards, and ids
+// outside the table, which also raise the flag); dst < 0 writes nothing (a follower of the sorted form, or
+// an order entry outside [0, n), which also raises the flag).
 struct RowPlan {
     int64_t local;
     int64_t dst;
@@ -35,13 +36,17 @@ __device__ __forceinline__ RowPlan plan_row(int64_t i, int64_t n, const int64_t*
     if (i >= n) return p;
     if (leader != nullptr && leader[i] != i) return p;  // copied from its leader by copy_runs
     const int64_t dst = order != nullptr ? order[i] : i;
-    const int64_t id = ids[i];
-    if (id < -1 || id >= table_rows || dst < 0 || dst >= n) {
-        if (report) *reinterpret_cast<volatile int*>(error_flag) = 1;  // 0 -> 1 only: a plain store suffices, also in host memory
+    if (dst < 0 || dst >= n) {  // only a broken order can say so: write nothing
+        if (report) *reinterpret_cast<volatile int*>(error_flag) = 1;
         return p;
     }
     p.dst = dst;
-    if (id >= 0 && id - row_start >= 0 && id - row_start < shard_rows) p.local = id - row_start;
+    const int64_t id = ids[i];
+    if (id < -1 || id >= table_rows) {  // zeros, and the flag (0 -> 1 only: a plain store suffices, also in host memory)
+        if (report) *reinterpret_cast<volatile int*>(error_flag) = 1;
+    } else if (id >= 0 && id - row_start >= 0 && id - row_start < shard_rows) {
+        p.local = id - row_start;
+    }
     return p;
 }
 

@@ -6,7 +6,11 @@
    by two processes on the one GPU, embedding_across_dp and TP 2 with two processes), from a checkpoint
    written by `engram make-checkpoint`, each lookup compared bit for bit with the CPU reference, with a
    CUDA-graph capture and replay at a decode shape and torch.compile(fullgraph=True) where the rank can;
-4. the benchmark table: gather GB/s against the pinned H2D memcpy and the D2D copy, hash tokens/s.
+4. the benchmark table: gather GB/s of three row formats against the pinned H2D memcpy and the D2D copy;
+   V4.1 rows from pinned tables of 1, 8 and 32 GiB, uniform and real-text ids, decode (256 tokens) and
+   prefill (8,192 tokens), plain and sorted paths, as effective GB/s against the H2D memcpy; the host time
+   of one eager layer call; a decode step of stand-in compute with and without prefetched lookups beside
+   it; hash tokens/s.
 
 Every stage is guarded: a failure is reported (ok/FAIL and the error) and the next stage still runs.
 Run: python scripts/gpu_check.py [--table-gib 8] [--json OUT]. Exit 0 when every stage passed, 1 when
@@ -34,9 +38,12 @@ import torch
 
 from engram import kernels
 from engram.config import validate_deployment
+from engram.corpus import load_corpus, text_rows
 from engram.errors import EngramError
-from engram.ops import OUT_KINDS, gather_reference
-from engram.presets import get_preset
+from engram.ops import OUT_KINDS, gather_into, gather_reference, sort_ids
+from engram.presets import get_preset, scaled_preset
+from engram.runtime.embedding import EngramEmbedding
+from engram.runtime.plan import TableShardPlan
 from engram.runtime.storage import Placement, ShardFormat, TableShard, allocate
 
 POISON = 0xA5
@@ -180,14 +187,16 @@ def same_bits(got: torch.Tensor, want: torch.Tensor) -> bool:
 
 
 def check_gather(
-    library: ctypes.CDLL, runtime: kernels.LibraryRuntime, name: str, placement: Placement
+    library: ctypes.CDLL, runtime: kernels.LibraryRuntime, name: str, placement: Placement, dedup: bool = False
 ) -> dict[str, Any]:
     _, dtype, dim, out_dtype = next(f for f in FORMATS if f[0] == name)
     rows, row_start, table_rows = 5000, 1000, 8000
     shard = make_shard(dtype, dim, rows, placement, runtime, row_start)
     try:
         fill_random(shard, seed=dim)
-        ids = torch.randint(-1, table_rows, (4099,), generator=torch.Generator().manual_seed(dim)).cuda()
+        generator = torch.Generator().manual_seed(dim)
+        pool = torch.randint(-1, table_rows, (1500,), generator=generator)
+        ids = pool[torch.randint(0, pool.numel(), (4099,), generator=generator)].cuda()  # duplicates galore
         out = torch.full(
             (ids.numel(), dim * torch.empty((), dtype=out_dtype).element_size()),
             POISON,
@@ -195,7 +204,8 @@ def check_gather(
             device="cuda",
         ).view(out_dtype)
         flag = torch.zeros(1, dtype=torch.int32, device="cuda")
-        launch_gather(library, shard, ids, table_rows, out, flag)
+        launch_gather(library, shard, ids, table_rows, out, flag, sort_ids(ids) if dedup else None)
+        clean = int(flag.item())
         want = gather_reference(
             shard.weight.cpu(),
             None if shard.scale is None else shard.scale.cpu(),
@@ -206,11 +216,12 @@ def check_gather(
         )
         bad = ids.clone()
         bad[7] = table_rows  # an id outside the table: zeros and the flag, never a read out of bounds
-        launch_gather(library, shard, bad, table_rows, out.clone(), flag)
+        launch_gather(library, shard, bad, table_rows, out.clone(), flag, sort_ids(bad) if dedup else None)
         return {
-            "ok": same_bits(out, want) and int(flag.item()) == 1,
+            "ok": same_bits(out, want) and clean == 0 and int(flag.item()) == 1,
             "rows_equal": same_bits(out, want),
-            "flag": int(flag.item()),
+            "flag_after_good_ids": clean,
+            "flag_after_bad_id": int(flag.item()),
         }
     finally:
         shard.release()
@@ -289,58 +300,196 @@ def copy_ceilings() -> tuple[float, float]:
     return h2d, d2d
 
 
-def bench(library: ctypes.CDLL, runtime: kernels.LibraryRuntime, table_gib: float) -> list[dict[str, Any]]:
+SHAPES = {"decode": 256, "prefill": 8192}  # tokens of a step; V4.1 reads 24 columns a token per layer
+
+
+def bench_formats(
+    library: ctypes.CDLL, runtime: kernels.LibraryRuntime, table_gib: float, ceilings: dict[str, float]
+) -> list[dict[str, Any]]:
+    """The kernels' raw reach: 1M uniform lookups of three row formats, pinned host and device tables."""
     rows_out: list[dict[str, Any]] = []
-    h2d, d2d = copy_ceilings()
     lookups = 1 << 20
     for label, dtype, dim in (("264 B (fp8 + scales)", "fp8", 256), ("512 B", "bf16", 256), ("2 KiB", "fp32", 512)):
         fmt = ShardFormat(1, dim, dtype)
-        for placement, ceiling, name in (("pinned", h2d, "UVA (pinned host)"), ("device", d2d, "device")):
+        for placement in ("pinned", "device"):
             table = table_gib if placement == "pinned" else min(table_gib, 16.0)
             rows = int(table * 2**30) // fmt.row_bytes
-            shard = make_shard(dtype, dim, rows, placement, runtime)  # type: ignore[arg-type]
+            shard = make_shard(dtype, dim, rows, placement, runtime)
             fill_random(shard, seed=rows % 997)
             ids = torch.randint(0, rows, (lookups,), device="cuda")
             out_dtype = torch.bfloat16 if dtype == "fp8" else shard.weight.dtype
             out = torch.empty((lookups, dim), dtype=out_dtype, device="cuda")
             flag = torch.zeros(1, dtype=torch.int32, device="cuda")
             seconds = gpu_time(functools.partial(launch_gather, library, shard, ids, rows, out, flag))
-            gbps = lookups * fmt.row_bytes / seconds / 1e9
+            ceiling = "H2D memcpy" if placement == "pinned" else "D2D copy"
             rows_out.append(
-                {
-                    "rows": label,
-                    "table": name,
-                    "table_gib": round(rows * fmt.row_bytes / 2**30, 1),
-                    "gather_gbps": gbps,
-                    "ceiling": "H2D memcpy" if placement == "pinned" else "D2D copy",
-                    "ceiling_gbps": ceiling,
-                    "ratio": gbps / ceiling,
-                }
+                bench_row(
+                    f"{label}, uniform, 1M",
+                    placement,
+                    rows * fmt.row_bytes,
+                    lookups * fmt.row_bytes / seconds,
+                    ceiling,
+                    ceilings,
+                )
             )
             shard.release()
             del out, ids
             torch.cuda.empty_cache()
+    return rows_out
+
+
+def bench_row(
+    what: str, table: str, table_bytes: int, bytes_per_s: float, ceiling: str, ceilings: dict[str, float]
+) -> dict[str, Any]:
+    gbps = bytes_per_s / 1e9
+    return {
+        "rows": what,
+        "table": table,
+        "table_gib": round(table_bytes / 2**30, 1),
+        "gather_gbps": gbps,
+        "ceiling": ceiling,
+        "ceiling_gbps": ceilings[ceiling],
+        "ratio": gbps / ceilings[ceiling],
+    }
+
+
+def v41_table(
+    table_gib: float, runtime: kernels.LibraryRuntime, placement: Placement = "pinned"
+) -> tuple[Any, TableShard]:
+    """Layer 0's table of V4.1 scaled to `table_gib` (fp8 rows of 256 + 8 bytes of scales), random."""
+    spec = scaled_preset("deepseek-v4.1-flash", int(2 * table_gib * 2**30))
+    shard = make_shard("fp8", spec.head_dim, spec.layout.table_rows[0], placement, runtime)
+    fill_random(shard, seed=int(table_gib))
+    return spec, shard
+
+
+def bench_sorted(
+    runtime: kernels.LibraryRuntime, table_gib: float, corpus: torch.Tensor | None, ceilings: dict[str, float]
+) -> list[dict[str, Any]]:
+    """Effective GB/s (row bytes delivered / time) of the plain and the sorted gather through the op (the
+    sort included), V4.1 rows, uniform and real-text ids, decode and prefill shapes."""
+    spec, shard = v41_table(table_gib, runtime)
+    rows = shard.rows
+    out_rows: list[dict[str, Any]] = []
+    try:
+        for shape, tokens in SHAPES.items():
+            sources = {"uniform": torch.randint(0, rows, (tokens, spec.layout.columns))}
+            if corpus is not None:
+                sources["real text"] = text_rows(spec, corpus, tokens, 2)[1][:, 0]
+            for source, ids in sources.items():
+                ids = ids.cuda()
+                out = torch.empty((*ids.shape, spec.head_dim), dtype=torch.bfloat16, device="cuda")
+                for dedup in (False, True):
+                    call = functools.partial(gather_into, shard.weight, shard.scale, ids, 0, rows, out, dedup)
+                    seconds = gpu_time(call)
+                    what = f"V4.1 {shape} {tokens}x24, {source}, {'sorted' if dedup else 'plain'}"
+                    out_rows.append(
+                        bench_row(
+                            what,
+                            "pinned",
+                            rows * shard.format.row_bytes,
+                            ids.numel() * shard.format.row_bytes / seconds,
+                            "H2D memcpy",
+                            ceilings,
+                        )
+                    )
+        return out_rows
+    finally:
+        shard.release()
+        torch.cuda.empty_cache()
+
+
+def bench_host_time(runtime: kernels.LibraryRuntime) -> list[dict[str, Any]]:
+    """Host time of one eager layer call at 64 tokens (no sync in the call: the GPU runs behind), and
+    the same step replayed from a CUDA graph."""
+    spec, shard = v41_table(1.0, runtime)
+    try:
+        plan = TableShardPlan("bench", shard.rows, "row", 0, shard.rows, 0, spec.layout.columns)
+        layer = EngramEmbedding(shard, plan, columns=spec.layout.columns)
+        ids = torch.randint(0, shard.rows, (64, spec.layout.columns), device="cuda")
+        out = torch.empty((64, spec.layout.columns, spec.head_dim), dtype=torch.bfloat16, device="cuda")
+        for _ in range(20):
+            layer(ids, out=out)
+        torch.cuda.synchronize()
+        calls = 500
+        started = time.perf_counter()
+        for _ in range(calls):
+            layer(ids, out=out)
+        host_us = (time.perf_counter() - started) / calls * 1e6
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            layer(ids, out=out)
+        replay_s = gpu_time(graph.replay, repeat=50)
+        return [
+            {"rows": "eager host time, one layer, 64 tokens", "host_us": host_us, "graph_replay_us": replay_s * 1e6}
+        ]
+    finally:
+        shard.release()
+
+
+def bench_prefetch(runtime: kernels.LibraryRuntime, table_gib: float) -> list[dict[str, Any]]:
+    """A decode step of a stand-in model (per layer a bf16 matmul of about a millisecond) with and without
+    the step's V4.1 lookups (2 layers, 256 tokens) prefetched beside it: the target is at most 1.05x."""
+    from engram.runtime.engine import prefetch_on
+
+    spec, shard = v41_table(table_gib, runtime)
+    try:
+        plan = TableShardPlan("bench", shard.rows, "row", 0, shard.rows, 0, spec.layout.columns)
+        layer = EngramEmbedding(shard, plan, columns=spec.layout.columns)
+        rows = torch.randint(0, shard.rows, (SHAPES["decode"], 2, spec.layout.columns), device="cuda")
+        a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+        side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+        layers = 8
+
+        def compute() -> None:
+            for _ in range(layers):
+                torch.mm(a, a)
+
+        def with_prefetch() -> None:
+            handle = prefetch_on(side, lambda: [layer(rows[:, i]) for i in range(2)], sm_share=0.25)
+            for i in range(layers):
+                torch.mm(a, a)
+                if i in (1, 6):  # the Engram layers consume their rows
+                    handle.take(0 if i == 1 else 1).float().sum()
+
+        alone = gpu_time(compute)
+        beside = gpu_time(with_prefetch)
+        lookups = gpu_time(lambda: [layer(rows[:, i]) for i in range(2)])
+        return [
+            {
+                "rows": "decode step, 8 stand-in layers, V4.1 lookups prefetched",
+                "compute_ms": alone * 1e3,
+                "with_prefetch_ms": beside * 1e3,
+                "lookups_alone_ms": lookups * 1e3,
+                "step_ratio": beside / alone,
+            }
+        ]
+    finally:
+        shard.release()
+
+
+def bench_hash() -> list[dict[str, Any]]:
     spec = get_preset("deepseek-v4.1-flash")
     tokens = torch.randint(0, spec.vocab, (4 << 20,), device="cuda")
     hasher = spec.hasher()
     buffer = torch.empty((tokens.numel(), len(spec.layer_ids), spec.layout.columns), dtype=torch.int64, device="cuda")
     seconds = gpu_time(functools.partial(hasher.hash, tokens, out=buffer))
-    rows_out.append({"rows": "ngram hash V4.1", "table": "device", "tokens_per_s": tokens.numel() / seconds})
-    return rows_out
+    return [{"rows": "ngram hash V4.1", "table": "device", "tokens_per_s": tokens.numel() / seconds}]
 
 
 def print_bench(table: list[dict[str, Any]]) -> None:
-    print(f"\n{'rows':<22} {'table':<18} {'GiB':>6} {'gather GB/s':>12} {'ceiling':>11} {'GB/s':>8} {'ratio':>6}")
+    print(f"\n{'rows':<44} {'table':<7} {'GiB':>5} {'GB/s':>7} {'ceiling':>11} {'GB/s':>6} {'ratio':>6}")
     for row in table:
-        if "tokens_per_s" in row:
-            print(f"{row['rows']:<22} {row['table']:<18} {'':>6} {row['tokens_per_s'] / 1e9:>9.2f} G tokens/s")
-        else:
+        if "gather_gbps" in row:
             print(
-                f"{row['rows']:<22} {row['table']:<18} {row['table_gib']:>6} {row['gather_gbps']:>12.1f} {row['ceiling']:>11} {row['ceiling_gbps']:>8.1f} {row['ratio']:>5.2f}x"
+                f"{row['rows']:<44} {row['table']:<7} {row['table_gib']:>5} {row['gather_gbps']:>7.1f} {row['ceiling']:>11} {row['ceiling_gbps']:>6.1f} {row['ratio']:>5.2f}x"
             )
+        else:
+            print(f"{row['rows']:<44} " + ", ".join(f"{k} {v:.3g}" for k, v in row.items() if isinstance(v, float)))
 
 
-def run_all(report: Report, table_gib: float, preset: str, workdir: Path) -> None:
+def run_all(report: Report, table_gib: float, sizes: list[float], preset: str, workdir: Path) -> None:
     built: dict[str, Any] = {}
 
     def build() -> dict[str, Any]:
@@ -353,7 +502,9 @@ def run_all(report: Report, table_gib: float, preset: str, workdir: Path) -> Non
     library, runtime = built["library"], built["runtime"]
     for name, *_ in FORMATS:
         for placement in ("pinned", "device"):
-            report.run(f"gather {name} {placement}", functools.partial(check_gather, library, runtime, name, placement))
+            for dedup in (False, True):
+                label = f"gather {name} {placement}{', sorted' if dedup else ''}"
+                report.run(label, functools.partial(check_gather, library, runtime, name, placement, dedup))
     for hashed in ("deepseek-v4.1-flash", "qwen4-exp-ple"):
         report.run(f"ngram hash {hashed}", functools.partial(check_hash, hashed))
     checkpoint = workdir / "checkpoint"
@@ -366,16 +517,47 @@ def run_all(report: Report, table_gib: float, preset: str, workdir: Path) -> Non
                 functools.partial(check_placement, preset, checkpoint, engram, tp, dp, extras, "cuda"),
             )
 
-    def benchmark() -> dict[str, Any]:
-        report.bench = bench(library, runtime, table_gib)
+    ceilings: dict[str, float] = {}
+
+    def measure(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        report.bench.extend(rows)
         return {}
 
-    report.run("benchmark", benchmark)
+    def copies() -> dict[str, Any]:
+        ceilings["H2D memcpy"], ceilings["D2D copy"] = copy_ceilings()
+        return dict(ceilings)
+
+    if not report.run("bench: copy ceilings", copies).ok:
+        return
+    report.run("bench: row formats", lambda: measure(bench_formats(library, runtime, table_gib, ceilings)))
+    corpus: list[torch.Tensor] = []
+
+    def real_text() -> dict[str, Any]:
+        corpus.append(load_corpus().held_out)
+        return {"held_out_tokens": corpus[0].numel()}
+
+    report.run("bench: real-text corpus", real_text)
+
+    def measure_sorted(gib: float) -> dict[str, Any]:
+        return measure(bench_sorted(runtime, gib, corpus[0] if corpus else None, ceilings))
+
+    for gib in sizes:
+        report.run(f"bench: plain and sorted, {gib:g} GiB", functools.partial(measure_sorted, gib))
+    report.run("bench: eager host time", lambda: measure(bench_host_time(runtime)))
+    report.run("bench: prefetch beside compute", lambda: measure(bench_prefetch(runtime, min(sizes[-1], 8.0))))
+    report.run("bench: ngram hash", lambda: measure(bench_hash()))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--table-gib", type=float, default=8.0, help="pinned table size for the benchmark")
+    parser.add_argument(
+        "--sorted-gib",
+        type=float,
+        nargs="+",
+        default=[1.0, 8.0, 32.0],
+        help="V4.1 table sizes of the plain/sorted rows",
+    )
     parser.add_argument("--preset", default="demo", help="model of the placement stages (default demo, 262 MB)")
     parser.add_argument("--json", metavar="OUT", help="also write the report to this file")
     args = parser.parse_args(argv)
@@ -385,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     report = Report()
     with tempfile.TemporaryDirectory(prefix="engram-gpu-check-") as workdir:
-        run_all(report, args.table_gib, args.preset, Path(workdir))
+        run_all(report, args.table_gib, args.sorted_gib, args.preset, Path(workdir))
     print_bench(report.bench)
     failed = [s.name for s in report.stages if not s.ok]
     print(f"\n{len(report.stages) - len(failed)} passed, {len(failed)} failed in {time.perf_counter() - started:.0f} s")

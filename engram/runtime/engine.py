@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -71,6 +71,24 @@ class Prefetched:
             stream.wait_event(event)
             rows.record_stream(stream)  # allocated on the side stream, read here
         return rows
+
+
+def prefetch_on(side: torch.cuda.Stream, lookups: Callable[[], Iterable[torch.Tensor]], sm_share: float) -> Prefetched:
+    """Run `lookups()` (one output per layer) on the `side` stream, after what the current stream has
+    queued so far, at most `sm_share` of the SMs wide, with an event behind each layer's output."""
+    from engram.kernels import limit_blocks
+
+    side.wait_stream(torch.cuda.current_stream(side.device))  # the ids were written on the main stream
+    blocks = max(1, round(sm_share * torch.cuda.get_device_properties(side.device).multi_processor_count))
+    outputs: list[torch.Tensor] = []
+    events: list[torch.cuda.Event | None] = []
+    with torch.cuda.stream(side), limit_blocks(blocks):
+        for output in lookups():
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            event.record(side)
+            outputs.append(output)
+            events.append(event)
+    return Prefetched(outputs, events)
 
 
 @dataclass(eq=False)
@@ -181,24 +199,11 @@ class EngramTables:
             raise EngramError(f"sm_share must be in (0, 1], got {sm_share}")
         if not rows.is_cuda:
             return Prefetched(self.lookup(rows), [None] * len(self.layers))
-        from engram.kernels import limit_blocks
-
-        main = torch.cuda.current_stream(rows.device)
         if self._side is None:
             self._side = torch.cuda.Stream(rows.device)  # type: ignore[no-untyped-call]
-        side = self._side
-        side.wait_stream(main)  # the ids were written on the main stream
-        blocks = max(1, round(sm_share * torch.cuda.get_device_properties(rows.device).multi_processor_count))
-        outputs: list[torch.Tensor] = []
-        events: list[torch.cuda.Event | None] = []
-        with torch.cuda.stream(side), limit_blocks(blocks):
-            for output in self._lookups(rows):
-                event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-                event.record(side)
-                outputs.append(output)
-                events.append(event)
-        rows.record_stream(side)  # the caller may free rows before the side stream has read them
-        return Prefetched(outputs, events)
+        handle = prefetch_on(self._side, lambda: self._lookups(rows), sm_share)
+        rows.record_stream(self._side)  # the caller may free rows before the side stream has read them
+        return handle
 
     def check_errors(self) -> None:
         """Raise if a lookup since the last check was given a row id outside its table (on a GPU the kernels
