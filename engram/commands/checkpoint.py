@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from engram.errors import EngramError
 from engram.presets import PRESETS, get_preset
 from engram.runtime.checkpoint import write_checkpoint
 
@@ -26,6 +27,11 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    path = write_checkpoint(get_preset(args.preset), args.out, dtype=args.dtype, seed=args.seed, fmt=args.format)
+    if not 0 <= args.seed < 1 << 63:
+        raise EngramError(f"--seed must be between 0 and 2**63 - 1, got {args.seed}")
+    try:
+        path = write_checkpoint(get_preset(args.preset), args.out, dtype=args.dtype, seed=args.seed, fmt=args.format)
+    except OSError as exc:
+        raise EngramError(f"cannot write the checkpoint into {args.out}: {exc.strerror or exc}; choose another --out") from None
     print(f"wrote {path} ({path.stat().st_size:,} bytes)")
     return 0

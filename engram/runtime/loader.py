@@ -1,16 +1,20 @@
 """Checkpoint loading into table shards through per-parameter weight loaders `(param, loaded_tensor)`.
 
-safetensors files are read lazily through a private mapping of the file: a shard's weight loader narrows
-to the rows it owns and copies only those pages. Headers, shapes and dtypes are validated before any
-byte is copied. `.pt` files load with weights_only=True: pickled objects other than tensors are refused.
+safetensors files are never mapped (a file truncated under a mapping kills the reader with SIGBUS): a
+shard's rows are read with pread straight into the table, or through a staging buffer for a GPU table,
+so a file that shrinks gives a clear error. Headers are validated before any byte is copied: every
+tensor's shape, dtype and byte range, and the ranges tiling the data region exactly (as the safetensors
+library requires: no overlap, no gap). `.pt` files load with weights_only=True (pickled objects other
+than tensors are refused); every record's CRC-32 is verified and every tensor's storage must hold its
+shape, since torch.load(mmap=True) checks neither. Only regular files are opened (never a FIFO).
 """
 
 from __future__ import annotations
 
 import functools
-import mmap
 import os
 import pickle
+import stat
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -70,7 +74,9 @@ class SafetensorsFile:
         try:
             header = msgspec.json.decode(raw)
         except msgspec.DecodeError as exc:
-            raise self._error(f"header is not valid JSON: {exc}") from None
+            raise self._error(f"header is not valid JSON: {str(exc)[:200]}") from None
+        except RecursionError:
+            raise self._error("header nests too deeply to be a safetensors header") from None
         if not isinstance(header, dict):
             raise self._error("header is not a JSON object")
         self.data_start = 8 + header_len
@@ -78,8 +84,29 @@ class SafetensorsFile:
         self.entries = {
             name: self._entry(name, spec, data_len) for name, spec in header.items() if name != "__metadata__"
         }
-        with path.open("rb") as f:
-            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if size else None
+        self._check_tiling(data_len)
+        info = os.stat(path)
+        self.identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+
+    def _check_tiling(self, data_len: int) -> None:
+        """The tensors' byte ranges, in order, must cover the data region exactly: overlapping tensors
+        would load as each other's bytes, and the official library refuses such a file too."""
+        at = 0
+        for name, entry in sorted(self.entries.items(), key=lambda item: (item[1].begin, item[1].end)):
+            if entry.begin != at:
+                kind = (
+                    "overlaps the tensor before it"
+                    if entry.begin < at
+                    else f"leaves bytes {at:,}..{entry.begin:,} unclaimed"
+                )
+                raise self._error(
+                    f"tensor {name!r} at data_offsets [{entry.begin}, {entry.end}] {kind}: invalid offsets"
+                )
+            at = entry.end
+        if at != data_len:
+            raise self._error(
+                f"the tensors end at data byte {at:,} but the data region holds {data_len:,}: invalid offsets"
+            )
 
     def _error(self, message: str) -> EngramError:
         return EngramError(f"{self.path}: {message}")
@@ -110,32 +137,99 @@ class SafetensorsFile:
     def read_rows(
         self, name: str, start: int, out: torch.Tensor, on_bytes: Callable[[int], None] | None = None
     ) -> None:
-        """Rows [start, start + len(out)) of tensor `name` straight into `out` with pread: the page cache
-        is copied once, without faulting in a mapping of the file first."""
+        """Rows [start, start + len(out)) of tensor `name` into `out` with pread: straight into a
+        contiguous CPU tensor (the page cache is copied once), through a staging buffer otherwise (a GPU
+        table). A file that shrank or was replaced since it was opened is an error, never a signal."""
         entry = self.entries[name]
+        if out.dtype != entry.dtype or tuple(out.shape[1:]) != entry.shape[1:]:
+            raise self._error(
+                f"tensor {name!r} is {entry.dtype} {list(entry.shape)}; cannot read it into {out.dtype} {list(out.shape)}"
+            )
         row_bytes = out[:1].numel() * out.element_size() if out.dim() else out.element_size()
-        target = memoryview(out.view(torch.uint8).view(-1).numpy())  # type: ignore[arg-type]
-        offset, done = self.data_start + entry.begin + start * row_bytes, 0
+        offset = self.data_start + entry.begin + start * row_bytes
+        if offset + out.numel() * out.element_size() > self.data_start + entry.end:
+            raise self._error(
+                f"rows [{start}, {start + len(out)}) lie outside tensor {name!r} of {entry.shape[0]} rows"
+            )
+        if not out.is_contiguous():
+            raise self._error(f"tensor {name!r}: rows are read into contiguous tensors only")
+        flat = out.view(torch.uint8).view(-1)
+        direct = out.device.type == "cpu"
+        staging = flat if direct else torch.empty(min(COPY_CHUNK, flat.numel()), dtype=torch.uint8)
         with self.path.open("rb", buffering=0) as f:
-            while done < len(target):
-                n = os.preadv(f.fileno(), [target[done : done + COPY_CHUNK]], offset + done)
-                if n == 0:
+            info = os.fstat(f.fileno())
+            if (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns) != self.identity:
+                raise self._error("the file changed since it was opened (replaced, truncated or rewritten); load again")
+            done = 0
+            while done < flat.numel():
+                piece = min(COPY_CHUNK, flat.numel() - done)
+                target = staging[done : done + piece] if direct else staging[:piece]
+                if _pread_full(f.fileno(), target, offset + done) < piece:
                     raise self._error(f"tensor {name!r} ended early: the file shrank while loading")
-                done += n
+                if not direct:
+                    flat[done : done + piece].copy_(target)
+                done += piece
                 if on_bytes is not None:
-                    on_bytes(n)
+                    on_bytes(piece)
 
     def tensor(self, name: str) -> torch.Tensor:
+        """The whole tensor, read into private memory (never a view of a mapping of the file)."""
         entry = self.entries[name]
-        if entry.end == entry.begin or self._map is None:
-            return torch.empty(entry.shape, dtype=entry.dtype)
-        flat = torch.frombuffer(
-            self._map, dtype=torch.uint8, count=entry.end - entry.begin, offset=self.data_start + entry.begin
+        out = torch.empty(entry.shape, dtype=entry.dtype)
+        if out.numel():
+            self.read_rows(name, 0, out if out.dim() else out.view(1))
+        return out
+
+
+def _pread_full(fd: int, target: torch.Tensor, offset: int) -> int:
+    """Bytes read into `target` (contiguous uint8) at `offset`; fewer only at the end of the file."""
+    view = memoryview(target.numpy())  # type: ignore[arg-type]
+    done = 0
+    while done < len(view):
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n == 0:
+            break
+        done += n
+    return done
+
+
+def _pt_records(path: Path) -> list[int]:
+    """The byte sizes of the tensor data records, in file order, after every record's CRC-32 is checked
+    (the zip format carries one: a flipped byte would otherwise load as a different row)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+            records = sorted(
+                (info.header_offset, info.file_size)
+                for info in archive.infolist()
+                if info.filename.split("/")[-2:-1] == ["data"]
+            )
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+        raise EngramError(f"{path}: not a readable .pt checkpoint (truncated or corrupt): {str(exc)[:200]}") from None
+    if bad is not None:
+        raise EngramError(f"{path}: record {bad!r} fails its CRC-32 check: the file is corrupt")
+    return [size for _, size in records]
+
+
+def _check_pt_tensors(path: Path, loaded: dict[str, torch.Tensor], records: list[int]) -> None:
+    """Dense CPU tensors whose storages are exactly their records: torch.load(mmap=True) takes a storage's
+    size from the pickle, not from its record, so a short record would read past it. The file is mapped
+    whole, so storages in address order are the records in file order."""
+    for name, tensor in loaded.items():
+        if tensor.layout != torch.strided or tensor.device.type != "cpu":
+            raise EngramError(
+                f"{path}: tensor {name!r} is {tensor.layout} on {tensor.device}; a checkpoint holds dense CPU tensors"
+            )
+    storages = sorted({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in loaded.values()}.items())
+    sizes = [nbytes for _, nbytes in storages]
+    if sizes != records:
+        raise EngramError(
+            f"{path}: the tensors' storages ({len(sizes)}, {sum(sizes):,} bytes) do not match the data records ({len(records)}, {sum(records):,} bytes): the file is corrupt"
         )
-        return flat.view(entry.dtype).view(entry.shape)
 
 
 def _pt_tensors(path: Path) -> dict[str, torch.Tensor]:
+    records = _pt_records(path)
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as exc:
@@ -143,7 +237,7 @@ def _pt_tensors(path: Path) -> dict[str, torch.Tensor]:
         raise EngramError(
             f"{path}: holds pickled objects other than tensors, refused (weights_only): {first}"
         ) from None
-    except (RuntimeError, zipfile.BadZipFile, EOFError, ValueError) as exc:
+    except (RuntimeError, zipfile.BadZipFile, EOFError, ValueError, NotImplementedError, OSError) as exc:
         raise EngramError(
             f"{path}: not a readable .pt checkpoint (truncated or corrupt): {str(exc).strip().splitlines()[0]}"
         ) from None
@@ -151,7 +245,19 @@ def _pt_tensors(path: Path) -> dict[str, torch.Tensor]:
         isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in loaded.items()
     ):
         raise EngramError(f"{path}: a .pt checkpoint must hold a dict of name -> tensor")
+    _check_pt_tensors(path, loaded, records)
     return loaded
+
+
+def _check_regular(file: Path) -> None:
+    """Only regular files are read: a FIFO would block forever, a directory or a dangling link fail late."""
+    try:
+        mode = file.stat().st_mode
+    except OSError as exc:
+        raise EngramError(f"checkpoint file {file} cannot be read: {exc.strerror} (a dangling link?)") from None
+    if not stat.S_ISREG(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
+        raise EngramError(f"checkpoint file {file} is {kind}; it must be a regular file")
 
 
 def _same(tensor: torch.Tensor) -> torch.Tensor:
@@ -165,12 +271,14 @@ class Checkpoint:
         root = Path(path)
         if root.is_dir():
             files = sorted(p for p in root.iterdir() if p.suffix in (".safetensors", ".pt", ".bin"))
-        elif root.exists():
+        elif root.exists() or root.is_symlink():
             files = [root]
         else:
             raise EngramError(f"checkpoint {root} does not exist")
         if not files:
             raise EngramError(f"checkpoint directory {root} holds no *.safetensors, *.pt or *.bin file")
+        for file in files:
+            _check_regular(file)
         self.sources: dict[str, Callable[[], torch.Tensor]] = {}
         self.shapes: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
         self.files: dict[str, SafetensorsFile] = {}  # tensors that can be read with pread
@@ -209,32 +317,33 @@ def shard_weight_loader(
     group: Group | None,
     on_bytes: Callable[[int], None] | None = None,
     source: SafetensorsFile | None = None,
-) -> Callable[[torch.Tensor, torch.Tensor], None]:
+) -> Callable[[torch.Tensor, torch.Tensor | None], None]:
     """The weight loader of a shard's parameters: narrow the checkpoint tensor to the owned rows and copy.
     With a shared table only the group's leader copies, and every rank meets at a barrier after each
     call, so when the last call returns the table is complete everywhere. With `source`, the file the
-    tensor lives in, host rows are read straight from the file instead of through its mapping."""
+    tensor lives in, and no tensor given (loaded=None), the owned rows are read from the file (pread)."""
 
-    def load(param: torch.Tensor, loaded: torch.Tensor) -> None:
-        rows = loaded[shard.row_start : shard.row_stop]
-        if (
-            (group is None or group.rank == 0)
-            and source is not None
-            and param.device.type == "cpu"
-            and param.is_contiguous()
-        ):
-            source.read_rows(tensor, shard.row_start, param.data, on_bytes)
-        elif group is None or group.rank == 0:
-            step = max(1, COPY_CHUNK // max(1, rows[:1].numel() * rows.element_size()))
-            for start in range(0, rows.shape[0], step):
-                part = rows[start : start + step]
-                param.data[start : start + step].copy_(part)
-                if on_bytes is not None:
-                    on_bytes(part.numel() * part.element_size())
+    def load(param: torch.Tensor, loaded: torch.Tensor | None) -> None:
+        if group is None or group.rank == 0:
+            if loaded is None:
+                if source is None:
+                    raise EngramError(f"{tensor}: no tensor given and no file to read it from")
+                source.read_rows(tensor, shard.row_start, param.data, on_bytes)
+            else:
+                _copy_rows(loaded[shard.row_start : shard.row_stop], param, on_bytes)
         if group is not None:
             barrier(group, f"load {tensor}")
 
     return load
+
+
+def _copy_rows(rows: torch.Tensor, param: torch.Tensor, on_bytes: Callable[[int], None] | None) -> None:
+    step = max(1, COPY_CHUNK // max(1, rows[:1].numel() * rows.element_size()))
+    for start in range(0, rows.shape[0], step):
+        part = rows[start : start + step]
+        param.data[start : start + step].copy_(part)
+        if on_bytes is not None:
+            on_bytes(part.numel() * part.element_size())
 
 
 def load_shards(
@@ -279,8 +388,8 @@ def load_shards(
             shard, part = wanted[name]
             param = shard.weight if part == "weight" else shard.scale
             assert param is not None
-            shard_weight_loader(shard, name, group, count, checkpoint.files.get(name))(
-                param, checkpoint.sources[name]()
-            )
+            source = checkpoint.files.get(name)
+            loaded = None if source is not None else checkpoint.sources[name]()  # safetensors: read from the file
+            shard_weight_loader(shard, name, group, count, source)(param, loaded)
             copied += param.numel() * param.element_size() if writer else 0
     return copied
