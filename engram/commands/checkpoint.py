@@ -32,6 +32,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         path = write_checkpoint(get_preset(args.preset), args.out, dtype=args.dtype, seed=args.seed, fmt=args.format)
     except OSError as exc:
-        raise EngramError(f"cannot write the checkpoint into {args.out}: {exc.strerror or exc}; choose another --out") from None
+        raise EngramError(
+            f"cannot write the checkpoint into {args.out}: {exc.strerror or exc}; choose another --out"
+        ) from None
     print(f"wrote {path} ({path.stat().st_size:,} bytes)")
     return 0

@@ -15,19 +15,23 @@ import torch.distributed as dist
 from engram.errors import EngramError
 
 DEFAULT_TIMEOUT_S = 300.0
+TIMEOUT_RANGE_S = (1.0, 7 * 24 * 3600.0)  # below a second the rendezvous itself cannot finish
 
 
 def timeout_s() -> float:
     """ENGRAM_DIST_TIMEOUT_S bounds every wait between ranks (default 300 s)."""
     raw = os.environ.get("ENGRAM_DIST_TIMEOUT_S")
-    if raw is None:
-        return DEFAULT_TIMEOUT_S
+    return DEFAULT_TIMEOUT_S if raw is None else parse_timeout(raw)
+
+
+def parse_timeout(raw: str) -> float:
     try:
         value = float(raw)
     except ValueError:
-        raise EngramError(f"ENGRAM_DIST_TIMEOUT_S={raw!r} is not a number of seconds") from None
-    if value <= 0:
-        raise EngramError(f"ENGRAM_DIST_TIMEOUT_S={raw!r} must be positive")
+        raise EngramError(f"ENGRAM_DIST_TIMEOUT_S={raw[:50]!r} is not a number of seconds") from None
+    low, high = TIMEOUT_RANGE_S
+    if not low <= value <= high:  # also refuses nan and inf
+        raise EngramError(f"ENGRAM_DIST_TIMEOUT_S={raw[:50]!r} must be between {low:g} and {high:g} seconds")
     return value
 
 

@@ -1,21 +1,27 @@
 """Run a function on N local processes joined by torch.distributed (gloo on 127.0.0.1, a free port),
 as the demo and the multi-process tests do. Processes are spawned (never forked: torch and threads do
-not survive fork), the whole run is bounded by a timeout, and every process is gone when it returns."""
+not survive fork), the whole run is bounded by a timeout, and every process is gone when it returns.
+
+Results come back over one pipe per rank, never a multiprocessing.Queue: a queue's named semaphores
+outlive a killed process group in /dev/shm, while the kernel closes a dead process's pipes. The
+rendezvous obeys ENGRAM_DIST_TIMEOUT_S like every other wait, and a rank that dies without reporting
+ends the run once the others have had that long to notice."""
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import queue
 import socket
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from multiprocessing.connection import Connection, wait
+from typing import Any, cast
 
 from engram.errors import ConfigError, EngramError
+from engram.runtime.dist import parse_timeout, timeout_s
 
 
 def free_port() -> int:
@@ -41,7 +47,7 @@ def _child(
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     env: dict[str, str],
-    results: Any,
+    results: Connection,
     dist_timeout: float,
 ) -> None:
     os.environ.update(env)
@@ -64,12 +70,18 @@ def _child(
             world_size=world,
             timeout=timedelta(seconds=dist_timeout),
         )
-        results.put(Outcome(rank, value=fn(rank, world, *args)))
+        outcome = Outcome(rank, value=fn(rank, world, *args))
     except (EngramError, ConfigError) as exc:  # user mistakes: one line, no traceback
-        results.put(Outcome(rank, error=str(exc)))
+        outcome = Outcome(rank, error=str(exc))
+    except dist.DistError as exc:  # a peer gone before or during the rendezvous: one line too
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        outcome = Outcome(rank, error=f"rank {rank} could not reach its peers within {dist_timeout:g} s: {first[:300]}")
     except BaseException:  # report anything, so the parent never waits on a silent child
-        results.put(Outcome(rank, error=traceback.format_exc()))
+        outcome = Outcome(rank, error=traceback.format_exc())
+    try:
+        results.send(outcome)
     finally:
+        results.close()
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -80,40 +92,48 @@ def run_local(
     *args: Any,
     timeout: float = 300.0,
     env: Mapping[str, str] | None = None,
-    dist_timeout: float = 120.0,
     on_start: Callable[[Sequence[mp.process.BaseProcess]], None] | None = None,
 ) -> list[Outcome]:
     """fn(rank, world, *args) on `world` processes; an Outcome per rank, in rank order. A rank that dies
     without reporting (killed, crashed) has error set and its exit code. After `timeout` seconds the
-    remaining processes are killed and reported as timed out."""
+    remaining processes are killed and reported as timed out. Waits between ranks are bounded by
+    ENGRAM_DIST_TIMEOUT_S (from `env` when it sets it, else this process's environment)."""
+    env = dict(env or {})
+    dist_timeout = parse_timeout(env["ENGRAM_DIST_TIMEOUT_S"]) if "ENGRAM_DIST_TIMEOUT_S" in env else timeout_s()
     ctx = mp.get_context("spawn")
-    results = ctx.Queue()
     port = free_port()
+    pipes = [ctx.Pipe(duplex=False) for _ in range(world)]
     procs = [
-        ctx.Process(target=_child, args=(r, world, port, fn, args, dict(env or {}), results, dist_timeout), daemon=True)
+        ctx.Process(target=_child, args=(r, world, port, fn, args, env, pipes[r][1], dist_timeout), daemon=True)
         for r in range(world)
     ]
-    for p in procs:
+    for p, (_, send) in zip(procs, pipes, strict=True):
         p.start()
+        send.close()  # the child holds its own end: EOF here once it exits
     if on_start is not None:
         on_start(procs)
     outcomes: dict[int, Outcome] = {}
+    open_ends: list[Connection] = [receive for receive, _ in pipes]
     deadline = time.monotonic() + timeout
     try:
-        while len(outcomes) < world and time.monotonic() < deadline:
-            try:
-                outcome = results.get(timeout=0.2)
-                outcomes[outcome.rank] = outcome
-            except queue.Empty:
-                if all(not p.is_alive() for p in procs) and results.empty():
-                    break
+        while open_ends and time.monotonic() < deadline:
+            for ready in wait(open_ends, timeout=max(0.0, min(0.5, deadline - time.monotonic()))):
+                end = cast(Connection, ready)
+                open_ends.remove(end)
+                try:
+                    outcome: Outcome = end.recv()
+                    outcomes[outcome.rank] = outcome
+                except (EOFError, OSError):  # died without reporting: the others notice within their timeout
+                    deadline = min(deadline, time.monotonic() + dist_timeout + 10.0)
+                end.close()
     finally:
         for p in procs:
             p.join(timeout=max(0.0, min(10.0, deadline - time.monotonic())))
             if p.is_alive():
                 p.kill()
                 p.join(timeout=10)
-        results.close()
+        for end in open_ends:
+            end.close()
     for rank, p in enumerate(procs):
         if rank not in outcomes:
             reason = (

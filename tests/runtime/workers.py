@@ -63,3 +63,9 @@ def allocate_as_node(rank: int, world: int) -> str:
     """Each rank claims its own node: the shared-memory group must refuse to span them."""
     os.environ["ENGRAM_NODE_ID"] = f"node-{rank}"
     return allocate_only(rank, world, 1000)
+
+
+def meet(rank: int, world: int) -> int:
+    """Join a group and pass a barrier: what a rank does right after the rendezvous."""
+    edist.barrier(edist.new_group(list(range(world)), "engram launch (test)"), "met")
+    return rank

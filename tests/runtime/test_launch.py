@@ -1,0 +1,93 @@
+"""The local launcher: nothing left behind when a run is killed, and every wait, the rendezvous included,
+bounded by ENGRAM_DIST_TIMEOUT_S, ending in one line per rank."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import psutil
+import pytest
+
+from engram.runtime.launch import run_local
+from tests.runtime import workers
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def semaphores() -> set[str]:
+    return {p.name for p in Path("/dev/shm").iterdir() if p.name.startswith("sem.")}
+
+
+@pytest.mark.slow
+def test_a_killed_demo_leaves_no_semaphores_and_no_processes() -> None:
+    before = semaphores()
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "engram", "demo", "--preset", "tiny"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    parent = psutil.Process(demo.pid)
+    deadline = time.monotonic() + 60
+    while len(parent.children()) < 2 and time.monotonic() < deadline:  # the replicas are up
+        time.sleep(0.05)
+    family = [parent, *parent.children(recursive=True)]
+    assert len(family) >= 3
+    during = semaphores()
+    os.killpg(demo.pid, signal.SIGKILL)
+    demo.wait(timeout=30)
+    psutil.wait_procs(family, timeout=30)
+    assert during == before and semaphores() == before  # pipes, not multiprocessing queues
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in family)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("victim", [0, 1])
+def test_a_rank_killed_before_the_rendezvous(victim: int) -> None:
+    """The survivor gives up after ENGRAM_DIST_TIMEOUT_S (5 s here, not a fixed 120 s), with one line."""
+
+    def kill_early(procs: Sequence[object]) -> None:
+        time.sleep(0.3)
+        os.kill(procs[victim].pid, signal.SIGKILL)  # type: ignore[attr-defined]
+
+    started = time.monotonic()
+    outcomes = run_local(2, workers.meet, timeout=120, env={"ENGRAM_DIST_TIMEOUT_S": "5"}, on_start=kill_early)
+    elapsed = time.monotonic() - started
+    assert elapsed < 30
+    dead, survivor = outcomes[victim], outcomes[1 - victim]
+    assert dead.exitcode == -9 and dead.error == f"rank {victim} died with exit code -9 before reporting"
+    assert survivor.error is not None and "Traceback" not in survivor.error and "\n" not in survivor.error
+    assert survivor.error.startswith(f"rank {1 - victim} could not reach its peers within 5 s: ")
+
+
+@pytest.mark.slow
+def test_a_run_that_succeeds_leaves_nothing() -> None:
+    before = semaphores()
+    outcomes = run_local(3, workers.meet, timeout=120)
+    assert [o.value for o in outcomes] == [0, 1, 2] and all(o.exitcode == 0 for o in outcomes)
+    assert semaphores() == before
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e-9", "0.5", "1e12", "abc", "0"])
+def test_a_bad_timeout_is_one_line(value: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "engram", "demo", "--preset", "tiny"],
+        cwd=ROOT,
+        env={**os.environ, "ENGRAM_DIST_TIMEOUT_S": value},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines() == [
+        f"error: ENGRAM_DIST_TIMEOUT_S={value!r} "
+        + ("is not a number of seconds" if value == "abc" else "must be between 1 and 604800 seconds")
+    ]
