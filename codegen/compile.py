@@ -279,7 +279,7 @@ class _ValidatorCompiler:
             lines += [
                 f"{indent}for key in sorted(v.keys() - {{{', '.join(repr(k) for k in props)}}}):",
                 f'{indent}    out.append(Problem(path + "/" + _escape(key), "unknown-field", '
-                f'f"unknown field {{key!r}}; known fields: {known}"))',
+                f'f"unknown field {{_shown(key)!r}}; known fields: {known}"))',
             ]
         for key, sub in props.items():
             child = self.function(sub, f"{name}_{_ident(key)}", f"{pointer}/properties/{key}", scope)

@@ -9,6 +9,7 @@ problem. Precedence, lowest first: schema default, environment, the document, --
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ from engram._generated.structs import (
     resolve_engram_config,
 )
 from engram._generated.validators import check_document, check_EngramConfig_rules
+from engram._json import _shown
 from engram.errors import ConfigError, Problem
 from engram.hostmem import HostLimits, verify_host_memory
 
@@ -54,6 +56,7 @@ __all__ = [
 ]
 
 PARTS = ("engram", "model", "parallel", "load", "platform")
+MAX_DOCUMENT_BYTES = 64 << 20  # far above any real deployment document; bounds what a mistake can read
 
 Source = Mapping[str, Any] | str | bytes | os.PathLike[str] | None
 # (label for messages, field, raw text) of one --engram-config.<field> flag or FIELD=VALUE override.
@@ -234,7 +237,11 @@ def _apply_overrides(section: dict[str, Any], overrides: Iterable[Override], pro
         if kind is None:
             known = ", ".join(ENGRAM_FIELDS)
             problems.append(
-                Problem(f"/engram/{name}", "unknown-field", f"{label}: unknown field {name!r}; known fields: {known}")
+                Problem(
+                    f"/engram/{name}",
+                    "unknown-field",
+                    f"{label}: unknown field {_shown(name)!r}; known fields: {known}",
+                )
             )
         elif kind == "boolean":
             value = parse_bool(raw)
@@ -274,8 +281,21 @@ def _read_object(source: Source, pointer: str, *, label: str | None = None) -> d
         data = source.encode()
     else:
         path = Path(source)
-        where = f"{label + ' ' if label else ''}{str(path)!r}"
+        where = f"{label + ' ' if label else ''}{str(path)[:300]!r}"
         try:
+            info = path.stat()
+            if not stat.S_ISREG(info.st_mode):  # a FIFO with no writer would block forever
+                raise ConfigError([Problem(pointer, "source", f"cannot read {where}: not a regular file")])
+            if info.st_size > MAX_DOCUMENT_BYTES:
+                raise ConfigError(
+                    [
+                        Problem(
+                            pointer,
+                            "source",
+                            f"{where} holds {info.st_size:,} bytes; a deployment document is at most {MAX_DOCUMENT_BYTES:,}",
+                        )
+                    ]
+                )
             data = path.read_bytes()
         except OSError as exc:
             raise ConfigError([Problem(pointer, "source", f"cannot read {where}: {exc.strerror or exc}")]) from None

@@ -13,13 +13,30 @@ class Problem(NamedTuple):
     message: str
 
 
+MAX_PROBLEMS = 100  # a document with 100,000 unknown fields gets 100 lines and a count, not 100,000
+MAX_TEXT = 2000  # characters of a path or message: a 1 MB key is shown as an excerpt
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MAX_TEXT else f"{text[: MAX_TEXT - 100]}... ({len(text):,} characters in all)"
+
+
 class ConfigError(ValueError):
-    """A rejected configuration. `.errors` lists every problem found, not just the first."""
+    """A rejected configuration. `.errors` lists every problem found, not just the first (the first
+    MAX_PROBLEMS of them and a count of the rest, each path and message of bounded length)."""
 
     def __init__(self, errors: list[Problem]) -> None:
         if not errors:
             raise ValueError("ConfigError needs at least one problem")
-        self.errors = [Problem(*e) for e in errors]
+        kept = [Problem(_clip(p), r, _clip(m)) for p, r, m in errors[:MAX_PROBLEMS]]
+        if len(errors) > MAX_PROBLEMS:
+            more = len(errors) - MAX_PROBLEMS
+            kept.append(
+                Problem(
+                    "/", "too-many-problems", f"and {more:,} more problems ({len(errors):,} in all); fix these first"
+                )
+            )
+        self.errors = kept
         super().__init__("; ".join(f"{p.path}: {p.message} [{p.rule}]" for p in self.errors))
 
 
