@@ -3,6 +3,7 @@ and the collectives each step runs."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -37,7 +38,7 @@ def per_node(plan: DeploymentPlan) -> list[dict[str, int]]:
     """Host bytes per node: private tables add up per rank; a shared table counts once per node and TP
     shard, and that is also the /dev/shm the node needs."""
     nodes: dict[int, dict[str, int]] = {}
-    seen_shm: set[tuple[int, ...]] = set()
+    seen_shm: set[Sequence[int]] = set()  # ranges: hashable, and equal when their members are
     for rank, row in zip(plan.ranks, per_rank(plan), strict=True):
         node = nodes.setdefault(rank.node, {"node": rank.node, "host_bytes": 0, "shm_bytes": 0, "device_bytes": 0})
         node["host_bytes"] += row["pinned_host_bytes"]

@@ -7,9 +7,10 @@ import json
 from typing import Any
 
 from engram.commands.plan import build_plan
-from engram.config import add_deployment_args, add_engram_args
+from engram.config import add_deployment_args, add_engram_args, document_from_args, validate_deployment
 from engram.doctor import run_checks
 from engram.presets import PRESETS
+from engram.runtime.shm import reclaim_stale, shm_dir
 
 
 def register(subparsers: Any) -> None:
@@ -20,13 +21,27 @@ def register(subparsers: Any) -> None:
         "--preset", choices=sorted(PRESETS), help="check against the plan of this preset and the parallel flags"
     )
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--clean",
+        action="store_true",
+        help="first remove named shared-table files whose creator crashed (ENGRAM_SHM_DIR, or /dev/shm)",
+    )
     add_engram_args(parser)
     add_deployment_args(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    checks = run_checks(build_plan(args) if args.preset else None)
+    if args.clean:
+        removed = reclaim_stale(shm_dir())
+        print(f"removed {len(removed)} shared table file(s) left by crashed processes in {shm_dir()}")
+        for path in removed:
+            print(f"  {path}")
+    # Flags are checked even without a preset (a TP of 0 is an error, not ignored).
+    plan = build_plan(args) if args.preset else None
+    if plan is None:
+        validate_deployment(document_from_args(args, {}))
+    checks = run_checks(plan)
     if args.json:
         print(json.dumps([c.as_dict() for c in checks], indent=2))
     else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -77,6 +78,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def draw(plan: DeploymentPlan, path: str, node_ram_gib: float | None) -> None:
+    target = Path(path)
+    if target.is_dir():
+        raise EngramError(f"--plot {path} is a directory; name a file, e.g. {target / 'plan.png'}")
+    if not target.parent.is_dir():
+        raise EngramError(f"--plot {path}: the directory {target.parent} does not exist; create it or choose another")
     try:
         import matplotlib
 
@@ -100,5 +106,9 @@ def draw(plan: DeploymentPlan, path: str, node_ram_gib: float | None) -> None:
     axes.grid(True, which="both", alpha=0.3)
     axes.legend()
     figure.tight_layout()
-    figure.savefig(path)
-    plt.close(figure)
+    try:
+        figure.savefig(path)
+    except (OSError, ValueError) as exc:
+        raise EngramError(f"cannot write the plot to {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    finally:
+        plt.close(figure)

@@ -8,6 +8,8 @@ own window of the combined rows. With dp_shared_memory no DP collective runs at 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -27,7 +29,7 @@ class EngramEmbedding(nn.Module):
         *,
         columns: int,
         group: Group | None = None,
-        shard_order: tuple[int, ...] = (),
+        shard_order: Sequence[int] = (),
         dp_group: Group | None = None,
         out_dtype: torch.dtype = torch.bfloat16,
     ) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -39,7 +39,7 @@ def create_groups(plan: DeploymentPlan, rank: int) -> RankGroups:
     processes to take part in every new_group); returns this rank's."""
     mine = plan.ranks[rank]
 
-    def members(kind: str, r: RankPlan) -> tuple[int, ...]:
+    def members(kind: str, r: RankPlan) -> Sequence[int]:
         if kind == "embedding":
             return r.embedding_group
         if kind == "dp":

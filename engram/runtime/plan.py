@@ -8,6 +8,7 @@ the head count (which vLLM refuses), split into contiguous row ranges instead.""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -17,6 +18,7 @@ from engram.ngram.spec import ModelSpec
 from engram.runtime.storage import Placement, ShardFormat, placement_for
 
 ShardKind = Literal["head", "row"]
+MAX_WORLD = 1 << 17  # TP x DP ranks: above the largest clusters; plans stay linear in the world size
 
 
 @dataclass(frozen=True)
@@ -44,9 +46,11 @@ class RankPlan:
     dp_rank: int
     node: int
     shard_index: int  # position in the embedding group, which orders the combine
-    embedding_group: tuple[int, ...]  # global ranks, in shard order
-    dp_group: tuple[int, ...]  # global ranks of this TP rank's replicas: the id all-gather (across DP only)
-    shm_group: tuple[int, ...] | None  # node-local replicas at this TP rank sharing one copy
+    # Groups are ranges (O(1) memory each) or one tuple shared by every rank, so a plan costs memory
+    # linear in the world size, never TP x world.
+    embedding_group: Sequence[int]  # global ranks, in shard order
+    dp_group: Sequence[int]  # global ranks of this TP rank's replicas: the id all-gather (across DP only)
+    shm_group: Sequence[int] | None  # node-local replicas at this TP rank sharing one copy
     placement: Placement
     tables: tuple[TableShardPlan, ...]
 
@@ -117,25 +121,33 @@ def plan_deployment(
         raise EngramError(
             f"data_parallel_size {dp} is not a multiple of data_parallel_size_local {local} (replicas per node)"
         )
+    if tp * dp > MAX_WORLD:
+        raise EngramError(
+            f"TP {tp} x DP {dp} = {tp * dp:,} ranks is more than any deployment has (at most {MAX_WORLD:,}); check the parallel sizes"
+        )
     across = config.embedding_across_dp and dp > 1 and not config.dp_shared_memory
     placement = placement_for(config, platform)
 
     def rank_of(tp_rank: int, dp_rank: int) -> int:
         return dp_rank * tp + tp_rank
 
+    everyone = tuple(rank_of(t, d) for t in range(tp) for d in range(dp)) if across else ()
+    shards: dict[tuple[int, int], tuple[TableShardPlan, ...]] = {}  # equal shard indices share one plan
     ranks = []
     for dp_rank in range(dp):
         for tp_rank in range(tp):
             node = dp_rank // local
             if across:
                 index, size = tp_rank * dp + dp_rank, tp * dp
-                group = tuple(rank_of(t, d) for t in range(tp) for d in range(dp))
+                group: Sequence[int] = everyone
             else:
                 index, size = tp_rank, tp
-                group = tuple(rank_of(t, dp_rank) for t in range(tp))
+                group = range(rank_of(0, dp_rank), rank_of(0, dp_rank) + tp)
             shm = None
             if config.dp_shared_memory:
-                shm = tuple(rank_of(tp_rank, d) for d in range(node * local, (node + 1) * local))
+                shm = range(rank_of(tp_rank, node * local), rank_of(tp_rank, (node + 1) * local), tp)
+            if (index, size) not in shards:
+                shards[(index, size)] = table_shards(spec, index, size)
             ranks.append(
                 RankPlan(
                     rank=rank_of(tp_rank, dp_rank),
@@ -144,10 +156,10 @@ def plan_deployment(
                     node=node,
                     shard_index=index,
                     embedding_group=group,
-                    dp_group=tuple(rank_of(tp_rank, d) for d in range(dp)),
+                    dp_group=range(tp_rank, rank_of(tp_rank, dp), tp),
                     shm_group=shm,
                     placement=placement,
-                    tables=table_shards(spec, index, size),
+                    tables=shards[(index, size)],
                 )
             )
     return DeploymentPlan(spec, config, parallel, platform, tuple(ranks))

@@ -1,12 +1,21 @@
 """One host copy of a table shard shared by the data-parallel replicas of a node (dp_shared_memory).
 
-The protocol (spec/runtime.md): the group is the node-local DP replicas at one TP rank, its rank 0 the
-leader. (1) The leader checks capacity, creates the file O_CREAT|O_EXCL, mode 0600, under an
-unpredictable name, and reserves the space with posix_fallocate (ftruncate alone leaves a sparse file that
-later dies with SIGBUS). (2) It broadcasts the path, or its error. (3) Every rank maps the file; the ranks
-all-gather their errors, which is also the fence after which the leader unlinks the name: nothing is left
-in the shm directory, even after a crash, and the memory lives while any mapping does. Loading writes
-from the leader only, with a barrier after each weight-loader call (loader.py)."""
+The group is the node-local DP replicas at one TP rank, its rank 0 the leader. By default the table is an
+anonymous memfd, which no crash can leak: the kernel frees it when the last process holding it (an fd or
+a mapping) is gone. (1) The ranks exchange pid, uid and node identity. (2) The leader checks capacity
+against the node's memory, creates the memfd, reserves the space with posix_fallocate (a sparse table
+would die with SIGBUS when memory runs out) and listens on an abstract Unix socket under an unpredictable
+name (abstract names vanish with their socket). (3) It broadcasts the name, or its error. (4) Each peer
+connects and receives the fd (SCM_RIGHTS); the leader hands it only to the group's own pids and uid
+(SO_PEERCRED). (5) Every rank maps it; the ranks all-gather their errors, the fence after which the
+socket closes. Every wait is bounded by the group's timeout.
+
+With ENGRAM_SHM_DIR set (a hugetlbfs mount, a tmpfs of its own) the table is a named file there instead
+(spec/runtime.md): created O_CREAT|O_EXCL, mode 0600, reserved with posix_fallocate, broadcast, mapped
+by every rank, and unlinked after the fence. Its name records its owner (boot id, pid, process start
+time), so a file a crash left between creation and the fence is reclaimed by the next start in that
+directory, or by `engram doctor --clean`. Loading writes from the leader only, with a barrier after each
+weight-loader call (loader.py)."""
 
 from __future__ import annotations
 
@@ -28,16 +37,69 @@ def shm_dir() -> Path:
     return Path(os.environ.get("ENGRAM_SHM_DIR") or "/dev/shm")
 
 
+def uses_memfd() -> bool:
+    """Shared tables are anonymous memfds unless ENGRAM_SHM_DIR names a directory for them."""
+    return not os.environ.get("ENGRAM_SHM_DIR")
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat): with the pid, it
+    names a process uniquely, even after the pid is reused."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2 :].split()[19]
+
+
+def _boot_tag() -> str:
+    return boot_id().replace("-", "")[:12]
+
+
+def _owner_tag() -> str:
+    return f"{_boot_tag()}-{os.getpid()}-{_start_time(os.getpid())}"
+
+
+def stale_files(directory: Path) -> list[Path]:
+    """Named shared tables in `directory` whose creator is gone (same boot, and no live process with its
+    pid and start time): what a crash between creation and the fence left behind."""
+    boot = _boot_tag()
+    found = []
+    for path in directory.glob("engram-*"):
+        parts = path.name.rsplit("-", 4)  # engram-<tag>-<boot>-<pid>-<start>-<random>
+        if len(parts) != 5 or parts[1] != boot or not parts[2].isdigit():
+            continue
+        if _start_time(int(parts[2])) != parts[3]:
+            found.append(path)
+    return sorted(found)
+
+
+def reclaim_stale(directory: Path) -> list[Path]:
+    """Remove stale_files(directory); returns what was removed (a file already gone is not an error)."""
+    removed = []
+    for path in stale_files(directory):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            removed.append(path)
+    return removed
+
+
 def node_identity(directory: Path) -> dict[str, Any]:
     """What co-located replicas share: the boot id, and the device of the shm filesystem.
     ENGRAM_NODE_ID replaces the boot id, so tests can simulate several nodes on one machine."""
-    boot = os.environ.get("ENGRAM_NODE_ID")
-    if boot is None:
-        try:
-            boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-        except OSError:
-            boot = "unknown"
-    return {"boot_id": boot, "shm_device": os.stat(directory).st_dev}
+    boot = os.environ.get("ENGRAM_NODE_ID") or boot_id()
+    try:
+        device: int | None = os.stat(directory).st_dev
+    except OSError:
+        device = None  # the leader's create reports the unusable directory
+    return {"boot_id": boot, "shm_device": device}
+
+
+def boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "unknown"
 
 
 def free_bytes(directory: Path) -> int:
@@ -61,14 +123,21 @@ def capacity_error(directory: Path, needed: int) -> str | None:
 def _create(directory: Path, size: int, tag: str) -> tuple[str | None, str | None]:
     """The leader's step 1: (path, None) or (None, error). Nothing is written before the space is
     reserved, and a failed reservation removes the file."""
-    error = capacity_error(directory, size)
+    try:
+        reclaim_stale(directory)
+        error = capacity_error(directory, size)
+    except OSError as exc:
+        return (
+            None,
+            f"cannot use {directory} for shared tables: {exc.strerror}; point ENGRAM_SHM_DIR at a writable tmpfs",
+        )
     if error:
         return None, error
-    path = directory / f"engram-{tag}-{secrets.token_hex(16)}"
+    path = directory / f"engram-{tag}-{_owner_tag()}-{secrets.token_hex(16)}"
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC, 0o600)
     except OSError as exc:
-        return None, f"cannot create {path}: {exc.strerror}"
+        return None, f"cannot create {path}: {exc.strerror}; point ENGRAM_SHM_DIR at a writable tmpfs"
     try:
         os.posix_fallocate(fd, 0, round_up(max(size, 1), PAGE))
     except OSError as exc:
@@ -121,29 +190,36 @@ def _unlink(path: str) -> None:
 
 
 def create_shared(size: int, group: Group, tag: str, directory: Path | None = None) -> Mapping:
-    """Collective over `group`: every rank gets a MAP_SHARED mapping of the same `size` bytes."""
+    """Collective over `group`: every rank gets a MAP_SHARED mapping of the same `size` bytes, of an
+    anonymous memfd (default) or of a named file in `directory` / ENGRAM_SHM_DIR."""
+    if directory is None and uses_memfd():
+        from engram.runtime.memfd import share_memfd
+
+        return share_memfd(size, group, tag)
     directory = shm_dir() if directory is None else directory
     leader = group.rank == 0
     path = error = None
     if leader:
         path, error = _create(directory, size, tag)
-    announced = broadcast_json(
-        group,
-        {"path": path, "error": error, **node_identity(directory)} if leader else None,
-        f"shared table {tag}: announce",
-    )
-    if announced["error"]:
-        raise EngramError(
-            f"{group.label}: leader rank {group.ranks[0]} could not create the shared table {tag}: {announced['error']}"
-        )
-    mapping, error = _attach(announced["path"], size, announced, directory, group)
     try:
-        errors = all_gather_json(group, error, f"shared table {tag}: attach")  # the fence
-    except EngramError:
-        _unlink(announced["path"])  # a peer died before the fence: whoever is left removes the name
-        raise
-    if leader:
-        _unlink(announced["path"])
+        announced = broadcast_json(
+            group,
+            {"path": path, "error": error, **node_identity(directory)} if leader else None,
+            f"shared table {tag}: announce",
+        )
+        if announced["error"]:
+            raise EngramError(
+                f"{group.label}: leader rank {group.ranks[0]} could not create the shared table {tag}: {announced['error']}"
+            )
+        mapping, error = _attach(announced["path"], size, announced, directory, group)
+        try:
+            errors = all_gather_json(group, error, f"shared table {tag}: attach")  # the fence
+        except EngramError:
+            _unlink(announced["path"])  # a peer died before the fence: whoever is left removes the name
+            raise
+    finally:
+        if path is not None:
+            _unlink(path)  # the leader's name goes whatever happened: after the fence, or on any failure
     failed = [(group.ranks[i], e) for i, e in enumerate(errors) if e]
     if failed:
         if mapping is not None:

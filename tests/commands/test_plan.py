@@ -146,3 +146,55 @@ def test_text_and_plot(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> No
     out = capsys.readouterr().out
     assert "node 0: host 202,758,032,400 bytes (188.8 GiB), /dev/shm needed 202,758,032,400 bytes, GPU 0 bytes" in out
     assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and target.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["doctor", "--tensor-parallel-size", "0"],
+            "error: /parallel/tensor_parallel_size: expected >= 1; got 0 [minimum]",
+        ),
+        (
+            ["plan", "--preset", "demo", "--plot", "/nonexistent-engram-dir/plan.png"],
+            "error: --plot /nonexistent-engram-dir/plan.png: the directory /nonexistent-engram-dir does not exist; create it or choose another",
+        ),
+        (
+            ["plan", "--preset", "demo", "--tensor-parallel-size", "4096", "--data-parallel-size", "4096"],
+            "error: TP 4096 x DP 4096 = 16,777,216 ranks is more than any deployment has (at most 131,072); check the parallel sizes",
+        ),
+    ],
+)
+def test_command_mistakes_are_one_line(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+    assert main(argv) == 2
+    assert capsys.readouterr().err.splitlines() == [message]
+
+
+def test_plot_into_a_directory_is_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["plan", "--preset", "demo", "--plot", str(tmp_path)]) == 2
+    assert (
+        capsys.readouterr().err
+        == f"error: --plot {tmp_path} is a directory; name a file, e.g. {tmp_path / 'plan.png'}\n"
+    )
+    assert list(tmp_path.iterdir()) == [] and not Path(f"{tmp_path}.png").exists()
+
+
+def test_plans_grow_linearly_with_the_world() -> None:
+    """TP 512 x DP 64: groups are ranges or one shared tuple, never a tuple per rank of the group."""
+    import tracemalloc
+
+    from engram.config import ParallelConfig, load_config
+    from engram.presets import get_preset
+    from engram.runtime.plan import plan_deployment
+
+    tracemalloc.start()
+    plan = plan_deployment(
+        get_preset("qwen4-exp-ple"),
+        load_config({"embedding_across_dp": True}, env={}),
+        ParallelConfig(tensor_parallel_size=512, data_parallel_size=64),
+    )
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert len(plan.ranks) == 32_768 and len(plan.ranks[5].embedding_group) == 32_768
+    assert plan.ranks[5].embedding_group is plan.ranks[77].embedding_group  # one tuple for all
+    assert peak < 100 << 20  # a tuple per rank would take 32,768^2 x 8 bytes = 8 GiB

@@ -51,7 +51,10 @@ def test_twenty_thousand_layer_ids_in_under_a_second(tmp_path: Path, capsys: pyt
     assert main(["validate", str(path)]) == 2
     assert time.perf_counter() - started < 1.0
     err = capsys.readouterr().err
-    assert "error: /model/hf_text_config/engram_layer_ids: EngramConfig requires a model with supported Engram embeddings" in err
+    assert (
+        "error: /model/hf_text_config/engram_layer_ids: EngramConfig requires a model with supported Engram embeddings"
+        in err
+    )
     assert "got [0, 1, 2, 3, 4, 5, 6, 7, ...]. [model-layer-ids]" in err and len(err) < 2000
 
 

@@ -72,16 +72,25 @@ def test_groups_in_the_plan() -> None:
         (2, 0, 1, 1),
         (3, 1, 1, 3),
     ]
-    assert across.ranks[0].embedding_group == (0, 2, 1, 3)  # TP-major shard order
-    assert across.ranks[1].dp_group == (1, 3)
+    assert tuple(across.ranks[0].embedding_group) == (0, 2, 1, 3)  # TP-major shard order
+    assert tuple(across.ranks[1].dp_group) == (1, 3)
     shared = plan_deployment(
         DS7,
         load_config({"dp_shared_memory": True}, env={}),
         ParallelConfig(tensor_parallel_size=2, data_parallel_size=4, data_parallel_size_local=2),
     )
-    assert [r.shm_group for r in shared.ranks] == [(0, 2), (1, 3), (0, 2), (1, 3), (4, 6), (5, 7), (4, 6), (5, 7)]
+    assert [tuple(r.shm_group or ()) for r in shared.ranks] == [
+        (0, 2),
+        (1, 3),
+        (0, 2),
+        (1, 3),
+        (4, 6),
+        (5, 7),
+        (4, 6),
+        (5, 7),
+    ]
     assert [r.node for r in shared.ranks] == [0, 0, 0, 0, 1, 1, 1, 1]
-    assert shared.ranks[0].embedding_group == (0, 1) and not shared.across_dp
+    assert tuple(shared.ranks[0].embedding_group) == (0, 1) and not shared.across_dp
     with pytest.raises(EngramError, match="data_parallel_size 4 is not a multiple of data_parallel_size_local 3"):
         plan_deployment(DS7, load_config(env={}), ParallelConfig(data_parallel_size=4, data_parallel_size_local=3))
 

@@ -69,3 +69,16 @@ def meet(rank: int, world: int) -> int:
     """Join a group and pass a barrier: what a rank does right after the rendezvous."""
     edist.barrier(edist.new_group(list(range(world)), "engram launch (test)"), "met")
     return rank
+
+
+def share_then_wait(rank: int, world: int, size: int, peer_delay: float) -> int:
+    """A shared table of `size` bytes through shm.create_shared; peers arrive `peer_delay` s late, which
+    holds the leader between creating the table and the fence (the instant a crash used to leak it)."""
+    from engram.runtime.shm import create_shared
+
+    group = edist.new_group(list(range(world)), "engram shared tables (test)")
+    if rank:
+        time.sleep(peer_delay)
+    mapping = create_shared(size, group, "kill-test")
+    edist.barrier(group, "shared")
+    return mapping.length
