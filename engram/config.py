@@ -77,12 +77,69 @@ def load_config(
     if env is None:
         env = os.environ
     if not overrides and type(source) is bytes:  # the hot path: one JSON document, nothing to merge
-        fast = _decode_fast(source, env)
+        try:
+            fast = _decode_fast(source, env)
+        except RecursionError:
+            raise _too_deep("source") from None
         if fast is not None:
             return fast
-    parsed = [_split_override(o) for o in overrides]
-    document = read_deployment({"engram": _read_object(source, "")}, overrides=parsed)
-    return validate_deployment(document, env=env).engram
+    overrides = _check_arguments(source, env, overrides)
+    try:
+        parsed = [_split_override(o) for o in overrides]
+        document = read_deployment({"engram": _read_object(source, "")}, overrides=parsed)
+        return validate_deployment(document, env=env).engram
+    except RecursionError:
+        raise _too_deep("source") from None
+
+
+MAX_DEPTH = 100  # far deeper than any deployment document; deeper input is refused before it is walked
+
+
+def _argument_error(name: str, message: str) -> ConfigError:
+    return ConfigError([Problem("", "argument", f"{name}: {message}")])
+
+
+def _too_deep(name: str) -> ConfigError:
+    return _argument_error(name, f"the input nests too deeply (more than {MAX_DEPTH} levels)")
+
+
+def _check_arguments(source: Any, env: Any, overrides: Any) -> list[str]:
+    """The public loaders' arguments, checked before use: a mistake is one ConfigError naming the
+    argument, never a TypeError from somewhere inside. Returns the overrides as a list."""
+    if not (source is None or isinstance(source, (Mapping, str, bytes, bytearray, memoryview, os.PathLike))):
+        raise _argument_error("source", f"expected a dict, JSON text or bytes, or a path; got {type(source).__name__}")
+    if isinstance(source, str) and "\0" in source:
+        raise _argument_error("source", "contains a NUL character; pass JSON text or a path")
+    if isinstance(source, Mapping):
+        _check_json_value(source, "source")
+    if not isinstance(env, Mapping):
+        raise _argument_error("env", f"expected a mapping of variable names to strings; got {type(env).__name__}")
+    for key in (variable for variables, _ in ENV_DEFAULTS.values() for variable in variables):
+        if key in env and not isinstance(env[key], str):
+            raise _argument_error("env", f"{key} must be a string; got {type(env[key]).__name__}")
+    if isinstance(overrides, (str, bytes)) or not isinstance(overrides, Iterable):
+        raise _argument_error("overrides", f"expected a list of 'FIELD=VALUE' strings; got {type(overrides).__name__}")
+    listed = list(overrides)
+    for item in listed:
+        if not isinstance(item, str):
+            raise _argument_error("overrides", f"each override is a 'FIELD=VALUE' string; got {type(item).__name__}")
+    return listed
+
+
+def _check_json_value(value: Any, name: str) -> None:
+    """String keys and a bounded depth, walked without recursion."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise _too_deep(name)
+        if isinstance(node, Mapping):
+            for key, child in node.items():
+                if not isinstance(key, str):
+                    raise _argument_error(name, f"object keys must be strings; got {_shown(key)!r}")
+                stack.append((child, depth + 1))
+        elif isinstance(node, (list, tuple)):
+            stack.extend((child, depth + 1) for child in node)
 
 
 def _decode_fast(data: bytes, env: Mapping[str, str]) -> EngramConfig | None:
@@ -129,8 +186,12 @@ def load_deployment(
     """A deployment document (dict, JSON text or bytes, path), then `flags` (pointer -> value, from the
     deployment flags), `engram_json` objects and `overrides` on the engram section. Absent parts are
     not checked. Raises ConfigError listing every problem."""
-    document = read_deployment(source, engram_json=engram_json, overrides=overrides, flags=flags)
-    return validate_deployment(document, env=env)
+    _check_arguments(source, os.environ if env is None else env, ())
+    try:
+        document = read_deployment(source, engram_json=engram_json, overrides=overrides, flags=flags)
+        return validate_deployment(document, env=env)
+    except RecursionError:
+        raise _too_deep("source") from None
 
 
 def read_deployment(
