@@ -81,7 +81,11 @@ def check_memlock() -> Check:
 
 def check_memory(plan: DeploymentPlan | None) -> Check:
     limits = read_host_limits()
-    cgroup = "no cgroup limit" if limits.cgroup_bytes is None else f"cgroup limit {_gib(limits.cgroup_bytes)}"
+    cgroup = (
+        "no container memory limit"
+        if limits.cgroup_bytes is None
+        else f"container memory limit {_gib(limits.cgroup_bytes)}"
+    )
     detail = f"RAM {_gib(limits.physical_bytes)}, {cgroup}"
     if plan is None:
         return Check("host memory", "pass", detail)

@@ -3,6 +3,7 @@ cgroup (v2, else v1) memory limit; both can be passed in, so tests need not depe
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -12,6 +13,8 @@ if TYPE_CHECKING:
     from engram._generated.structs import EngramConfig, ParallelConfig
 
 GIB = 1 << 30
+HEADROOM = 0.10  # below this share of the binding limit left free, the tables fit but a warning is logged
+log = logging.getLogger("engram")
 # cgroup v1 reports "no limit" as a huge page-aligned number rather than "max".
 _V1_UNLIMITED = 1 << 60
 
@@ -23,6 +26,15 @@ class HostLimits(NamedTuple):
     @property
     def available(self) -> int:
         return min(self.physical_bytes, self.cgroup_bytes or self.physical_bytes)
+
+    @property
+    def bound(self) -> str:
+        """Which limit binds, in vLLM's words."""
+        return (
+            "container memory limit"
+            if self.cgroup_bytes is not None and self.cgroup_bytes < self.physical_bytes
+            else "physical RAM"
+        )
 
 
 def read_host_limits(proc: Path = Path("/proc"), cgroup: Path = Path("/sys/fs/cgroup")) -> HostLimits:
@@ -63,17 +75,28 @@ def verify_host_memory(
         return
     limits = read_host_limits() if limits is None else limits
     needed = pinned_bytes_per_node(config, table_bytes, parallel)
+    cgroup = (
+        "no container memory limit"
+        if limits.cgroup_bytes is None
+        else f"container memory limit {limits.cgroup_bytes:,}"
+    )
+    figures = f"physical RAM {limits.physical_bytes:,}, {cgroup}"
     if needed <= limits.available:
+        left = limits.available - needed
+        if left < HEADROOM * limits.available:
+            log.warning(
+                "Engram tables pin %s bytes (%.1f GiB) of host memory per node, leaving %s bytes (%.1f GiB, under %d%%) of the %s (%s) for everything else",
+                f"{needed:,}", needed / GIB, f"{left:,}", left / GIB, round(HEADROOM * 100), limits.bound, figures,
+            )  # fmt: skip
         return
-    cgroup = "no cgroup limit" if limits.cgroup_bytes is None else f"cgroup limit {limits.cgroup_bytes:,}"
     raise ConfigError(
         [
             Problem(
                 "/engram/cpu_offload",
                 "host-memory",
                 f"Engram tables need {needed:,} bytes ({needed / GIB:.1f} GiB) of pinned host memory per node, "
-                f"but only {limits.available:,} bytes ({limits.available / GIB:.1f} GiB) are available "
-                f"(physical RAM {limits.physical_bytes:,}, {cgroup}). Keep the tables on the GPU with "
+                f"but the {limits.bound} leaves only {limits.available:,} bytes ({limits.available / GIB:.1f} GiB) "
+                f"({figures}). Keep the tables on the GPU with "
                 "--engram-config '{\"cpu_offload\": false}', share one copy per node with dp_shared_memory, "
                 "or shard them across replicas with embedding_across_dp.",
             )

@@ -36,11 +36,31 @@ def test_fits_and_does_not_fit() -> None:
     (problem,) = exc.value.errors
     assert (problem.path, problem.rule) == ("/engram/cpu_offload", "host-memory")
     assert problem.message == (
-        "Engram tables need 405,516,064,800 bytes (377.7 GiB) of pinned host memory per node, but only "
-        "322,122,547,200 bytes (300.0 GiB) are available (physical RAM 2,199,023,255,552, cgroup limit "
-        "322,122,547,200). Keep the tables on the GPU with --engram-config '{\"cpu_offload\": false}', share one "
-        "copy per node with dp_shared_memory, or shard them across replicas with embedding_across_dp."
+        "Engram tables need 405,516,064,800 bytes (377.7 GiB) of pinned host memory per node, but the container "
+        "memory limit leaves only 322,122,547,200 bytes (300.0 GiB) (physical RAM 2,199,023,255,552, container "
+        "memory limit 322,122,547,200). Keep the tables on the GPU with --engram-config '{\"cpu_offload\": false}', "
+        "share one copy per node with dp_shared_memory, or shard them across replicas with embedding_across_dp."
     )
+    with pytest.raises(ConfigError) as exc:
+        config.verify_host_memory(TABLE, parallel, HostLimits(300 * GIB))
+    assert "but the physical RAM leaves only 322,122,547,200 bytes" in exc.value.errors[0].message
+    assert "no container memory limit" in exc.value.errors[0].message
+
+
+def test_little_headroom_is_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    config = load_config(env={})
+    parallel = ParallelConfig(tensor_parallel_size=4, data_parallel_size=2)  # 377.7 GiB per node
+    with caplog.at_level("WARNING", logger="engram"):
+        config.verify_host_memory(TABLE, parallel, HostLimits(2 * 1024 * GIB, cgroup_bytes=400 * GIB))
+    assert [r.getMessage() for r in caplog.records] == [
+        "Engram tables pin 405,516,064,800 bytes (377.7 GiB) of host memory per node, leaving 23,980,664,800 bytes "
+        "(22.3 GiB, under 10%) of the container memory limit (physical RAM 2,199,023,255,552, container memory limit "
+        "429,496,729,600) for everything else"
+    ]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="engram"):
+        config.verify_host_memory(TABLE, parallel, HostLimits(2 * 1024 * GIB))
+    assert caplog.records == []  # plenty of room: nothing to say
 
 
 @pytest.mark.parametrize("fields", [{"cpu_offload": False}, {"dp_shared_memory": True}])
