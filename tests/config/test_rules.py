@@ -287,3 +287,27 @@ def test_model_ngram_fields() -> None:
     assert [(p[1], p[2].split(";")[0]) for p in problems(exc)] == [
         ("model-ngram-fields", "Qwen4Exp's n-gram fields in hf_text_config are off (ngram_size: expected an integer")
     ]
+
+
+def test_a_constructed_config_is_a_valid_config() -> None:
+    """vLLM's constructor raises for dp_shared_memory without cpu_offload; so does ours, and so do
+    msgspec's replace, convert and decode (which wrap it in their ValidationError)."""
+    import msgspec
+
+    from engram.config import EngramConfig
+
+    with pytest.raises(ConfigError) as exc:
+        EngramConfig(cpu_offload=False, dp_shared_memory=True)
+    assert [(p.path, p.rule) for p in exc.value.errors] == [
+        ("/engram/dp_shared_memory", "dp-shared-memory-needs-cpu-offload")
+    ]
+    with pytest.raises(ConfigError, match=r"thp_packing requires cpu_offload=True and dp_shared_memory=False"):
+        msgspec.structs.replace(EngramConfig(), dp_shared_memory=True, thp_packing=True)
+    with pytest.raises(msgspec.ValidationError, match="dp_shared_memory requires cpu_offload=True"):
+        msgspec.convert({"cpu_offload": False, "dp_shared_memory": True}, EngramConfig)
+    with pytest.raises(msgspec.ValidationError, match="dp_shared_memory requires cpu_offload=True"):
+        msgspec.json.decode(b'{"cpu_offload": false, "dp_shared_memory": true}', type=EngramConfig)
+    assert (
+        EngramConfig(cpu_offload=True, dp_shared_memory=True).compute_hash()
+        == load_config({"dp_shared_memory": True}, env={}).compute_hash()
+    )
