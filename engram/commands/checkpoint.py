@@ -9,9 +9,18 @@ from typing import Any
 from engram.errors import EngramError
 from engram.presets import PRESETS, get_preset
 from engram.runtime.checkpoint import write_checkpoint
+from engram.runtime.loader import Checkpoint
 
 
 def register(subparsers: Any) -> None:
+    check = subparsers.add_parser(
+        "check-checkpoint", help="validate a checkpoint's files (headers, ranges, CRCs) without loading tables"
+    )
+    check.add_argument("path", type=Path, help="checkpoint directory or file")
+    check.add_argument(
+        "--verify", action="store_true", help="also check every file's sha256 against the SHA256SUMS beside it"
+    )
+    check.set_defaults(run=run_check)
     parser = subparsers.add_parser("make-checkpoint", help="write a synthetic checkpoint in the real tensor naming")
     parser.add_argument("--preset", required=True, choices=sorted(PRESETS))
     parser.add_argument(
@@ -36,4 +45,13 @@ def run(args: argparse.Namespace) -> int:
             f"cannot write the checkpoint into {args.out}: {exc.strerror or exc}; choose another --out"
         ) from None
     print(f"wrote {path} ({path.stat().st_size:,} bytes)")
+    return 0
+
+
+def run_check(args: argparse.Namespace) -> int:
+    checkpoint = Checkpoint(args.path, verify=args.verify)
+    verified = ", sha256 verified against SHA256SUMS" if args.verify else ""
+    print(f"ok: {len(checkpoint.shapes)} tensors in {len(checkpoint.paths)} file(s){verified}")
+    for name, (shape, dtype) in sorted(checkpoint.shapes.items()):
+        print(f"  {name}: {list(shape)} {str(dtype).removeprefix('torch.')}")
     return 0

@@ -16,6 +16,7 @@ from safetensors.torch import save_file
 
 from engram.errors import EngramError
 from engram.ngram.spec import ModelSpec
+from engram.runtime.digests import write_manifest
 from engram.runtime.storage import SCALE_BLOCK, SCALE_DTYPE, WEIGHT_DTYPES, ShardFormat
 
 E4M3_MAX = 448.0
@@ -77,4 +78,5 @@ def write_checkpoint(
         "engram_seed": seed,
     }
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    write_manifest(out, [target])
     return target

@@ -26,6 +26,7 @@ import torch
 from tqdm import tqdm
 
 from engram.errors import EngramError
+from engram.runtime.digests import verify_files
 from engram.runtime.dist import Group, barrier
 from engram.runtime.storage import SCALE_DTYPE, WEIGHT_DTYPES, TableShard
 
@@ -267,7 +268,9 @@ def _same(tensor: torch.Tensor) -> torch.Tensor:
 class Checkpoint:
     """Every tensor of a checkpoint file or directory (*.safetensors, *.pt, *.bin), opened lazily."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, verify: bool = False) -> None:
+        """`verify`: check every file's sha256 against the SHA256SUMS beside it first (digests.py says
+        what each format detects without it)."""
         root = Path(path)
         if root.is_dir():
             files = sorted(p for p in root.iterdir() if p.suffix in (".safetensors", ".pt", ".bin"))
@@ -279,6 +282,9 @@ class Checkpoint:
             raise EngramError(f"checkpoint directory {root} holds no *.safetensors, *.pt or *.bin file")
         for file in files:
             _check_regular(file)
+        if verify:
+            verify_files(files[0].parent, files)
+        self.paths = files
         self.sources: dict[str, Callable[[], torch.Tensor]] = {}
         self.shapes: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
         self.files: dict[str, SafetensorsFile] = {}  # tensors that can be read with pread

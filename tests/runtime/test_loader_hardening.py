@@ -193,3 +193,31 @@ def test_make_checkpoint_under_a_file(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["make-checkpoint", "--preset", "tiny", "--out", str(tmp_path / "file" / "ckpt")]) == 2
     err = capsys.readouterr().err
     assert f"cannot write the checkpoint into {tmp_path / 'file' / 'ckpt'}" in err and err.count("\n") == 1
+
+
+def test_opt_in_sha256_verification(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """safetensors has no checksum: a flipped data byte passes the structural checks and only the
+    SHA256SUMS manifest (written by make-checkpoint, or by sha256sum) catches it."""
+    assert main(["make-checkpoint", "--preset", "tiny", "--out", str(tmp_path)]) == 0
+    manifest = (tmp_path / "SHA256SUMS").read_text()
+    assert manifest.endswith("  model.safetensors\n") and len(manifest.split()[0]) == 64
+    capsys.readouterr()
+    assert main(["check-checkpoint", str(tmp_path), "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("ok: 4 tensors in 1 file(s), sha256 verified against SHA256SUMS\n")
+    assert "  layers.1.engram.embed.weight: [10170, 32] float8_e4m3fn\n" in out
+    data = bytearray((tmp_path / "model.safetensors").read_bytes())
+    data[-10] ^= 0x40
+    (tmp_path / "model.safetensors").write_bytes(bytes(data))
+    assert main(["check-checkpoint", str(tmp_path)]) == 0  # structurally fine: undetectable without a digest
+    capsys.readouterr()
+    assert main(["check-checkpoint", str(tmp_path), "--verify"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {tmp_path / 'model.safetensors'}: sha256 differs from {tmp_path / 'SHA256SUMS'}: the file changed or is corrupt\n"
+    )
+    (tmp_path / "SHA256SUMS").unlink()
+    with pytest.raises(EngramError, match=r"no readable SHA256SUMS there .*sha256sum \* > SHA256SUMS"):
+        Checkpoint(tmp_path, verify=True)
+    (tmp_path / "SHA256SUMS").write_text("not a digest line\n")
+    with pytest.raises(EngramError, match=r"SHA256SUMS:1: not a '<sha256>  <file>' line"):
+        Checkpoint(tmp_path, verify=True)
