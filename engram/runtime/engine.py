@@ -19,6 +19,7 @@ from engram.ngram.spec import ModelSpec
 from engram.runtime.dist import Group, new_group, timeout_s
 from engram.runtime.embedding import EngramEmbedding, gather_replica_ids
 from engram.runtime.loader import Checkpoint, shard_weight_loader
+from engram.runtime.nodes import align_to_nodes
 from engram.runtime.plan import DeploymentPlan, RankPlan, plan_deployment
 from engram.runtime.registration import CudaRuntime
 from engram.runtime.storage import TableShard
@@ -115,13 +116,14 @@ class EngramTables:
         progress: bool = True,
         host_limits: HostLimits | None = None,
     ) -> EngramTables:
-        """Plan, check that private host tables fit the node (before a byte is allocated), create the
-        groups, allocate and load this rank's shards. `host_limits` replaces this machine's RAM and
+        """Find which replicas share a node (nodes.align_to_nodes), plan, check that private host tables fit
+        the node (before a byte is allocated), create the groups, allocate and load this rank's shards. `host_limits` replaces this machine's RAM and
         cgroup limit in that check."""
         if not dist.is_initialized():
             raise EngramError(
                 "torch.distributed is not initialised: call engram.runtime.engine.init_from_env() or init_process_group first"
             )
+        config, parallel = align_to_nodes(config, parallel)  # the replicas per node as the job really runs
         plan = plan_deployment(spec, config, parallel, platform)
         config.verify_host_memory(spec.table_bytes, parallel, host_limits)
         if dist.get_world_size() != len(plan.ranks):

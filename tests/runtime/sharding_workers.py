@@ -204,3 +204,26 @@ def bad_id_then_good(
         "good_after": all(torch.equal(g, w) for g, w in zip(got, want, strict=True)),
         "prefetch": all(torch.equal(prefetched.take(i), w) for i, w in enumerate(want)),
     }
+
+
+def build_on_nodes(rank: int, world: int, nodes: list[str], local: int, checkpoint: str) -> dict[str, Any]:
+    """dp_shared_memory with each rank claiming the node nodes[rank]: the plan follows the real nodes."""
+    os.environ["ENGRAM_NODE_ID"] = nodes[rank]
+    spec = SPECS["ds7"]
+    parallel = ParallelConfig(data_parallel_size=world, data_parallel_size_local=local)
+    tables = EngramTables.build(
+        spec, load_config({"dp_shared_memory": True}, env={}), parallel, checkpoint, progress=False
+    )
+    ids = next(batches(spec, rank, world))
+    reference = unsharded(spec, checkpoint)
+    match = all(
+        torch.equal(g, layer(ids[:, i])) for i, (g, layer) in enumerate(zip(tables.lookup(ids), reference, strict=True))
+    )
+    report = {
+        "placement": tables.rank_plan.placement,
+        "local": tables.plan.parallel.data_parallel_size_local,
+        "shm_group": list(tables.rank_plan.shm_group or ()),
+        "match": match,
+    }
+    tables.release()
+    return report

@@ -144,6 +144,39 @@ def test_a_bad_id_raises_on_every_rank_alike(
     ]
 
 
+@pytest.mark.parametrize(
+    ("nodes", "tp", "dp", "expected"),
+    [
+        (["a", "a", "b", "b"], 1, 4, 2),
+        (["a"] * 4 + ["b"] * 4, 2, 4, 2),  # TP 2: ranks dp_rank * 2 + tp_rank
+        (["a", "b", "a", "b"], 1, 4, None),  # replicas interleaved over the nodes
+        (["a", "a", "a", "b"], 1, 4, None),  # unequal blocks
+        (["a"] * 6, 1, 6, 6),
+    ],
+)
+def test_replicas_per_node(nodes: list[str], tp: int, dp: int, expected: int | None) -> None:
+    from engram.runtime.nodes import replicas_per_node
+
+    assert replicas_per_node(nodes, tp, dp) == expected
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("nodes", "local", "placement", "groups"),
+    [
+        (["n0", "n0", "n1", "n1"], 4, "shm", [[0, 1], [0, 1], [2, 3], [2, 3]]),  # configured 4, the job has 2
+        (["n0", "n1", "n0", "n1"], 2, "host", [[], [], [], []]),  # do not line up: private copies
+    ],
+)
+def test_shared_tables_follow_the_real_nodes(
+    nodes: list[str], local: int, placement: str, groups: list[list[int]], checkpoints: dict[str, str], shm_tmp: Path
+) -> None:
+    reports = values(run_local(4, sharding_workers.build_on_nodes, nodes, local, checkpoints["ds7"], timeout=300))
+    assert [r["placement"] for r in reports] == [placement] * 4
+    assert [r["shm_group"] for r in reports] == groups
+    assert all(r["match"] for r in reports)
+
+
 @pytest.mark.slow
 def test_two_simulated_nodes(checkpoints: dict[str, str], shm_tmp: Path) -> None:
     reports = values(run_local(4, sharding_workers.check_all, 1, 4, 2, checkpoints, ["ds7"], timeout=600))
