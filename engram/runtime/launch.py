@@ -23,6 +23,10 @@ from typing import Any, cast
 from engram.errors import ConfigError, EngramError
 from engram.runtime.dist import parse_timeout, timeout_s
 
+# After a rank dies, the others get this many of their timeouts to notice and report it themselves (the
+# rendezvous retries with back-off, so one timeout is not always enough) before the rest are killed.
+SURVIVOR_GRACE = 2
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -113,7 +117,9 @@ def run_local(
     if on_start is not None:
         on_start(procs)
     outcomes: dict[int, Outcome] = {}
+    died: set[int] = set()  # ranks seen to end without reporting
     open_ends: list[Connection] = [receive for receive, _ in pipes]
+    rank_of = {end: rank for rank, end in enumerate(open_ends)}
     deadline = time.monotonic() + timeout
     try:
         while open_ends and time.monotonic() < deadline:
@@ -123,8 +129,9 @@ def run_local(
                 try:
                     outcome: Outcome = end.recv()
                     outcomes[outcome.rank] = outcome
-                except (EOFError, OSError):  # died without reporting: the others notice within their timeout
-                    deadline = min(deadline, time.monotonic() + dist_timeout + 10.0)
+                except (EOFError, OSError):  # died without reporting: the others notice within their timeouts
+                    died.add(rank_of[end])
+                    deadline = min(deadline, time.monotonic() + SURVIVOR_GRACE * dist_timeout + 30.0)
                 end.close()
     finally:
         for p in procs:
@@ -138,7 +145,7 @@ def run_local(
         if rank not in outcomes:
             reason = (
                 "timed out"
-                if p.exitcode in (None, -9) and time.monotonic() >= deadline
+                if rank not in died and p.exitcode in (None, -9) and time.monotonic() >= deadline
                 else f"died with exit code {p.exitcode}"
             )
             outcomes[rank] = Outcome(rank, error=f"rank {rank} {reason} before reporting", exitcode=p.exitcode)
