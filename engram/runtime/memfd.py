@@ -14,8 +14,8 @@ from typing import Any
 from engram.errors import EngramError
 from engram.hostmem import read_host_limits
 from engram.runtime.dist import Group, all_gather_json, broadcast_json
-from engram.runtime.mapping import PAGE, Mapping, map_shared_file, round_up
-from engram.runtime.shm import GIB, boot_id
+from engram.runtime.mapping import Mapping, map_shared_file
+from engram.runtime.shm import GIB, node_of_this_process, reserve
 
 HELLO = b"engram-table"
 
@@ -25,11 +25,7 @@ def _identity() -> dict[str, Any]:
         netns = os.readlink("/proc/self/ns/net")
     except OSError:
         netns = "unknown"
-    return {"uid": os.getuid(), "boot_id": node_identity_boot(), "netns": netns}
-
-
-def node_identity_boot() -> str:
-    return str(os.environ.get("ENGRAM_NODE_ID") or boot_id())
+    return {"uid": os.getuid(), "boot_id": node_of_this_process(), "netns": netns}
 
 
 def _capacity_error(size: int) -> str | None:
@@ -51,13 +47,12 @@ def _create(size: int, tag: str) -> tuple[int | None, str | None]:
         fd = os.memfd_create(f"engram-{tag}", os.MFD_CLOEXEC)
     except OSError as exc:
         return None, f"memfd_create failed: {exc.strerror}; set ENGRAM_SHM_DIR to share tables through a tmpfs instead"
-    try:
-        os.posix_fallocate(fd, 0, round_up(max(size, 1), PAGE))
-    except OSError as exc:
+    failed = reserve(fd, size)
+    if failed:
         os.close(fd)
         return (
             None,
-            f"cannot reserve {size:,} bytes of shared memory: {exc.strerror}; free memory or turn dp_shared_memory off",
+            f"cannot reserve {size:,} bytes of shared memory: {failed}; free memory or turn dp_shared_memory off",
         )
     return fd, None
 

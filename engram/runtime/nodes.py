@@ -7,7 +7,6 @@ private copy instead (with a warning), as vLLM falls back."""
 from __future__ import annotations
 
 import logging
-import os
 from collections import defaultdict
 
 import msgspec
@@ -15,13 +14,9 @@ import torch.distributed as dist
 
 from engram.config import EngramConfig, ParallelConfig
 from engram.runtime.dist import all_gather_json, new_group
-from engram.runtime.shm import boot_id
+from engram.runtime.shm import node_of_this_process
 
 log = logging.getLogger("engram")
-
-
-def node_of_this_process() -> str:
-    return os.environ.get("ENGRAM_NODE_ID") or boot_id()
 
 
 def replicas_per_node(nodes: list[str], tp: int, dp: int) -> int | None:

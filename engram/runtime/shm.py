@@ -87,12 +87,17 @@ def reclaim_stale(directory: Path) -> list[Path]:
 def node_identity(directory: Path) -> dict[str, Any]:
     """What co-located replicas share: the boot id, and the device of the shm filesystem.
     ENGRAM_NODE_ID replaces the boot id, so tests can simulate several nodes on one machine."""
-    boot = os.environ.get("ENGRAM_NODE_ID") or boot_id()
+    boot = node_of_this_process()
     try:
         device: int | None = os.stat(directory).st_dev
     except OSError:
         device = None  # the leader's create reports the unusable directory
     return {"boot_id": boot, "shm_device": device}
+
+
+def node_of_this_process() -> str:
+    """This process's node: ENGRAM_NODE_ID (tests simulate nodes with it), else the boot id."""
+    return os.environ.get("ENGRAM_NODE_ID") or boot_id()
 
 
 def boot_id() -> str:
@@ -120,6 +125,16 @@ def capacity_error(directory: Path, needed: int) -> str | None:
     )
 
 
+def reserve(fd: int, size: int) -> str | None:
+    """Allocate every page of a shared table now (a sparse one would die with SIGBUS when memory runs
+    out later); None, or why it failed."""
+    try:
+        os.posix_fallocate(fd, 0, round_up(max(size, 1), PAGE))
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
 def _create(directory: Path, size: int, tag: str) -> tuple[str | None, str | None]:
     """The leader's step 1: (path, None) or (None, error). Nothing is written before the space is
     reserved, and a failed reservation removes the file."""
@@ -139,15 +154,15 @@ def _create(directory: Path, size: int, tag: str) -> tuple[str | None, str | Non
     except OSError as exc:
         return None, f"cannot create {path}: {exc.strerror}; point ENGRAM_SHM_DIR at a writable tmpfs"
     try:
-        os.posix_fallocate(fd, 0, round_up(max(size, 1), PAGE))
-    except OSError as exc:
+        failed = reserve(fd, size)
+    finally:
+        os.close(fd)
+    if failed:
         os.unlink(path)
         return (
             None,
-            f"cannot reserve {size:,} bytes in {directory}: {exc.strerror}; free space there or point ENGRAM_SHM_DIR elsewhere",
+            f"cannot reserve {size:,} bytes in {directory}: {failed}; free space there or point ENGRAM_SHM_DIR elsewhere",
         )
-    finally:
-        os.close(fd)
     return str(path), None
 
 
