@@ -18,12 +18,12 @@ import torch.distributed as dist
 from _storage_workers import replica_pss
 from _timing import median_seconds, print_table
 
+from engram.memory.mapping import map_shared_file
 from engram.presets import get_preset
 from engram.runtime import dist as edist
 from engram.runtime.checkpoint import write_checkpoint
 from engram.runtime.launch import free_port, run_local, values
 from engram.runtime.loader import Checkpoint, load_shards
-from engram.runtime.mapping import map_shared_file
 from engram.runtime.shm import shm_dir
 from engram.runtime.tables import allocate_shards, whole_tables
 

@@ -33,7 +33,7 @@ from engram._generated.structs import (
 from engram._generated.validators import check_document
 from engram._json import _shown
 from engram.errors import ConfigError, Problem
-from engram.hostmem import HostLimits, verify_host_memory
+from engram.memory.host import HostLimits, verify_host_memory
 
 __all__ = [
     "ConfigError",

@@ -13,7 +13,7 @@ import torch
 
 from engram import native
 from engram.errors import EngramError
-from engram.hostmem import read_host_limits
+from engram.memory.host import read_host_limits
 from engram.planning import per_node
 from engram.runtime.hugepages import thp_mode
 from engram.runtime.plan import DeploymentPlan

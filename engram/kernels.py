@@ -25,9 +25,9 @@ import torch
 from engram import native
 from engram._build import KERNELS, build_library
 from engram.errors import EngramError
+from engram.memory.mapping import map_anonymous
 from engram.ops import DEAD_ID, OUT_KINDS, gather, gather_into, ngram_hash, run_gather, sort_ids
 from engram.runtime import registration
-from engram.runtime.mapping import map_anonymous
 
 _VP, _I64, _I64P = ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)
 SIGNATURES: dict[str, list[type]] = {

@@ -11,7 +11,7 @@ import torch
 
 from engram import native
 from engram.errors import EngramError
-from engram.runtime.mapping import empty_cpu
+from engram.memory.mapping import empty_cpu
 
 DEAD_ID = -1
 SCALE_BLOCK = 32
@@ -23,12 +23,6 @@ PARALLEL_MIN = 16384
 
 def threads_for(items: int) -> int:
     return torch.get_num_threads() if items >= PARALLEL_MIN else 1
-
-
-def ensure_kernels(device: torch.device) -> None:
-    """Register the CUDA kernels before the first op on a GPU (importing engram.kernels does it)."""
-    if device.type == "cuda":
-        import engram.kernels  # noqa: F401
 
 
 ID_DTYPES = (torch.int64, torch.int32)

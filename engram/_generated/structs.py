@@ -88,8 +88,8 @@ class EngramConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         return size
 
     def verify_host_memory(self, table_bytes: int, parallel: ParallelConfig, limits: Any = None) -> None:
-        """Reject private host tables that would not fit in one node's memory (see engram.hostmem)."""
-        from engram.hostmem import verify_host_memory
+        """Reject private host tables that would not fit in one node's memory (see engram.memory.host)."""
+        from engram.memory.host import verify_host_memory
 
         verify_host_memory(self, table_bytes, parallel, limits)
 

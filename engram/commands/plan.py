@@ -12,7 +12,7 @@ import msgspec
 
 from engram.config import add_deployment_args, add_engram_args, document_from_args, validate_deployment
 from engram.errors import EngramError
-from engram.hostmem import read_host_limits
+from engram.memory.host import read_host_limits
 from engram.planning import host_bytes_by_dp, summary
 from engram.presets import PRESETS, get_preset
 from engram.runtime.plan import DeploymentPlan, plan_deployment

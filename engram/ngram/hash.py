@@ -14,10 +14,11 @@ from dataclasses import dataclass
 import torch
 
 from engram import native
+from engram.devices import ensure_kernels
 from engram.errors import EngramError
+from engram.memory.mapping import empty_cpu
 from engram.ngram.layout import Layout
-from engram.ops import ensure_kernels, ngram_hash_reference
-from engram.runtime.mapping import empty_cpu
+from engram.ops import ngram_hash_reference
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from engram.devices import ensure_kernels
 from engram.errors import EngramError
-from engram.ops import DEAD_ID, ensure_kernels, gather, gather_into, use_sorted
+from engram.ops import DEAD_ID, gather, gather_into, use_sorted
 from engram.runtime.dist import Group
 from engram.runtime.plan import TableShardPlan
 from engram.runtime.storage import TableShard

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from engram.config import EngramConfig, ParallelConfig
 from engram.errors import EngramError
-from engram.hostmem import HostLimits
+from engram.memory.host import HostLimits
 from engram.ngram.spec import ModelSpec
 from engram.runtime.dist import Group, new_group, timeout_s
 from engram.runtime.embedding import EngramEmbedding, gather_replica_ids

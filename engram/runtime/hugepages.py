@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from engram.runtime.mapping import MADV_HUGEPAGE, MADV_POPULATE_WRITE, PAGE, Mapping, madvise, map_anonymous
-from engram.runtime.memory import smaps_totals
+from engram.memory.mapping import MADV_HUGEPAGE, MADV_POPULATE_WRITE, PAGE, Mapping, madvise, map_anonymous
+from engram.memory.smaps import smaps_totals
 
 log = logging.getLogger("engram.hugepages")
 

@@ -12,9 +12,9 @@ import time
 from typing import Any
 
 from engram.errors import EngramError
-from engram.hostmem import read_host_limits
+from engram.memory.host import read_host_limits
+from engram.memory.mapping import Mapping, map_shared_file
 from engram.runtime.dist import Group, all_gather_json, broadcast_json
-from engram.runtime.mapping import Mapping, map_shared_file
 from engram.runtime.shm import GIB, node_of_this_process, reserve
 
 HELLO = b"engram-table"

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from engram.errors import EngramError
-from engram.runtime.mapping import Mapping
+from engram.memory.mapping import Mapping
 
 CHUNK_BYTES = 64 << 30
 HOST_REGISTER_PORTABLE = 1

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from engram.errors import EngramError
+from engram.memory.mapping import PAGE, Mapping, map_shared_file, round_up
 from engram.runtime.dist import Group, all_gather_json, broadcast_json
-from engram.runtime.mapping import PAGE, Mapping, map_shared_file, round_up
 
 GIB = 1 << 30
 

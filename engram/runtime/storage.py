@@ -19,10 +19,10 @@ import torch
 
 from engram.config import EngramConfig
 from engram.errors import EngramError
+from engram.memory.mapping import Mapping, map_anonymous, round_up
 from engram.runtime import shm
 from engram.runtime.dist import Group
 from engram.runtime.hugepages import map_huge
-from engram.runtime.mapping import Mapping, map_anonymous, round_up
 from engram.runtime.registration import CudaRuntime, register
 
 Placement = Literal["device", "pinned", "hugepages", "shm", "host"]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from engram.memory.smaps import pss
 from engram.ngram.spec import ModelSpec
 from engram.runtime.dist import Group
 from engram.runtime.loader import Checkpoint, load_shards
-from engram.runtime.memory import pss
 from engram.runtime.plan import TableShardPlan, table_shards
 from engram.runtime.registration import CudaRuntime
 from engram.runtime.storage import Placement, ShardFormat, TableShard, allocate

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from engram.config import ConfigError, HostLimits, ParallelConfig, load_config
-from engram.hostmem import pinned_bytes_per_node, read_host_limits
+from engram.memory.host import pinned_bytes_per_node, read_host_limits
 
 TABLE = 202_758_032_400  # V4.1-Flash, fp8 rows with scales
 GIB = 1 << 30

@@ -14,7 +14,7 @@ import torch
 from engram import kernels
 from engram._build import build_library
 from engram.errors import EngramError
-from engram.runtime.mapping import map_anonymous
+from engram.memory.mapping import map_anonymous
 from engram.runtime.registration import register
 
 SYMBOLS = [*kernels.SIGNATURES, "engram_cuda_error_string"]

@@ -157,7 +157,7 @@ def check_all(
 def build_over_limit(rank: int, world: int, checkpoint: str) -> str:
     """Private tables that the (pretended) node cannot hold: refused before anything is allocated."""
     from engram.config import ParallelConfig, load_config
-    from engram.hostmem import HostLimits
+    from engram.memory.host import HostLimits
 
     spec = SPECS["ds7"]
     EngramTables.build(

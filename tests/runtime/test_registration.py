@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engram.errors import EngramError
-from engram.runtime.mapping import map_anonymous
+from engram.memory.mapping import map_anonymous
 from engram.runtime.registration import CHUNK_BYTES, is_registered, register
 from engram.runtime.storage import ShardFormat, allocate
 

@@ -11,9 +11,9 @@ import torch
 
 from engram.config import load_config
 from engram.errors import EngramError
+from engram.memory.mapping import PAGE, map_anonymous
+from engram.memory.smaps import smaps_totals
 from engram.runtime.hugepages import map_huge, thp_mode
-from engram.runtime.mapping import PAGE, map_anonymous
-from engram.runtime.memory import smaps_totals
 from engram.runtime.storage import ShardFormat, allocate, placement_for
 
 

@@ -5,12 +5,30 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
 from engram.errors import ConfigError, Problem
 
-if TYPE_CHECKING:
-    from engram._generated.structs import EngramConfig, ParallelConfig
+
+class TableSharing(Protocol):
+    """The EngramConfig fields the check reads (typed structurally: this floor imports no config)."""
+
+    @property
+    def cpu_offload(self) -> bool: ...
+    @property
+    def embedding_across_dp(self) -> bool: ...
+    @property
+    def dp_shared_memory(self) -> bool: ...
+
+
+class Replicas(Protocol):
+    """The ParallelConfig fields the check reads."""
+
+    @property
+    def data_parallel_size(self) -> int: ...
+    @property
+    def data_parallel_size_local(self) -> int | None: ...
+
 
 GIB = 1 << 30
 HEADROOM = 0.10  # below this share of the binding limit left free, the tables fit but a warning is logged
@@ -57,7 +75,7 @@ def _cgroup_limit(root: Path) -> int | None:
     return None
 
 
-def pinned_bytes_per_node(config: EngramConfig, table_bytes: int, parallel: ParallelConfig) -> int:
+def pinned_bytes_per_node(config: TableSharing, table_bytes: int, parallel: Replicas) -> int:
     """Host bytes the tables pin on one node with private copies: every local replica holds the whole
     table across its TP ranks, or its 1/DP share of it with embedding_across_dp."""
     local = parallel.data_parallel_size_local or parallel.data_parallel_size
@@ -67,7 +85,7 @@ def pinned_bytes_per_node(config: EngramConfig, table_bytes: int, parallel: Para
 
 
 def verify_host_memory(
-    config: EngramConfig, table_bytes: int, parallel: ParallelConfig, limits: HostLimits | None = None
+    config: TableSharing, table_bytes: int, parallel: Replicas, limits: HostLimits | None = None
 ) -> None:
     """Skipped for GPU tables (cpu_offload false) and for dp_shared_memory, whose /dev/shm capacity
     check runs at load time instead."""
