@@ -388,10 +388,15 @@ def _attr_expr(schema: dict[str, Any], struct: str) -> str:
         raise SchemaError(f"/$defs/{struct}: struct rules may use only properties and required, got {sorted(schema)}")
     terms = []
     for key, sub in schema.get("properties", {}).items():
-        if set(sub) - {"const", "enum"}:
+        if set(sub) - {"const", "enum", "minimum", "maximum"}:
             raise SchemaError(
-                f"/$defs/{struct}: struct rules compare fields with const or enum only, got {sorted(sub)}"
+                f"/$defs/{struct}: struct rules compare fields with const, enum, minimum or maximum only, got {sorted(sub)}"
             )
+        # The instance is resolved (typed), so a bound compares the field directly.
+        if "minimum" in sub:
+            terms.append(f"c.{key} >= {sub['minimum']!r}")
+        if "maximum" in sub:
+            terms.append(f"c.{key} <= {sub['maximum']!r}")
         if "const" in sub:
             terms.append(_equals(f"c.{key}", sub["const"]))
         if "enum" in sub:

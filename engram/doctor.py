@@ -14,7 +14,7 @@ import torch
 from engram import native
 from engram.errors import EngramError
 from engram.memory.host import read_host_limits
-from engram.planning import per_node
+from engram.planning import per_node, per_rank
 from engram.runtime.hugepages import thp_mode
 from engram.runtime.plan import DeploymentPlan
 from engram.runtime.registration import CudaRuntime
@@ -97,9 +97,11 @@ def _most_per_node(plan: DeploymentPlan, key: str) -> int:
     return max((node[key] for node in per_node(plan)), default=0)
 
 
-def _against_plan(name: str, detail: str, needed: int, available: int, verb: str, fix: str) -> Check:
-    """pass when the plan's largest node fits in what this machine has, else fail with the fix."""
-    detail = f"{detail}; the plan {verb} {_gib(needed)} per node"
+def _against_plan(
+    name: str, detail: str, needed: int, available: int, verb: str, fix: str, per: str = "per node"
+) -> Check:
+    """pass when the plan's largest node (or GPU) fits in what this machine has, else fail with the fix."""
+    detail = f"{detail}; the plan {verb} {_gib(needed)} {per}"
     return Check(name, "pass", detail) if needed <= available else Check(name, "fail", detail, fix)
 
 
@@ -185,8 +187,26 @@ def check_native() -> Check:
     return Check("native CPU kernels", "pass", "built (kernels/cpu, OpenMP)")
 
 
+def check_gpu_memory(plan: DeploymentPlan, total_bytes: int | None) -> Check:
+    """The plan's largest per-rank device bytes (device tables, or the hot-row cache of host tables)
+    against one GPU's memory; `total_bytes` None: no GPU here to check against."""
+    needed = max((row["device_bytes"] for row in per_rank(plan)), default=0)
+    detail = f"the plan puts {_gib(needed)} of tables or cache on each GPU"
+    if total_bytes is None:
+        return Check(
+            "GPU memory",
+            "warn" if needed else "pass",
+            f"{detail}; no CUDA device here to check it against",
+            "run engram doctor on the GPU node" if needed else "",
+        )
+    fix = "a smaller device_cache_bytes, cpu_offload=true, or more tensor parallelism"
+    return _against_plan("GPU memory", f"{_gib(total_bytes)} per GPU", needed, total_bytes, "puts", fix, "per GPU")
+
+
 def run_checks(plan: DeploymentPlan | None = None) -> list[Check]:
+    gpu_bytes = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
     return [
+        *([check_gpu_memory(plan, gpu_bytes)] if plan is not None else []),
         check_shm(plan),
         check_thp(),
         check_memlock(),

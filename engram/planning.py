@@ -18,15 +18,18 @@ ID_BYTES = 8
 
 def per_rank(plan: DeploymentPlan) -> list[dict[str, int]]:
     rows = []
+    gpu = plan.platform in ("cuda", "rocm")
     for rank in plan.ranks:
         size = plan.shard_bytes(rank)
+        # device_cache_bytes of a host table's hottest rows live on the GPU too (never more than the shard)
+        cache = min(plan.config.device_cache_bytes, size) if gpu and rank.placement != "device" else 0
         rows.append(
             {
                 "rank": rank.rank,
                 "tp_rank": rank.tp_rank,
                 "dp_rank": rank.dp_rank,
                 "node": rank.node,
-                "device_bytes": size if rank.placement == "device" else 0,
+                "device_bytes": size if rank.placement == "device" else cache,
                 "pinned_host_bytes": size if rank.placement in ("pinned", "hugepages", "host") else 0,
                 "shm_bytes": size if rank.placement == "shm" else 0,
             }

@@ -198,3 +198,33 @@ def test_plans_grow_linearly_with_the_world() -> None:
     assert len(plan.ranks) == 32_768 and len(plan.ranks[5].embedding_group) == 32_768
     assert plan.ranks[5].embedding_group is plan.ranks[77].embedding_group  # one tuple for all
     assert peak < 100 << 20  # a tuple per rank would take 32,768^2 x 8 bytes = 8 GiB
+
+
+def test_the_device_cache_counts_in_device_bytes(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["plan", "--preset", "deepseek-v4.1-flash", "--tensor-parallel-size", "4", "--json"]
+    assert main([*base, "--engram-config.device_cache_bytes", str(4 << 30)]) == 0
+    ranks = json.loads(capsys.readouterr().out)["per_rank"]
+    assert [r["device_bytes"] for r in ranks] == [4 << 30] * 4
+    assert [r["pinned_host_bytes"] for r in ranks] == [50_688_955_152, 50_689_356_432, 50_689_705_968, 50_690_014_848]
+    assert main([*base, "--engram-config.device_cache_bytes", str(1 << 40)]) == 0  # never more than the shard
+    assert [r["device_bytes"] for r in json.loads(capsys.readouterr().out)["per_rank"]] == [
+        r["pinned_host_bytes"] for r in ranks
+    ]
+
+
+def test_doctor_checks_the_gpu_bytes_against_the_gpu() -> None:
+    from engram.config import ParallelConfig, load_config
+    from engram.doctor import check_gpu_memory
+    from engram.runtime.plan import plan_deployment
+
+    plan = plan_deployment(
+        get_preset("deepseek-v4.1-flash"),
+        load_config({"device_cache_bytes": 8 << 30}, env={}),
+        ParallelConfig(tensor_parallel_size=4),
+    )
+    fits = check_gpu_memory(plan, 141 << 30)
+    assert (fits.status, fits.detail) == ("pass", "141.0 GiB per GPU; the plan puts 8.0 GiB per GPU")
+    tight = check_gpu_memory(plan, 4 << 30)
+    assert tight.status == "fail" and "device_cache_bytes" in tight.fix
+    unknown = check_gpu_memory(plan, None)
+    assert unknown.status == "warn" and unknown.detail.endswith("no CUDA device here to check it against")

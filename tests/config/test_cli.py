@@ -46,7 +46,13 @@ def test_json_output_valid(capsys: pytest.CaptureFixture[str]) -> None:
     assert result == {
         "valid": True,
         "checked": ["engram", "model", "parallel", "platform"],
-        "engram": {"cpu_offload": True, "embedding_across_dp": True, "dp_shared_memory": False, "thp_packing": False},
+        "engram": {
+            "cpu_offload": True,
+            "embedding_across_dp": True,
+            "dp_shared_memory": False,
+            "thp_packing": False,
+            "device_cache_bytes": 0,
+        },
         "hash": "f849c209ba3c2de5c60c37be6979ce76d672738a40f66f6ca9ae19ebacb7e3ce",
         "parallel_size": 8,
         "errors": [],
@@ -81,7 +87,7 @@ def test_text_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0 and err == ""
     assert out.splitlines() == [
         "valid: engram checked; not given, not checked: model, parallel, load, platform",
-        "engram: cpu_offload=true embedding_across_dp=false dp_shared_memory=false thp_packing=true",
+        "engram: cpu_offload=true embedding_across_dp=false dp_shared_memory=false thp_packing=true device_cache_bytes=0",
         "hash: ba13aab9dcdf02ef8899cbb6f0977d59ef7c2cab5f6cad4a400b37757fab6350",
     ]
     code, out, err = run(capsys, "validate", str(EXAMPLES / "invalid-shared-without-offload.json"))
@@ -106,7 +112,13 @@ def test_engram_flag_precedence(capsys: pytest.CaptureFixture[str]) -> None:
     def engram(*argv: str) -> object:
         return verdict(capsys, *argv)["engram"]
 
-    base = {"cpu_offload": True, "embedding_across_dp": False, "dp_shared_memory": False, "thp_packing": False}
+    base = {
+        "cpu_offload": True,
+        "embedding_across_dp": False,
+        "dp_shared_memory": False,
+        "thp_packing": False,
+        "device_cache_bytes": 0,
+    }
     # later JSON wins over earlier JSON
     assert engram("--engram-config", '{"thp_packing": true}', "--engram-config", '{"thp_packing": false}') == base
     # a dotted field wins over JSON, even when the JSON comes later
@@ -141,6 +153,7 @@ def test_environment_reaches_the_cli(capsys: pytest.CaptureFixture[str], monkeyp
         "embedding_across_dp": False,
         "dp_shared_memory": False,
         "thp_packing": False,
+        "device_cache_bytes": 0,
     }
     monkeypatch.setenv("ENGRAM_CPU_OFFLOAD", "sometimes")
     code, _, err = run(capsys, "validate")

@@ -71,7 +71,7 @@ def test_structural_problems_all_reported() -> None:
         (
             "/engram/cpu_ofload",
             "unknown-field",
-            "unknown field 'cpu_ofload'; known fields: cpu_offload, embedding_across_dp, dp_shared_memory, thp_packing",
+            "unknown field 'cpu_ofload'; known fields: cpu_offload, embedding_across_dp, dp_shared_memory, thp_packing, device_cache_bytes",
         ),
         ("/engram/cpu_offload", "type", "expected a boolean; got the string 'yes'"),
         ("/engram/dp_shared_memory", "type", "expected a boolean; got 1"),
@@ -311,3 +311,25 @@ def test_a_constructed_config_is_a_valid_config() -> None:
         EngramConfig(cpu_offload=True, dp_shared_memory=True).compute_hash()
         == load_config({"dp_shared_memory": True}, env={}).compute_hash()
     )
+
+
+def test_device_cache_field() -> None:
+    """device_cache_bytes: an integer >= 0, only with host tables, left out of the hash (the rows a lookup
+    returns do not change, only where they live)."""
+    assert load_config({"device_cache_bytes": 1 << 30}, env={}).device_cache_bytes == 1 << 30
+    assert load_config({"device_cache_bytes": 1 << 30}, env={}).compute_hash() == load_config({}, env={}).compute_hash()
+    assert load_config({"cpu_offload": False, "device_cache_bytes": 0}, env={}).device_cache_bytes == 0
+    cases = [
+        ({"cpu_offload": False, "device_cache_bytes": 1}, "/engram/device_cache_bytes", "device-cache-needs-cpu-offload",
+         "device_cache_bytes caches hot rows of host tables in GPU memory; it requires cpu_offload=True (with cpu_offload=False every row is on the GPU already)"),
+        ({"device_cache_bytes": -1}, "/engram/device_cache_bytes", "minimum", "expected >= 0; got -1"),
+        ({"device_cache_bytes": 1.5}, "/engram/device_cache_bytes", "type", "expected an integer; got 1.5"),
+    ]  # fmt: skip
+    for fields, path, rule, message in cases:
+        with pytest.raises(ConfigError) as exc:
+            load_config(fields, env={})
+        assert [(p.path, p.rule, p.message) for p in exc.value.errors] == [(path, rule, message)]
+    from engram.config import EngramConfig
+
+    with pytest.raises(ConfigError, match="device-cache-needs-cpu-offload"):
+        EngramConfig(cpu_offload=False, device_cache_bytes=4096)
