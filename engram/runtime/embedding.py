@@ -17,6 +17,7 @@ from torch import nn
 from engram.devices import ensure_kernels
 from engram.errors import EngramError
 from engram.ops import DEAD_ID, gather, gather_into, use_sorted
+from engram.runtime.cache import HotRows, cached_gather
 from engram.runtime.dist import Group
 from engram.runtime.plan import TableShardPlan
 from engram.runtime.storage import TableShard
@@ -33,6 +34,7 @@ class EngramEmbedding(nn.Module):
         shard_order: Sequence[int] = (),
         dp_group: Group | None = None,
         out_dtype: torch.dtype = torch.bfloat16,
+        cache: HotRows | None = None,
     ) -> None:
         """`group`: the embedding group (None when it is this rank alone), `shard_order` its global ranks in
         shard order; `dp_group`: the replicas to gather ids over (embedding_across_dp only)."""
@@ -49,6 +51,7 @@ class EngramEmbedding(nn.Module):
         self.group = group if group is not None and group.size > 1 else None
         self.dp_group = dp_group if dp_group is not None and dp_group.size > 1 else None
         self.out_dtype = out_dtype
+        self.cache = cache  # hot rows in device memory (device_cache_bytes), or None
         # all_gather returns members in ascending global rank; the combine wants shard order
         self.gather_order = [sorted(shard_order).index(r) for r in shard_order] if self.group is not None else [0]
 
@@ -72,23 +75,33 @@ class EngramEmbedding(nn.Module):
         ensure_kernels(ids.device)
         plan = self.plan
         if self.group is None:
-            dedup = use_sorted(ids.numel(), self.weight, ids.device)
-            if out is None:
-                return gather(self.weight, self.scale, ids, plan.row_start, plan.table_rows, self.out_dtype, dedup)  # type: ignore[no-any-return]
-            gather_into(self.weight, self.scale, ids, plan.row_start, plan.table_rows, out, dedup)
-            return out
+            if out is not None and self.cache is None:
+                dedup = use_sorted(ids.numel(), self.weight, ids.device)
+                gather_into(self.weight, self.scale, ids, plan.row_start, plan.table_rows, out, dedup)
+                return out
+            local = self._gather_local(ids)
+            return local if out is None else out.copy_(local)
         # Every rank holds the same ids, and a head shard range-checks the other columns too (`check`), so
         # on the CPU every rank raises alike before the collective, and on a GPU every rank's kernels flag
         # the bad id alike (EngramTables.check_errors), with no sync.
         head = plan.kind == "head"
         columns = ids[:, plan.head_start : plan.head_stop] if head else ids
-        dedup = use_sorted(columns.numel(), self.weight, ids.device)
-        check = ids if head else None
-        rows: torch.Tensor = gather(
-            self.weight, self.scale, columns, plan.row_start, plan.table_rows, self.out_dtype, dedup, check
-        )
+        rows = self._gather_local(columns, ids if head else None)
         rows = self._combine_heads(rows) if head else self._combine_rows(rows)
         return rows if out is None else out.copy_(rows)
+
+    def _gather_local(self, ids: torch.Tensor, check: torch.Tensor | None = None) -> torch.Tensor:
+        """This shard's rows for `ids`: hits from the device cache when there is one, the rest from the table."""
+        plan = self.plan
+        dedup = use_sorted(ids.numel(), self.weight, ids.device)
+        if self.cache is not None:
+            return cached_gather(
+                self.cache, self.weight, self.scale, ids, plan.row_start, plan.table_rows, self.out_dtype, dedup, check
+            )
+        rows: torch.Tensor = gather(
+            self.weight, self.scale, ids, plan.row_start, plan.table_rows, self.out_dtype, dedup, check
+        )
+        return rows
 
     def _combine_heads(self, rows: torch.Tensor) -> torch.Tensor:
         group = self.group

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -16,6 +16,7 @@ from engram.config import EngramConfig, ParallelConfig
 from engram.errors import EngramError
 from engram.memory.host import HostLimits
 from engram.ngram.spec import ModelSpec
+from engram.runtime.cache import caches_for, read_profile
 from engram.runtime.dist import Group, new_group, timeout_s
 from engram.runtime.embedding import EngramEmbedding, gather_replica_ids
 from engram.runtime.loader import Checkpoint, shard_weight_loader
@@ -115,10 +116,12 @@ class EngramTables:
         out_dtype: torch.dtype = torch.bfloat16,
         progress: bool = True,
         host_limits: HostLimits | None = None,
+        profile: str | os.PathLike[str] | Mapping[str, torch.Tensor] | None = None,
     ) -> EngramTables:
         """Find which replicas share a node (nodes.align_to_nodes), plan, check that private host tables fit
         the node (before a byte is allocated), create the groups, allocate and load this rank's shards. `host_limits` replaces this machine's RAM and
-        cgroup limit in that check."""
+        cgroup limit in that check. With device_cache_bytes, `profile` (an `engram profile --out` file, or
+        its hot rows per table) chooses the rows each rank keeps in device memory."""
         if not dist.is_initialized():
             raise EngramError(
                 "torch.distributed is not initialised: call engram.runtime.engine.init_from_env() or init_process_group first"
@@ -141,6 +144,14 @@ class EngramTables:
         shards = open_tables(
             spec, checkpoint, mine.placement, plans=mine.tables, group=groups.shm, runtime=runtime, progress=progress
         )
+        caches = {}
+        if config.device_cache_bytes:
+            if profile is None:
+                raise EngramError(
+                    "device_cache_bytes needs a profile of hot rows: pass profile= (write one with `engram profile --out`)"
+                )
+            hot = profile if isinstance(profile, Mapping) else read_profile(profile)
+            caches = caches_for(shards, hot, config.device_cache_bytes, "cuda" if platform == "cuda" else "cpu")
         layers = [
             EngramEmbedding(
                 shards[table],
@@ -150,6 +161,7 @@ class EngramTables:
                 shard_order=mine.embedding_group,
                 dp_group=groups.dp,
                 out_dtype=out_dtype,
+                cache=caches.get(shards[table].name),
             )
             for table in spec.layout.table_of_layer
         ]

@@ -227,3 +227,34 @@ def build_on_nodes(rank: int, world: int, nodes: list[str], local: int, checkpoi
     }
     tables.release()
     return report
+
+
+def cached_lookup(rank: int, world: int, checkpoint: str, profile: str) -> dict[str, Any]:
+    """TP 2 tables of the tiny preset with a 4 KiB device cache per rank, against the uncached lookup."""
+    from engram.presets import get_preset
+
+    spec = get_preset("tiny")
+    parallel = ParallelConfig(tensor_parallel_size=world)
+    cached = EngramTables.build(
+        spec, load_config({"device_cache_bytes": 4096}, env={}), parallel, checkpoint, progress=False, profile=profile
+    )
+    plain = EngramTables.build(spec, load_config({}, env={}), parallel, checkpoint, progress=False)
+    from engram.corpus import load_corpus
+
+    tokens = load_corpus().held_out[:500]
+    rows = spec.hasher().hash(spec.compress(tokens))
+    got, want = cached.lookup(rows), plain.lookup(rows)
+    caches = [layer.cache for layer in cached.layers if layer.cache is not None]
+    hits = sum(
+        int(torch.isin(rows[:, i], layer.cache.ids).sum())
+        for i, layer in enumerate(cached.layers)
+        if layer.cache is not None
+    )
+    report = {
+        "match": all(torch.equal(g.view(torch.int16), w.view(torch.int16)) for g, w in zip(got, want, strict=True)),
+        "cached_rows": sum(c.ids.numel() for c in caches),
+        "hits": hits,
+    }
+    cached.release()
+    plain.release()
+    return report

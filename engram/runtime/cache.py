@@ -1,0 +1,99 @@
+"""Hot rows of a host table kept in device memory (device_cache_bytes), chosen from a profile of real
+text (engram profile). A lookup finds each id in the cache's sorted ids (torch.searchsorted: static
+shapes, no host sync, capturable), reads hits from the cache and misses from the host table, and merges
+the two: bit for bit the uncached lookup, since both read the same stored bytes through the same kernels.
+DEAD_ID, rows of other shards and ids outside the table never hit (the cache holds only owned rows)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from safetensors import safe_open
+
+from engram.errors import EngramError
+from engram.ops import DEAD_ID, gather
+from engram.runtime.storage import TableShard
+
+
+@dataclass(frozen=True)
+class HotRows:
+    """Cached rows of one shard: `ids` ascending global row ids, `weight` (and fp8 `scale`) their rows."""
+
+    ids: torch.Tensor
+    weight: torch.Tensor
+    scale: torch.Tensor | None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.weight, self.scale) if t is not None)
+
+
+def read_profile(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
+    """The hot rows per table ('<table>.hot_rows', most frequent first) of an `engram profile --out` file."""
+    try:
+        with safe_open(str(path), "pt") as f:
+            return {key.removesuffix(".hot_rows"): f.get_tensor(key) for key in f.keys() if key.endswith(".hot_rows")}  # noqa: SIM118
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise EngramError(
+            f"cannot read the profile {path}: {str(exc)[:200]}; write one with `engram profile --out`"
+        ) from None
+
+
+def build_cache(shard: TableShard, hot: torch.Tensor, budget_bytes: int, device: torch.device | str) -> HotRows | None:
+    """The most frequent rows of `hot` that `shard` owns, as many as `budget_bytes` hold, copied to
+    `device` (None when none fit or none are owned)."""
+    if hot.dtype != torch.int64 or hot.dim() != 1:
+        raise EngramError(
+            f"{shard.name}: a profile's hot rows are a 1-D int64 tensor; got {hot.dtype} {list(hot.shape)}"
+        )
+    owned = hot[(hot >= shard.row_start) & (hot < shard.row_stop)]
+    count = min(owned.numel(), budget_bytes // shard.format.row_bytes)
+    if count == 0:
+        return None
+    chosen = torch.sort(owned[:count]).values
+    if torch.unique(chosen).numel() != chosen.numel():
+        raise EngramError(f"{shard.name}: the profile lists a row twice; write it again with `engram profile --out`")
+    local = chosen - shard.row_start
+    weight = shard.weight.index_select(0, local).to(device)
+    scale = None if shard.scale is None else shard.scale.index_select(0, local).to(device)
+    return HotRows(chosen.to(device), weight, scale)
+
+
+def cached_gather(
+    cache: HotRows,
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    ids: torch.Tensor,
+    row_start: int,
+    table_rows: int,
+    out_dtype: torch.dtype,
+    dedup: bool = False,
+    check: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """engram::gather with hits served from `cache`: the same rows, bit for bit."""
+    flat = ids.reshape(-1).to(torch.int64)
+    slot = torch.searchsorted(cache.ids, flat).clamp_(max=cache.ids.numel() - 1)
+    hit = cache.ids[slot] == flat
+    from_cache = gather(
+        cache.weight, cache.scale, torch.where(hit, slot, DEAD_ID).view(ids.shape), 0, cache.ids.numel(), out_dtype
+    )
+    misses = torch.where(hit, DEAD_ID, flat).view(ids.shape)  # an id outside the table never hits: the host path raises
+    from_host = gather(weight, scale, misses, row_start, table_rows, out_dtype, dedup, check)
+    return torch.where(hit.view(*ids.shape, 1), from_cache, from_host)
+
+
+def caches_for(
+    shards: list[TableShard], profile: Mapping[str, torch.Tensor], budget_bytes: int, device: torch.device | str
+) -> dict[str, HotRows]:
+    """A cache per shard from the profile's hot rows, the rank's budget split evenly over its tables."""
+    missing = sorted({s.name for s in shards} - set(profile))
+    if missing:
+        raise EngramError(
+            f"the profile has no hot rows for {', '.join(missing)}; profile this model with `engram profile --out`"
+        )
+    share = budget_bytes // max(1, len(shards))
+    built = {s.name: build_cache(s, profile[s.name], share, device) for s in shards}
+    return {name: cache for name, cache in built.items() if cache is not None}

@@ -1,0 +1,106 @@
+"""The device cache of hot rows: bit for bit the uncached lookup through the CPU twins (hits, misses,
+DEAD_ID, rows of other shards, ids outside the table), and built from an `engram profile` file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engram.errors import EngramError
+from engram.ops import gather
+from engram.runtime.cache import build_cache, cached_gather, caches_for, read_profile
+from engram.runtime.launch import run_local, values
+from engram.runtime.storage import ShardFormat, TableShard, allocate
+from tests.runtime import sharding_workers
+
+
+def random_shard(rows: int, row_start: int, dtype: str, seed: int) -> TableShard:
+    shard = allocate("t", ShardFormat(rows, 64, dtype), "host", row_start=row_start)
+    generator = torch.Generator().manual_seed(seed)
+    raw = shard.weight.view(torch.uint8)
+    raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, generator=generator))
+    if shard.scale is not None:
+        shard.scale.view(torch.uint8).copy_(
+            torch.randint(100, 150, shard.scale.shape, dtype=torch.uint8, generator=generator)
+        )
+    return shard
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.integers(1, 60),
+    row_start=st.integers(0, 30),
+    dtype=st.sampled_from(["fp8", "bf16"]),
+    hot=st.lists(st.integers(0, 99), max_size=40, unique=True),
+    ids=st.lists(st.integers(-1, 99), min_size=1, max_size=120),
+    budget_rows=st.integers(0, 50),
+)
+def test_cached_equals_uncached(
+    rows: int, row_start: int, dtype: str, hot: list[int], ids: list[int], budget_rows: int
+) -> None:
+    shard = random_shard(rows, row_start, dtype, seed=rows + row_start)
+    cache = build_cache(shard, torch.tensor(hot, dtype=torch.int64), budget_rows * shard.format.row_bytes, "cpu")
+    owned = [h for h in hot if row_start <= h < row_start + rows][:budget_rows]
+    if cache is None:
+        assert owned == []
+        return
+    assert cache.ids.tolist() == sorted(owned)  # the most frequent owned rows the budget holds
+    out_dtype = torch.bfloat16 if dtype == "fp8" else torch.float32  # a dequantisation, and a conversion
+    batch = torch.tensor(ids).view(-1, 1)
+    want = gather(shard.weight, shard.scale, batch, row_start, 100, out_dtype)
+    got = cached_gather(cache, shard.weight, shard.scale, batch, row_start, 100, out_dtype)
+    assert got.dtype == want.dtype and torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
+def test_an_id_outside_the_table_still_raises() -> None:
+    shard = random_shard(10, 0, "fp8", seed=1)
+    cache = build_cache(shard, torch.tensor([3, 4]), 1 << 20, "cpu")
+    assert cache is not None
+    with pytest.raises(EngramError, match=r"row id 10 is outside the table's 10 rows"):
+        cached_gather(cache, shard.weight, shard.scale, torch.tensor([3, 10]), 0, 10, torch.bfloat16)
+
+
+def test_profile_errors(tmp_path: Path) -> None:
+    shard = random_shard(10, 0, "fp8", seed=1)
+    with pytest.raises(EngramError, match="the profile has no hot rows for t"):
+        caches_for([shard], {}, 1 << 20, "cpu")
+    with pytest.raises(EngramError, match="lists a row twice"):
+        build_cache(shard, torch.tensor([3, 3]), 1 << 20, "cpu")
+    with pytest.raises(EngramError, match="cannot read the profile"):
+        read_profile(tmp_path / "missing.safetensors")
+
+
+@pytest.mark.slow
+def test_tables_with_a_device_cache_from_engram_profile(tmp_path: Path) -> None:
+    """engram profile --out, then EngramTables with device_cache_bytes: equal to the uncached lookup."""
+    from engram.cli import main
+    from engram.presets import get_preset
+    from engram.runtime.checkpoint import write_checkpoint
+
+    profile = tmp_path / "hot.safetensors"
+    assert (
+        main(
+            [
+                "profile",
+                "--preset",
+                "tiny",
+                "--tokens",
+                "8192",
+                "--held-out-tokens",
+                "1000",
+                "--out",
+                str(profile),
+                "--json",
+            ]
+        )
+        == 0
+    )
+    checkpoint = tmp_path / "ckpt"
+    write_checkpoint(get_preset("tiny"), checkpoint, seed=3)
+    reports = values(run_local(2, sharding_workers.cached_lookup, str(checkpoint), str(profile), timeout=300))
+    for report in reports:
+        assert report["match"] is True and report["hits"] > 0 and report["cached_rows"] > 0
