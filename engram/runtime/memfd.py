@@ -15,7 +15,7 @@ from engram.errors import EngramError
 from engram.memory.host import read_host_limits
 from engram.memory.mapping import Mapping, map_shared_file
 from engram.runtime.dist import Group, all_gather_json, broadcast_json
-from engram.runtime.shm import GIB, node_of_this_process, reserve
+from engram.runtime.shm import GIB, fenced, node_of_this_process, reserve
 
 HELLO = b"engram-table"
 
@@ -147,14 +147,7 @@ def share_memfd(size: int, group: Group, tag: str) -> Mapping:
                 mapping = map_shared_file(fd, size, f"memfd:engram-{tag}:{announced['name'] or 'alone'}"[:200])
             except EngramError as exc:
                 error = str(exc)
-        errors = all_gather_json(group, error, f"shared table {tag}: attach")  # the fence
-        failed = [(group.ranks[i], e) for i, e in enumerate(errors) if e]
-        if failed:
-            if mapping is not None:
-                mapping.release()
-            raise EngramError(f"{group.label}: " + "; ".join(f"rank {r}: {e}" for r, e in failed))
-        assert mapping is not None
-        return mapping
+        return fenced(group, all_gather_json(group, error, f"shared table {tag}: attach"), mapping)  # the fence
     finally:
         if listener is not None:
             listener.close()  # the abstract name goes with it

@@ -235,6 +235,12 @@ def create_shared(size: int, group: Group, tag: str, directory: Path | None = No
     finally:
         if path is not None:
             _unlink(path)  # the leader's name goes whatever happened: after the fence, or on any failure
+    return fenced(group, errors, mapping)
+
+
+def fenced(group: Group, errors: list[str | None], mapping: Mapping | None) -> Mapping:
+    """After the fence: this rank's mapping when every rank attached, else one error naming each failure
+    (and this rank's mapping released)."""
     failed = [(group.ranks[i], e) for i, e in enumerate(errors) if e]
     if failed:
         if mapping is not None:

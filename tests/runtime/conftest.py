@@ -13,6 +13,7 @@ import torch
 from engram.ngram.spec import ModelSpec
 from engram.runtime.checkpoint import write_checkpoint
 from engram.runtime.loader import Checkpoint
+from engram.runtime.storage import ShardFormat, TableShard, allocate
 
 # Two fp8 tables of about 7 MB each: large enough for page-level memory accounting, quick to load.
 SMALL = ModelSpec(
@@ -61,3 +62,16 @@ def shm_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         yield directory
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def random_shard(rows: int, dtype: str, seed: int, *, dim: int = 64, row_start: int = 0) -> TableShard:
+    """A host shard of random bytes (fp8 NaNs included) with scales in a sane exponent range."""
+    shard = allocate("t", ShardFormat(rows, dim, dtype), "host", row_start=row_start)
+    generator = torch.Generator().manual_seed(seed)
+    raw = shard.weight.view(torch.uint8)
+    raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, generator=generator))
+    if shard.scale is not None:
+        shard.scale.view(torch.uint8).copy_(
+            torch.randint(100, 150, shard.scale.shape, dtype=torch.uint8, generator=generator)
+        )
+    return shard

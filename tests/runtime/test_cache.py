@@ -14,20 +14,8 @@ from engram.errors import EngramError
 from engram.ops import gather
 from engram.runtime.cache import build_cache, cached_gather, caches_for, read_profile
 from engram.runtime.launch import run_local, values
-from engram.runtime.storage import ShardFormat, TableShard, allocate
 from tests.runtime import sharding_workers
-
-
-def random_shard(rows: int, row_start: int, dtype: str, seed: int) -> TableShard:
-    shard = allocate("t", ShardFormat(rows, 64, dtype), "host", row_start=row_start)
-    generator = torch.Generator().manual_seed(seed)
-    raw = shard.weight.view(torch.uint8)
-    raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, generator=generator))
-    if shard.scale is not None:
-        shard.scale.view(torch.uint8).copy_(
-            torch.randint(100, 150, shard.scale.shape, dtype=torch.uint8, generator=generator)
-        )
-    return shard
+from tests.runtime.conftest import random_shard
 
 
 @settings(max_examples=60, deadline=None)
@@ -42,7 +30,7 @@ def random_shard(rows: int, row_start: int, dtype: str, seed: int) -> TableShard
 def test_cached_equals_uncached(
     rows: int, row_start: int, dtype: str, hot: list[int], ids: list[int], budget_rows: int
 ) -> None:
-    shard = random_shard(rows, row_start, dtype, seed=rows + row_start)
+    shard = random_shard(rows, dtype, rows + row_start, row_start=row_start)
     cache = build_cache(shard, torch.tensor(hot, dtype=torch.int64), budget_rows * shard.format.row_bytes, "cpu")
     owned = [h for h in hot if row_start <= h < row_start + rows][:budget_rows]
     if cache is None:
@@ -57,7 +45,7 @@ def test_cached_equals_uncached(
 
 
 def test_an_id_outside_the_table_still_raises() -> None:
-    shard = random_shard(10, 0, "fp8", seed=1)
+    shard = random_shard(10, "fp8", 1)
     cache = build_cache(shard, torch.tensor([3, 4]), 1 << 20, "cpu")
     assert cache is not None
     with pytest.raises(EngramError, match=r"row id 10 is outside the table's 10 rows"):
@@ -65,7 +53,7 @@ def test_an_id_outside_the_table_still_raises() -> None:
 
 
 def test_profile_errors(tmp_path: Path) -> None:
-    shard = random_shard(10, 0, "fp8", seed=1)
+    shard = random_shard(10, "fp8", 1)
     with pytest.raises(EngramError, match="the profile has no hot rows for t"):
         caches_for([shard], {}, 1 << 20, "cpu")
     with pytest.raises(EngramError, match="lists a row twice"):

@@ -13,19 +13,7 @@ from hypothesis import strategies as st
 from engram import native
 from engram.errors import EngramError
 from engram.ops import OUT_KINDS, gather, sort_ids
-from engram.runtime.storage import ShardFormat, TableShard, allocate
-
-
-def random_shard(rows: int, dim: int, dtype: str, seed: int) -> TableShard:
-    shard = allocate("t", ShardFormat(rows, dim, dtype), "host")
-    generator = torch.Generator().manual_seed(seed)
-    raw = shard.weight.view(torch.uint8)
-    raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, generator=generator))
-    if shard.scale is not None:
-        shard.scale.view(torch.uint8).copy_(
-            torch.randint(100, 150, shard.scale.shape, dtype=torch.uint8, generator=generator)
-        )
-    return shard
+from tests.runtime.conftest import random_shard
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -45,7 +33,7 @@ def test_sorted_equals_plain(
     shard_rows: int, row_start: int, dtype: str, ids: list[int], distinct: int, id_dtype: torch.dtype
 ) -> None:
     """Duplicates galore (ids folded onto a few values), DEAD_ID, rows of other shards, empty batches."""
-    shard = random_shard(shard_rows, 64, dtype, seed=shard_rows * 7 + row_start)
+    shard = random_shard(shard_rows, dtype, shard_rows * 7 + row_start)
     folded = torch.tensor([i if i < 0 else i % (distinct * 13) for i in ids], dtype=id_dtype).view(-1, 1)
     out_dtype = torch.bfloat16 if dtype == "fp8" else shard.weight.dtype
     plain = gather(shard.weight, shard.scale, folded, row_start, 80, out_dtype)
@@ -55,7 +43,7 @@ def test_sorted_equals_plain(
 
 @pytest.mark.parametrize("value", [-1, 0, 17, 99])
 def test_every_id_equal(value: int) -> None:
-    shard = random_shard(50, 64, "fp8", seed=3)
+    shard = random_shard(50, "fp8", 3)
     ids = torch.full((1000,), value)
     deduped = gather(shard.weight, shard.scale, ids, 50, 100, torch.float32, True)
     assert same_bits(deduped, gather(shard.weight, shard.scale, ids, 50, 100, torch.float32))
@@ -73,7 +61,7 @@ def test_sort_ids_marks_each_run_with_its_first_index() -> None:
 
 
 def test_out_of_range_ids_raise_in_the_sorted_form() -> None:
-    shard = random_shard(10, 32, "bf16", seed=1)
+    shard = random_shard(10, "bf16", 1, dim=32)
     with pytest.raises(EngramError, match=r"row id 10 is outside the table's 10 rows"):
         gather(shard.weight, None, torch.tensor([3, 10, 3]), 0, 10, torch.bfloat16, True)
     with pytest.raises(EngramError, match=r"row id -2 is outside the table's 10 rows"):
