@@ -144,7 +144,8 @@ def share_memfd(size: int, group: Group, tag: str) -> Mapping:
         mapping = None
         if fd is not None and error is None:
             try:
-                mapping = map_shared_file(fd, size, f"memfd:engram-{tag}:{announced['name'] or 'alone'}"[:200])
+                label = (announced["name"] or "alone").lstrip("\0")  # abstract socket names start with a NUL
+                mapping = map_shared_file(fd, size, f"memfd:engram-{tag}:{label}"[:200])
             except EngramError as exc:
                 error = str(exc)
         return fenced(group, all_gather_json(group, error, f"shared table {tag}: attach"), mapping)  # the fence
