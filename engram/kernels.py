@@ -26,7 +26,7 @@ from engram import native
 from engram._build import KERNELS, build_library
 from engram.errors import EngramError
 from engram.memory.mapping import map_anonymous
-from engram.ops import DEAD_ID, OUT_KINDS, gather, gather_into, ngram_hash, run_gather, sort_ids
+from engram.ops import DEAD_ID, OUT_KINDS, gather, gather_into, kernel_ids, ngram_hash, run_gather
 from engram.runtime import registration
 
 _VP, _I64, _I64P = ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)
@@ -252,15 +252,42 @@ def launch_cuda(
             more.data_ptr() or None, more.numel(), table_rows, error_flag(ids.device).data_ptr(), _stream(ids.device)
         )
         check(library, status, "engram_check_ids_cuda")
-    flat = ids.reshape(-1).to(torch.int64).contiguous()
-    order = leader = None
-    if dedup and flat.numel():
-        flat, order, leader = sort_ids(flat)
+    flat, order, leader = kernel_ids(ids, dedup)
+    gather_cuda(
+        library,
+        weight,
+        scale,
+        flat,
+        order,
+        leader,
+        row_start,
+        table_rows,
+        out,
+        error_flag(ids.device),
+        _max_blocks.get(),
+    )
+
+
+def gather_cuda(
+    library: ctypes.CDLL,
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    ids: torch.Tensor,
+    order: torch.Tensor | None,
+    leader: torch.Tensor | None,
+    row_start: int,
+    table_rows: int,
+    out: torch.Tensor,
+    flag: torch.Tensor,
+    max_blocks: int = 0,
+) -> None:
+    """engram_gather_cuda on the current stream, for ids as ops.kernel_ids gives them: the one place that
+    spells out the C ABI call (the op and scripts/gpu_check.py's raw kernel checks both use it)."""
     status = library.engram_gather_cuda(
         weight.data_ptr() or None, scale.data_ptr() if scale is not None and scale.numel() else None, weight.shape[0], weight.shape[1],
-        weight.shape[1] * weight.element_size(), row_start, table_rows, flat.data_ptr() or None,
-        None if order is None else order.data_ptr(), None if leader is None else leader.data_ptr(), flat.numel(),
-        out.data_ptr() or None, 0 if scale is None else OUT_KINDS[out.dtype], error_flag(ids.device).data_ptr(), _max_blocks.get(),
+        weight.shape[1] * weight.element_size(), row_start, table_rows, ids.data_ptr() or None,
+        None if order is None else order.data_ptr(), None if leader is None else leader.data_ptr(), ids.numel(),
+        out.data_ptr() or None, 0 if scale is None else OUT_KINDS[out.dtype], flag.data_ptr(), max_blocks,
         _stream(ids.device),
     )  # fmt: skip
     check(library, status, "engram_gather_cuda")

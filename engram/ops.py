@@ -122,6 +122,15 @@ def sort_ids(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     return ordered, order, leader
 
 
+def kernel_ids(ids: torch.Tensor, dedup: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """The ids as every kernel takes them: flat contiguous int64, and sorted (with order and leader)
+    when `dedup` asks for the sorted form."""
+    flat = ids.reshape(-1).to(torch.int64).contiguous()
+    if dedup and flat.numel():
+        return sort_ids(flat)
+    return flat, None, None
+
+
 def gather_reference(
     weight: torch.Tensor,
     scale: torch.Tensor | None,
@@ -202,10 +211,7 @@ def _launch_cpu(
     if library is None:
         out.copy_(gather_reference(weight, scale, ids, row_start, table_rows, out.dtype))
         return
-    flat = ids.reshape(-1).to(torch.int64).contiguous()
-    order = leader = None
-    if dedup and flat.numel():
-        flat, order, leader = sort_ids(flat)
+    flat, order, leader = kernel_ids(ids, dedup)
     bad = ctypes.c_int64(0)
     status = library.engram_gather_cpu(
         weight.data_ptr() or None, scale.data_ptr() if scale is not None else None, weight.shape[0], weight.shape[1],

@@ -40,7 +40,7 @@ from engram import kernels
 from engram.config import validate_deployment
 from engram.corpus import load_corpus, text_rows
 from engram.errors import EngramError
-from engram.ops import OUT_KINDS, gather, gather_into, gather_reference, sort_ids, use_sorted
+from engram.ops import gather, gather_into, gather_reference, kernel_ids, use_sorted
 from engram.presets import get_preset, scaled_preset
 from engram.runtime.embedding import EngramEmbedding
 from engram.runtime.plan import TableShardPlan
@@ -156,19 +156,12 @@ def launch_gather(
     table_rows: int,
     out: torch.Tensor,
     flag: torch.Tensor,
-    sorted_form: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    dedup: bool = False,
 ) -> None:
-    """The kernel straight through its C ABI, with a flag of the check's own; `sorted_form` is
-    ops.sort_ids(ids) for the sorted, deduplicated gather."""
-    raw = shard.scale is None
-    ids, order, leader = sorted_form if sorted_form is not None else (ids, None, None)
-    status = library.engram_gather_cuda(
-        shard.weight.data_ptr(), None if raw else shard.scale.data_ptr(), shard.rows, shard.format.dim,  # type: ignore[union-attr]
-        shard.weight.shape[1] * shard.weight.element_size(), shard.row_start, table_rows, ids.data_ptr(),
-        None if order is None else order.data_ptr(), None if leader is None else leader.data_ptr(), ids.numel(),
-        out.data_ptr(), 0 if raw else OUT_KINDS[out.dtype], flag.data_ptr(), 0, torch.cuda.current_stream().cuda_stream,
-    )  # fmt: skip
-    kernels.check(library, status, "engram_gather_cuda")
+    """The kernel through its C ABI (kernels.gather_cuda), with a flag of the check's own, past the op's
+    argument checks."""
+    flat, order, leader = kernel_ids(ids, dedup)
+    kernels.gather_cuda(library, shard.weight, shard.scale, flat, order, leader, shard.row_start, table_rows, out, flag)
 
 
 BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -204,7 +197,7 @@ def check_gather(
             device="cuda",
         ).view(out_dtype)
         flag = torch.zeros(1, dtype=torch.int32, device="cuda")
-        launch_gather(library, shard, ids, table_rows, out, flag, sort_ids(ids) if dedup else None)
+        launch_gather(library, shard, ids, table_rows, out, flag, dedup)
         clean = int(flag.item())
         want = gather_reference(
             shard.weight.cpu(),
@@ -216,7 +209,7 @@ def check_gather(
         )
         bad = ids.clone()
         bad[7] = table_rows  # an id outside the table: zeros and the flag, never a read out of bounds
-        launch_gather(library, shard, bad, table_rows, out.clone(), flag, sort_ids(bad) if dedup else None)
+        launch_gather(library, shard, bad, table_rows, out.clone(), flag, dedup)
         return {
             "ok": same_bits(out, want) and clean == 0 and int(flag.item()) == 1,
             "rows_equal": same_bits(out, want),
