@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from engram.config import add_deployment_args, add_engram_args, document_from_args, validate_deployment
-from engram.errors import EngramError
 from engram.memory.host import read_host_limits
 from engram.planning import host_bytes_by_dp, summary
+from engram.plotting import check_plot_path, figure
 from engram.presets import PRESETS, get_preset
 from engram.runtime.plan import DeploymentPlan, plan_deployment
 
@@ -78,37 +77,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def draw(plan: DeploymentPlan, path: str, node_ram_gib: float | None) -> None:
-    target = Path(path)
-    if target.is_dir():
-        raise EngramError(f"--plot {path} is a directory; name a file, e.g. {target / 'plan.png'}")
-    if not target.parent.is_dir():
-        raise EngramError(f"--plot {path}: the directory {target.parent} does not exist; create it or choose another")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise EngramError("--plot needs matplotlib: pip install 'engram[plot]'") from None
+    check_plot_path(path)  # before the sweep over DP sizes
     sizes = range(1, 17)
     series = host_bytes_by_dp(plan.spec, plan.config, plan.parallel.tensor_parallel_size, sizes)
     ram = node_ram_gib if node_ram_gib is not None else read_host_limits().physical_bytes / GIB
-    figure, axes = plt.subplots(figsize=(7, 4.5), dpi=120)
     styles = {"private": ("o", "-"), "embedding_across_dp": ("s", "--"), "dp_shared_memory": ("^", ":")}
-    for name, values in series.items():
-        marker, line = styles[name]
-        axes.plot(list(sizes), [v / GIB for v in values], marker=marker, linestyle=line, label=name)
-    axes.axhline(ram, color="black", linestyle="--", label=f"node RAM ({ram:,.0f} GiB)")
-    axes.set_xlabel("data-parallel replicas on the node")
-    axes.set_ylabel("host memory for Engram tables (GiB)")
-    axes.set_title(f"{plan.spec.name}, TP {plan.parallel.tensor_parallel_size}: host memory per node")
-    axes.set_yscale("log")
-    axes.grid(True, which="both", alpha=0.3)
-    axes.legend()
-    figure.tight_layout()
-    try:
-        figure.savefig(path)
-    except (OSError, ValueError) as exc:
-        raise EngramError(f"cannot write the plot to {path}: {getattr(exc, 'strerror', None) or exc}") from None
-    finally:
-        plt.close(figure)
+    with figure(path) as axes:
+        for name, values in series.items():
+            marker, line = styles[name]
+            axes.plot(list(sizes), [v / GIB for v in values], marker=marker, linestyle=line, label=name)
+        axes.axhline(ram, color="black", linestyle="--", label=f"node RAM ({ram:,.0f} GiB)")
+        axes.set_xlabel("data-parallel replicas on the node")
+        axes.set_ylabel("host memory for Engram tables (GiB)")
+        axes.set_title(f"{plan.spec.name}, TP {plan.parallel.tensor_parallel_size}: host memory per node")
+        axes.set_yscale("log")

@@ -10,6 +10,7 @@ from typing import Any
 
 from engram.corpus import load_corpus
 from engram.errors import EngramError
+from engram.plotting import check_plot_path, figure
 from engram.presets import PRESETS, get_preset
 from engram.profile import profile_tables, summary, write_profile
 
@@ -42,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
         raise EngramError("--tokens must be at least 8192 (one prefill batch) and --held-out-tokens at least 256")
     if not all(0 < f <= 1 for f in args.cache_fraction):
         raise EngramError("--cache-fraction values must be in (0, 1]")
+    if args.plot:
+        check_plot_path(args.plot)
     corpus = load_corpus()
     fit, held = corpus.fit[: args.tokens], corpus.held_out[: args.held_out_tokens]
     table_bytes = spec.table_bytes // len(spec.table_names())
@@ -78,31 +81,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def draw(report: dict[str, Any], path: str) -> None:
-    target = Path(path)
-    if target.is_dir() or not target.parent.is_dir():
-        raise EngramError(f"--plot {path}: name a file in an existing directory")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise EngramError("--plot needs matplotlib: pip install 'engram[plot]'") from None
-    figure, axes = plt.subplots(figsize=(7, 4.5), dpi=120)
-    for table in report["tables"]:
-        shares = [100 * table["cache_share_of_table"][k] for k in table["hit_rate_by_cache_bytes"]]
-        rates = [100 * v for v in table["hit_rate_by_cache_bytes"].values()]
-        axes.plot(shares, rates, marker="o", label=table["table"])
-    axes.set_xscale("log")
-    axes.set_xlabel("device cache, % of the table")
-    axes.set_ylabel("held-out lookups that hit, %")
-    axes.set_title(f"{report['preset']}: hot rows chosen on {report['fit_tokens']:,} tokens")
-    axes.grid(True, which="both", alpha=0.3)
-    axes.legend()
-    figure.tight_layout()
-    try:
-        figure.savefig(path)
-    except OSError as exc:
-        raise EngramError(f"cannot write the plot to {path}: {exc.strerror or exc}") from None
-    finally:
-        plt.close(figure)
+    with figure(path) as axes:
+        for table in report["tables"]:
+            shares = [100 * table["cache_share_of_table"][k] for k in table["hit_rate_by_cache_bytes"]]
+            rates = [100 * v for v in table["hit_rate_by_cache_bytes"].values()]
+            axes.plot(shares, rates, marker="o", label=table["table"])
+        axes.set_xscale("log")
+        axes.set_xlabel("device cache, % of the table")
+        axes.set_ylabel("held-out lookups that hit, %")
+        axes.set_title(f"{report['preset']}: hot rows chosen on {report['fit_tokens']:,} tokens")
