@@ -10,7 +10,9 @@ import hashlib
 import os
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from engram.errors import EngramError
 
@@ -21,6 +23,24 @@ BUILD_TIMEOUT_S = 600
 def cache_dir() -> Path:
     root = Path(os.environ.get("ENGRAM_CACHE_DIR") or Path.home() / ".cache" / "engram")
     return root / "build"
+
+
+def save_cached(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Write a cache file atomically (a temporary name, then a rename: readers never see half a file),
+    best effort: a read-only or full cache only costs a rebuild next time."""
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+        tmp = None
+    except OSError:
+        pass
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def source_digest(sources: list[Path], command: list[str], version: str) -> str:

@@ -12,18 +12,16 @@ from __future__ import annotations
 import ast
 import gzip
 import hashlib
-import os
 import re
 import sys
 import sysconfig
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from engram._build import cache_dir
+from engram._build import cache_dir, save_cached
 from engram.errors import EngramError
 from engram.ngram.spec import ModelSpec
 from engram.ngram.vocab import deepseek_v4_tokenizer
@@ -127,17 +125,13 @@ def load_corpus() -> Corpus:
         sources[source] = sources.get(source, 0) + ids.size
     tokens = np.concatenate(fit + held) if fit or held else np.empty(0, dtype=np.int64)
     held_out_from = sum(a.size for a in fit)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz")
-    with os.fdopen(fd, "wb") as f:
-        np.savez(
-            f,
-            tokens=tokens,
-            held_out_from=held_out_from,
-            source_names=np.array(list(sources)),
-            source_counts=np.array(list(sources.values()), dtype=np.int64),
-        )
-    os.replace(tmp, path)
+    source_names, source_counts = np.array(list(sources)), np.array(list(sources.values()), dtype=np.int64)
+    save_cached(
+        path,
+        lambda f: np.savez(
+            f, tokens=tokens, held_out_from=held_out_from, source_names=source_names, source_counts=source_counts
+        ),
+    )
     return Corpus(torch.from_numpy(tokens), held_out_from, sources)
 
 

@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 from tokenizers import Regex, Tokenizer, normalizers
 
-from engram._build import cache_dir
+from engram._build import cache_dir, save_cached
 from engram.errors import EngramError
 
 # Bump when the key rules change, so cached tables are rebuilt.
@@ -62,14 +60,7 @@ def compressed_lookup(tokenizer_file: Path) -> torch.Tensor:
     if cached.exists():
         return torch.from_numpy(np.load(cached))
     lookup = build_lookup(Tokenizer.from_str(data.decode()))
-    try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=cached.parent, suffix=".npy")
-        with os.fdopen(fd, "wb") as f:
-            np.save(f, lookup)
-        os.replace(tmp, cached)
-    except OSError:
-        pass  # a read-only cache only costs the rebuild next time
+    save_cached(cached, lambda f: np.save(f, lookup))
     return torch.from_numpy(lookup)
 
 
