@@ -38,7 +38,7 @@ import torch
 
 from engram import kernels
 from engram.config import validate_deployment
-from engram.corpus import load_corpus, text_rows
+from engram.corpus import Corpus, load_corpus, text_rows
 from engram.errors import EngramError
 from engram.ops import gather, gather_into, gather_reference, kernel_ids, use_sorted
 from engram.presets import get_preset, scaled_preset
@@ -581,23 +581,23 @@ def run_all(report: Report, table_gib: float, sizes: list[float], preset: str, w
     if not report.run("bench: copy ceilings", copies).ok:
         return
     report.run("bench: row formats", lambda: measure(bench_formats(library, runtime, table_gib, ceilings)))
-    corpus: list[torch.Tensor] = []
+    corpus: list[Corpus] = []  # loaded once by its stage, read by the stages after it
 
     def real_text() -> dict[str, Any]:
-        corpus.append(load_corpus().held_out)
-        return {"held_out_tokens": corpus[0].numel()}
+        corpus.append(load_corpus())
+        return {"tokens": corpus[0].tokens.numel(), "held_out_tokens": corpus[0].held_out.numel()}
 
     report.run("bench: real-text corpus", real_text)
 
     def measure_sorted(gib: float) -> dict[str, Any]:
-        return measure(bench_sorted(runtime, gib, corpus[0] if corpus else None, ceilings))
+        return measure(bench_sorted(runtime, gib, corpus[0].held_out if corpus else None, ceilings))
 
     for gib in sizes:
         report.run(f"bench: plain and sorted, {gib:g} GiB", functools.partial(measure_sorted, gib))
     if corpus:
         report.run(
             f"bench: device cache, {sizes[-1]:g} GiB",
-            lambda: measure(bench_cache(runtime, sizes[-1], corpus[0], load_corpus().fit, ceilings)),
+            lambda: measure(bench_cache(runtime, sizes[-1], corpus[0].held_out, corpus[0].fit, ceilings)),
         )
     report.run("bench: eager host time", lambda: measure(bench_host_time(runtime)))
     report.run("bench: prefetch beside compute", lambda: measure(bench_prefetch(runtime, min(sizes[-1], 8.0))))

@@ -26,10 +26,6 @@ class HotRows:
     weight: torch.Tensor
     scale: torch.Tensor | None
 
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.weight, self.scale) if t is not None)
-
 
 def read_profile(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """The hot rows per table ('<table>.hot_rows', most frequent first) of an `engram profile --out` file."""

@@ -3,6 +3,8 @@ DeepSeek V4 tokenizer, split by file into a fit part and a held-out part, cached
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 import torch
 
@@ -32,7 +34,9 @@ def test_documents_and_split() -> None:
     code = next(text for kind, path, text in docs if kind == "code" and path.name == "textwrap.py")
     prose = next(text for kind, path, text in docs if kind == "prose" and path.name == "textwrap.py")
     assert "def wrap(" in code and "def wrap(" not in prose and "Wrap" in prose
-    assert [corpus._held_out(p) for _, p, _ in docs[:50]] == [corpus._held_out(p) for _, p, _ in docs[:50]]
+    held = [corpus._held_out(p) for _, p, _ in docs]  # by a hash of the path: the same on every machine
+    assert held == [hashlib.sha256(str(p).encode()).digest()[0] < 52 for _, p, _ in docs]
+    assert 0.1 < sum(held) / len(held) < 0.3
     assert corpus.ROFF_REQUEST.sub("", ".TH LS 1\nlist directory contents\n.SH NAME") == "\nlist directory contents\n"
 
 
