@@ -356,6 +356,14 @@ def v41_table(
     return spec, shard
 
 
+def id_batches(spec: Any, rows: int, corpus: torch.Tensor | None, tokens: int) -> dict[str, torch.Tensor]:
+    """One layer's ids [tokens, columns] on the GPU: uniform over `rows`, and real text when there is a corpus."""
+    batches = {"uniform": torch.randint(0, rows, (tokens, spec.layout.columns))}
+    if corpus is not None:
+        batches["real text"] = text_rows(spec, corpus, tokens, 2)[1][:, 0]
+    return {source: ids.cuda() for source, ids in batches.items()}
+
+
 def bench_sorted(
     runtime: kernels.LibraryRuntime, table_gib: float, corpus: torch.Tensor | None, ceilings: dict[str, float]
 ) -> list[dict[str, Any]]:
@@ -366,11 +374,7 @@ def bench_sorted(
     out_rows: list[dict[str, Any]] = []
     try:
         for shape, tokens in SHAPES.items():
-            sources = {"uniform": torch.randint(0, rows, (tokens, spec.layout.columns))}
-            if corpus is not None:
-                sources["real text"] = text_rows(spec, corpus, tokens, 2)[1][:, 0]
-            for source, ids in sources.items():
-                ids = ids.cuda()
+            for source, ids in id_batches(spec, rows, corpus, tokens).items():
                 out = torch.empty((*ids.shape, spec.head_dim), dtype=torch.bfloat16, device="cuda")
                 for dedup in (False, True):
                     call = functools.partial(gather_into, shard.weight, shard.scale, ids, 0, rows, out, dedup)
@@ -485,12 +489,7 @@ def bench_cache(
     try:
         assert cache is not None
         for shape, tokens in SHAPES.items():
-            sources = {
-                "real text": text_rows(spec, corpus, tokens, 2)[1][:, 0],
-                "uniform": torch.randint(0, rows, (tokens, spec.layout.columns)),
-            }
-            for source, ids in sources.items():
-                ids = ids.cuda()
+            for source, ids in id_batches(spec, rows, corpus, tokens).items():
                 dedup = use_sorted(ids.numel(), shard.weight, ids.device)
                 plain = gpu_time(
                     functools.partial(gather, shard.weight, shard.scale, ids, 0, rows, torch.bfloat16, dedup)
