@@ -1,7 +1,9 @@
 """Decode and validate one JSON EngramConfig: engram's load_config(bytes, env={}) against a pydantic v2
 dataclass written the way vLLM writes its configs, and against jsonschema on the same document.
 
-Targets: at least 2x faster than pydantic, 50x faster than jsonschema. Run: python benchmarks/bench_config.py
+Targets: at least 2x faster than pydantic, 50x faster than jsonschema. Then the full walk of whole
+deployment documents (the generated check_document, which reports every problem) against jsonschema.
+Run: python benchmarks/bench_config.py
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from _timing import median_seconds, print_table  # benchmarks/ is on sys.path wh
 from pydantic import ConfigDict, Field, TypeAdapter, model_validator
 from pydantic.dataclasses import dataclass
 
+from engram._generated.validators import check_document
 from engram.config import ConfigError, load_config
 
 DOCUMENTS = [
@@ -24,6 +27,27 @@ DOCUMENTS = [
     b"{}",
 ]
 INVALID = b'{"cpu_offload": false, "dp_shared_memory": true}'
+DEPLOYMENTS = [
+    {
+        "engram": {"cpu_offload": True, "dp_shared_memory": True},
+        "parallel": {"data_parallel_size": 2},
+        "load": {"load_format": "safetensors"},
+        "platform": "cuda",
+    },
+    {
+        "engram": {"embedding_across_dp": True},
+        "model": {
+            "architecture": "DeepseekV41ForCausalLM",
+            "hf_text_config": {
+                "engram_layer_ids": [1, 15],
+                "engram_max_ngram_size": 3,
+                "engram_vocab_size": [1000, 1000],
+            },
+        },
+    },
+    {"engram": {"cpu_offload": False, "dp_shared_memory": True, "bogus": 1}, "parallel": {"data_parallel_size": 1}},
+    {},
+]
 
 
 def _default_cpu_offload() -> bool:
@@ -93,6 +117,33 @@ def main() -> None:
     print(
         f"targets: pydantic >= 2x ({results['pydantic'] / engram_us:.1f}x), jsonschema >= 50x ({results['jsonschema'] / engram_us:.0f}x)"
     )
+    print()
+    full_walk(schema)
+
+
+def full_walk(schema: dict[str, object]) -> None:
+    """Whole deployment documents, every problem collected: generated code against jsonschema."""
+    validator = jsonschema.Draft202012Validator(schema)
+    for doc in DEPLOYMENTS:  # the same verdicts first
+        problems: list[object] = []
+        check_document(doc, "", problems)
+        assert (problems == []) is validator.is_valid(doc), doc
+
+    def run_generated() -> None:
+        for doc in DEPLOYMENTS:
+            check_document(doc, "", [])
+
+    def run_jsonschema() -> None:
+        for doc in DEPLOYMENTS:
+            list(validator.iter_errors(doc))
+
+    generated = median_seconds(run_generated, number=5000) / len(DEPLOYMENTS) * 1e6
+    reference = median_seconds(run_jsonschema, number=200) / len(DEPLOYMENTS) * 1e6
+    rows = [
+        ["generated check_document", f"{generated:.2f}", "1.0x"],
+        ["jsonschema", f"{reference:.2f}", f"{reference / generated:.0f}x"],
+    ]
+    print_table(["full deployment walk", "us/document", "generated is faster by"], rows)
 
 
 if __name__ == "__main__":

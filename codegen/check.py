@@ -1,40 +1,41 @@
-"""Check the schema before compiling it: the 2020-12 meta-schema first, then every keyword must be one
-the compiler understands. A keyword we cannot compile is an error, never silently dropped."""
+"""Check the schema before compiling it: the 2020-12 meta-schema first (patterns read as ECMA-262, so
+`\\p{Letter}` is a valid pattern), then what the meta-schema cannot say: the x-engram-* extensions,
+engram's if/then rules, and keywords that are almost certainly mistakes."""
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 import jsonschema
 
+from codegen.index import SchemaIndex
 from codegen.load import SchemaError
+from codegen.validators import is_rule
+from engram._regex import is_pattern
 
-# Keywords that only annotate: they change no verdict.
-ANNOTATIONS = frozenset({"$schema", "$id", "$comment", "title", "description", "default", "examples"})
-# Keywords the validator compiler turns into code.
-ASSERTIONS = frozenset(
+DRAFT = "https://json-schema.org/draft/2020-12/schema"
+# Every keyword of the 2020-12 core, applicator, unevaluated, validation, meta-data, format-annotation
+# and content vocabularies. Anything else is an annotation, as the spec says, unless it is listed below.
+KEYWORDS = frozenset(
     {
-        "type",
-        "enum",
-        "const",
-        "minimum",
-        "maximum",
-        "minItems",
-        "maxItems",
-        "uniqueItems",
-        "items",
-        "properties",
-        "required",
-        "additionalProperties",
-        "allOf",
-        "anyOf",
-        "not",
-        "if",
-        "then",
-        "$ref",
-        "$defs",
+        *("$schema", "$id", "$ref", "$anchor", "$dynamicRef", "$dynamicAnchor", "$vocabulary", "$comment", "$defs"),
+        *("prefixItems", "items", "contains", "additionalProperties", "properties", "patternProperties"),
+        *("dependentSchemas", "propertyNames", "if", "then", "else", "allOf", "anyOf", "oneOf", "not"),
+        *("unevaluatedItems", "unevaluatedProperties", "type", "const", "enum", "multipleOf", "maximum"),
+        *("exclusiveMaximum", "minimum", "exclusiveMinimum", "maxLength", "minLength", "pattern", "maxItems"),
+        *("minItems", "uniqueItems", "maxContains", "minContains", "maxProperties", "minProperties", "required"),
+        *("dependentRequired", "title", "description", "default", "deprecated", "readOnly", "writeOnly"),
+        *("examples", "format", "contentEncoding", "contentMediaType", "contentSchema"),
     }
 )
+# Keywords of older drafts that 2020-12 would silently ignore: refused, naming the replacement.
+REPLACED = {
+    "additionalItems": "items (after prefixItems)",
+    "dependencies": "dependentRequired or dependentSchemas",
+    "$recursiveRef": "$dynamicRef",
+    "$recursiveAnchor": "$dynamicAnchor",
+}
 # x-engram-* keys, each documented in schema/README.md.
 EXTENSIONS = frozenset(
     {
@@ -45,65 +46,70 @@ EXTENSIONS = frozenset(
         "x-engram-path",
         "x-engram-cli",
         "x-engram-default-from",
+        "x-engram-format-assertion",
     }
 )
-TYPES = frozenset({"object", "array", "string", "integer", "number", "boolean", "null"})
+RULE_KEYS = frozenset({"if", "then", "x-engram-rule", "x-engram-message", "x-engram-path", "$comment"})
+
+
+def _meta_validator() -> jsonschema.protocols.Validator:
+    checker = jsonschema.FormatChecker()
+    checker.checkers = dict(jsonschema.Draft202012Validator.FORMAT_CHECKER.checkers)
+    checker.checks("regex")(lambda v: not isinstance(v, str) or is_pattern(v))
+    meta = jsonschema.Draft202012Validator.META_SCHEMA
+    return jsonschema.Draft202012Validator(meta, format_checker=checker)
 
 
 def check_schema(document: dict[str, Any]) -> None:
-    try:
-        jsonschema.Draft202012Validator.check_schema(document)
-    except jsonschema.SchemaError as exc:
-        pointer = "/" + "/".join(str(p) for p in exc.absolute_path)
-        raise SchemaError(f"schema fails the 2020-12 meta-schema at {pointer}: {exc.message}") from None
-    if document.get("$schema") != "https://json-schema.org/draft/2020-12/schema":
-        raise SchemaError('the schema must declare "$schema": "https://json-schema.org/draft/2020-12/schema"')
-    _check_node(document, "", document)
+    error = jsonschema.exceptions.best_match(_meta_validator().iter_errors(document))
+    if error is not None:
+        pointer = "".join(f"/{p}" for p in error.absolute_path)
+        raise SchemaError(f"schema fails the 2020-12 meta-schema at {pointer or '/'}: {error.message}")
+    if document.get("$schema") != DRAFT:
+        raise SchemaError(f'the schema must declare "$schema": "{DRAFT}"')
+    if "x-engram-format-assertion" in document and not isinstance(document["x-engram-format-assertion"], bool):
+        raise SchemaError("/x-engram-format-assertion: must be true or false")
+    index = SchemaIndex(document)
+    for pointer in index.base:
+        if pointer.startswith("~"):
+            continue  # a bundled meta-schema
+        node = index.at(pointer)
+        if isinstance(node, dict):
+            _check_node(node, pointer)
+            for key in ("$ref", "$dynamicRef"):  # a reference that leaves the document is refused now
+                if isinstance(node.get(key), str):
+                    index.resolve(node[key], index.base[pointer], f"{pointer}/{key}")
 
 
-def _check_node(node: Any, pointer: str, root: dict[str, Any]) -> None:
-    if not isinstance(node, dict):
-        raise SchemaError(f"{pointer or '/'}: boolean schemas are not supported; write an object schema")
+def _check_node(node: dict[str, Any], pointer: str) -> None:
     for key in node:
         if key.startswith("x-engram-"):
             if key not in EXTENSIONS:
                 raise SchemaError(f"{pointer}/{key}: unknown extension keyword; known: {', '.join(sorted(EXTENSIONS))}")
+            if key == "x-engram-format-assertion" and pointer:
+                raise SchemaError(f"{pointer}/{key}: format assertion is chosen once, at the schema's root")
         elif key.startswith("x-"):
             raise SchemaError(f"{pointer}/{key}: unknown extension keyword; only x-engram-* keys are compiled")
-        elif key not in ANNOTATIONS and key not in ASSERTIONS:
-            raise SchemaError(f"{pointer}/{key}: keyword {key!r} is not supported by the engram generator")
-    _check_values(node, pointer, root)
-    for key in ("properties", "$defs"):
-        for name, child in node.get(key, {}).items():
-            _check_node(child, f"{pointer}/{key}/{name}", root)
-    for key in ("items", "not", "if", "then"):
-        if key in node:
-            _check_node(node[key], f"{pointer}/{key}", root)
-    for key in ("allOf", "anyOf"):
-        for i, child in enumerate(node.get(key, [])):
-            _check_node(child, f"{pointer}/{key}/{i}", root)
-
-
-def _check_values(node: dict[str, Any], pointer: str, root: dict[str, Any]) -> None:
-    kind = node.get("type")
-    if isinstance(kind, list) or (kind is not None and kind not in TYPES):
-        raise SchemaError(f"{pointer}/type: only a single type name is supported, got {kind!r}")
-    if "additionalProperties" in node and node["additionalProperties"] is not False:
-        raise SchemaError(f"{pointer}/additionalProperties: only `false` is supported")
-    if "if" in node:
+        elif key in REPLACED:
+            raise SchemaError(
+                f"{pointer}/{key}: {key!r} is not a 2020-12 keyword and would be ignored; use {REPLACED[key]}"
+            )
+        elif key not in KEYWORDS:
+            near = difflib.get_close_matches(key, KEYWORDS, n=1, cutoff=0.8)
+            near += [k for k in KEYWORDS if k.lower() == key.lower()]
+            if near:
+                raise SchemaError(
+                    f"{pointer}/{key}: unknown keyword {key!r} would be ignored; did you mean {near[0]!r}?"
+                )
+    if "$schema" in node and node["$schema"].rstrip("#") != DRAFT:
+        raise SchemaError(
+            f"{pointer}/$schema: {node['$schema']!r} declares another dialect or vocabulary set; "
+            f"the generator compiles {DRAFT} only"
+        )
+    if is_rule(node):
         _check_rule(node, pointer)
-    if "if" in node and "then" not in node:
-        raise SchemaError(f"{pointer}: `if` needs a `then`")
-    if "then" in node and "if" not in node:
-        raise SchemaError(f"{pointer}: `then` needs an `if`")
-    ref = node.get("$ref")
-    if ref is not None:
-        name = ref.removeprefix("#/$defs/")
-        if name == ref or name not in root.get("$defs", {}):
-            raise SchemaError(f"{pointer}/$ref: only local '#/$defs/<name>' references are supported, got {ref!r}")
-    for i, rule in enumerate(node.get("allOf", [])):
-        if "if" in rule:
-            _check_rule(rule, f"{pointer}/allOf/{i}")
+    elif "x-engram-path" in node:
+        raise SchemaError(f"{pointer}/x-engram-path: only an if/then rule with an x-engram-rule takes a path")
     if "x-engram-message" in node and "x-engram-rule" not in node:
         raise SchemaError(f"{pointer}: x-engram-message needs an x-engram-rule id")
     env = node.get("x-engram-env")
@@ -122,11 +128,14 @@ def _check_values(node: dict[str, Any], pointer: str, root: dict[str, Any]) -> N
 
 
 def _check_rule(rule: dict[str, Any], pointer: str) -> None:
-    missing = [k for k in ("x-engram-rule", "x-engram-message", "x-engram-path") if k not in rule]
+    missing = [k for k in ("then", "x-engram-rule", "x-engram-message", "x-engram-path") if k not in rule]
     if missing:
         raise SchemaError(f"{pointer}: an if/then rule needs {', '.join(missing)}")
-    extra = set(rule) - {"if", "then", "x-engram-rule", "x-engram-message", "x-engram-path", "$comment"}
+    extra = set(rule) - RULE_KEYS
     if extra:
         raise SchemaError(
             f"{pointer}: an if/then rule holds only if, then and its x-engram-* keys; move {sorted(extra)}"
         )
+    path = rule["x-engram-path"]
+    if not isinstance(path, str) or (path and not path.startswith("/")):
+        raise SchemaError(f"{pointer}/x-engram-path: a JSON pointer such as /field, relative to the rule's object")

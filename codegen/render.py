@@ -4,6 +4,7 @@ or diff the outputs."""
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import re
 import subprocess
 import sys
@@ -30,7 +31,7 @@ NO_MODEL = (
 )
 
 
-def render(schema: LoadedSchema, compiled: Compiled) -> dict[str, str]:
+def environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATES),
         undefined=jinja2.StrictUndefined,
@@ -41,12 +42,18 @@ def render(schema: LoadedSchema, compiled: Compiled) -> dict[str, str]:
     )
     env.filters["pyrepr"] = repr
     env.filters["snake"] = lambda name: re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+    return env
+
+
+def render(schema: LoadedSchema, compiled: Compiled) -> dict[str, str]:
+    env = environment()
     context: dict[str, Any] = {
         "sha256": schema.sha256,
         "structs": compiled.structs,
         "engram": compiled.engram,
         "sections": compiled.sections,
         "functions": compiled.functions,
+        "imports": compiled.imports,
         "attr_rule_functions": list(compiled.attr_rule_functions.values()),
         "attr_structs": list(compiled.attr_rule_functions),
         "rules": compiled.rules,
@@ -58,23 +65,37 @@ def render(schema: LoadedSchema, compiled: Compiled) -> dict[str, str]:
     outputs = {}
     for path, template in OUTPUTS.items():
         text = env.get_template(template).render(context)
-        outputs[path] = _format_python(text, path) if path.endswith(".py") else text
+        outputs[path] = _format_python(compiles(text, path), path) if path.endswith(".py") else text
     # The installed package carries the schema it was generated from (`engram schema` prints it).
     outputs["engram/_generated/engram.schema.json"] = schema.path.read_text()
     return outputs
 
 
+def compiles(text: str, path: str) -> str:
+    """`text`, once Python has compiled it: code that does not compile is the generator's own bug,
+    whatever the schema says, and is reported as that (never as a formatter problem)."""
+    try:
+        compile(text, path, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as exc:
+        raise SchemaError(
+            f"generator bug: the generated {path} does not compile ({exc}); please report it with the schema"
+        ) from None
+    return text
+
+
 def _format_python(text: str, path: str) -> str:
     """ruff (pinned in the dev extras) makes the output formatted and stable across machines."""
+    if importlib.util.find_spec("ruff") is None:
+        raise SchemaError(
+            f"cannot format {path}: ruff is not installed (install the dev extras: pip install -e '.[dev]')"
+        )
     cmd = [sys.executable, "-m", "ruff", "format", "--quiet", "--stdin-filename", str(ROOT / path), "-"]
     try:
         done = subprocess.run(cmd, input=text, capture_output=True, text=True, check=False, timeout=60, cwd=ROOT)
     except FileNotFoundError as exc:  # pragma: no cover - the interpreter itself vanished
         raise SchemaError(f"cannot run ruff: {exc}") from None
     if done.returncode != 0:
-        raise SchemaError(
-            f"ruff could not format {path} (install the dev extras: pip install -e '.[dev]'):\n{done.stderr}"
-        )
+        raise SchemaError(f"ruff failed on the generated {path}, which compiles; please report it:\n{done.stderr}")
     return done.stdout
 
 

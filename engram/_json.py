@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import reprlib
 from collections.abc import Callable
+from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 from engram.errors import Problem
@@ -30,6 +32,18 @@ def _json_equal(a: Any, b: Any) -> bool:
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_json_equal(a[k], b[k]) for k in a)
     return type(a) is type(b) and bool(a == b)
+
+
+def _exact(x: int | float) -> Fraction:
+    """The decimal a JSON number was written as (its shortest repr), exactly: 0.1 is 1/10 here."""
+    return Fraction(x) if isinstance(x, int) else Fraction(Decimal(repr(x)))
+
+
+def _multiple_of(v: int | float, m: int | float) -> bool:
+    """multipleOf in exact decimal arithmetic: 0.3 is a multiple of 0.1, and 1e308 of nothing small."""
+    if isinstance(v, int) and isinstance(m, int):
+        return v % m == 0
+    return _exact(v) % _exact(m) == 0
 
 
 def _key(v: Any) -> Any:
@@ -85,17 +99,11 @@ def _at(doc: Any, parts: tuple[str, ...]) -> Any:
     return doc
 
 
-def _details(check: Callable[[Any, str, list[Problem]], None], v: Any) -> str:
+def _details(check: Callable[[Any, str, list[Problem]], bool], v: Any) -> str:
     """What `check` finds wrong with `v`, as 'field: message; ...' for a rule's message."""
     scratch: list[Problem] = []
     check(v, "", scratch)
     return "; ".join(f"{p.path.lstrip('/') or 'value'}: {p.message}" for p in scratch)
-
-
-def _passes(check: Callable[[Any, str, list[Problem]], None], v: Any) -> bool:
-    scratch: list[Problem] = []
-    check(v, "", scratch)
-    return not scratch
 
 
 _REPR = reprlib.Repr()

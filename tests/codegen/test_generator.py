@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -16,7 +17,7 @@ from codegen.__main__ import main as codegen_main
 from codegen.check import check_schema
 from codegen.compile import compile_schema
 from codegen.load import ROOT, SCHEMA_PATH, SchemaError, load_schema
-from codegen.render import OUTPUTS, diff, render, write
+from codegen.render import OUTPUTS, compiles, diff, render, write
 
 SCHEMA = json.loads(SCHEMA_PATH.read_text())
 
@@ -35,8 +36,14 @@ def cpu_offload(schema: dict[str, Any]) -> dict[str, Any]:
     ("change", "message"),
     [
         (
-            lambda s: cpu_offload(s).update(pattern="^x$"),
-            "/$defs/EngramConfig/properties/cpu_offload/pattern: keyword 'pattern' is not supported",
+            lambda s: cpu_offload(s).update(minimun=1),
+            "/$defs/EngramConfig/properties/cpu_offload/minimun: unknown keyword 'minimun' would be ignored; "
+            "did you mean 'minimum'?",
+        ),
+        (lambda s: cpu_offload(s).update(maxitems=1), "did you mean 'maxItems'?"),
+        (
+            lambda s: cpu_offload(s).update(additionalItems=False),
+            "cpu_offload/additionalItems: 'additionalItems' is not a 2020-12 keyword and would be ignored; use items",
         ),
         (lambda s: cpu_offload(s).update({"x-engram-colour": "red"}), "x-engram-colour: unknown extension keyword"),
         (
@@ -44,31 +51,104 @@ def cpu_offload(schema: dict[str, Any]) -> dict[str, Any]:
             "x-other: unknown extension keyword; only x-engram-* keys are compiled",
         ),
         (lambda s: cpu_offload(s).update(type="bool"), "fails the 2020-12 meta-schema"),
-        (lambda s: cpu_offload(s).update(type=["boolean", "null"]), "only a single type name is supported"),
-        (
-            lambda s: s["$defs"]["EngramConfig"].update(additionalProperties={"type": "string"}),
-            "only `false` is supported",
-        ),
-        (lambda s: s["allOf"][0].pop("x-engram-rule"), "an if/then rule needs x-engram-rule"),
+        (lambda s: cpu_offload(s).update(pattern="(unclosed"), "fails the 2020-12 meta-schema"),
+        (lambda s: s["allOf"][0].pop("x-engram-message"), "/allOf/0: an if/then rule needs x-engram-message"),
+        (lambda s: s["allOf"][0].pop("x-engram-rule"), "/allOf/0/x-engram-path: only an if/then rule"),
+        (lambda s: s["allOf"][0].update(type="object"), "an if/then rule holds only if, then and its x-engram-* keys"),
         (lambda s: cpu_offload(s).update({"x-engram-hash": False}), 'write {"exclude": "<reason>"}'),
         (
             lambda s: s["properties"]["engram"].update({"$ref": "other.json#/x"}),
-            "only local '#/$defs/<name>' references",
+            "/properties/engram/$ref: remote reference 'other.json#/x' (resolves to "
+            "'https://engram.dev/schema/other.json') is not supported",
         ),
-        (lambda s: s.update(dependentRequired={"a": ["b"]}), "keyword 'dependentRequired' is not supported"),
+        (lambda s: s["properties"]["engram"].update({"$ref": "#/$defs/Nowhere"}), "points at nothing"),
+        (lambda s: s["properties"]["engram"].update({"$ref": "#missing"}), "names no $anchor or $dynamicAnchor"),
+        (
+            lambda s: cpu_offload(s).update({"x-engram-format-assertion": True}),
+            "format assertion is chosen once, at the schema's root",
+        ),
     ],
 )
-def test_rejects_what_it_cannot_compile(change: Any, message: str) -> None:
+def test_refuses_what_would_be_wrong_or_ignored(change: Any, message: str) -> None:
     with pytest.raises(SchemaError) as exc:
         check_schema(mutated(change))
     assert message in str(exc.value)
 
 
+def test_unknown_keywords_are_annotations_and_near_misses_are_refused() -> None:
+    """The spec ignores unknown keywords; one that is a keyword misspelt is refused instead."""
+    check_schema(mutated(lambda s: cpu_offload(s).update(array_of_schemas=[{"type": "null"}])))
+    with pytest.raises(SchemaError, match="did you mean 'required'"):
+        check_schema(mutated(lambda s: s["$defs"]["EngramConfig"].update(requried=["cpu_offload"])))
+
+
+def test_compile_refuses_loops_and_unknown_asserted_formats() -> None:
+    looped = mutated(
+        lambda s: s["$defs"].update(A={"allOf": [{"$ref": "#/$defs/B"}]}, B={"anyOf": [{"$ref": "#/$defs/A"}]})
+    )
+    looped["properties"]["a"] = {"$ref": "#/$defs/A"}
+    check_schema(looped)
+    with pytest.raises(SchemaError, match=r"^/\$defs/A: the schema applies itself to the same value again"):
+        compile_schema(looped)
+    descending = mutated(lambda s: s["$defs"].update(T={"properties": {"next": {"$ref": "#/$defs/T"}}}))
+    descending["properties"]["t"] = {"$ref": "#/$defs/T"}
+    compile_schema(descending)  # recursion that descends into the value ends
+    asserted = mutated(lambda s: cpu_offload(s).update(format="colour"))
+    asserted["x-engram-format-assertion"] = True
+    with pytest.raises(SchemaError, match="cpu_offload/format: format 'colour' cannot be asserted; known: date, "):
+        compile_schema(asserted)
+
+
+def test_struct_names_must_be_identifiers() -> None:
+    schema = mutated(
+        lambda s: s["$defs"]["EngramConfig"]["properties"].update({"odd-name": {"type": "boolean", "default": False}})
+    )
+    with pytest.raises(
+        SchemaError, match="'odd-name' names a config struct or field, so it must be a Python identifier"
+    ):
+        compile_schema(schema)
+
+
+def test_odd_names_outside_structs_compile() -> None:
+    """Names that are no identifiers, and strings with quotes and newlines, render to valid code."""
+    schema = mutated(
+        lambda s: s["$defs"].update({"is-string": {"type": "object", "required": ["quote'\"", "new\nline"]}})
+    )
+    schema["properties"]["odd"] = {"$ref": "#/$defs/is-string", "properties": {"a-b": True, "a_b": False}}
+    check_schema(schema)
+    outputs = render(load_schema(SCHEMA_PATH), compile_schema(schema))
+    namespace: dict[str, Any] = {}
+    exec(compile(outputs["engram/_generated/validators.py"], "validators.py", "exec"), namespace)
+    problems: list[Any] = []
+    namespace["check_document"]({"odd": {"quote'\"": 1, "new\nline": 2, "a-b": 3}}, "", problems)
+    assert problems == []
+    namespace["check_document"]({"odd": {"a_b": 1}}, "", problems)
+    assert [(p.path, p.rule) for p in problems] == [
+        ("/odd/a_b", "false"),
+        ("/odd/quote'\"", "required"),
+        ("/odd/new\nline", "required"),
+    ]
+
+
+def test_generated_code_that_does_not_compile_is_a_generator_bug() -> None:
+    with pytest.raises(SchemaError, match=r"generator bug: the generated x.py does not compile \("):
+        compiles("def broken(:\n", "x.py")
+
+
+def test_missing_ruff_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    schema = load_schema()
+    with pytest.raises(SchemaError, match="ruff is not installed"):
+        render(schema, compile_schema(schema.document))
+
+
 def test_cli_reports_schema_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps(mutated(lambda s: cpu_offload(s).update(format="date"))))
+    bad.write_text(json.dumps(mutated(lambda s: cpu_offload(s).update({"$ref": "https://example.com/s.json"}))))
     assert codegen_main(["--schema", str(bad), "--check"]) == 2
-    assert "keyword 'format' is not supported" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("codegen: /$defs/EngramConfig/properties/cpu_offload/$ref: remote reference")
+    assert "Traceback" not in err
 
 
 def test_hash_opt_out_compiles() -> None:

@@ -1,0 +1,49 @@
+"""Any JSON Schema 2020-12 document compiled on its own, outside a deployment: the module text, or a
+loaded `check(value) -> problems`. The differential tests drive the compiler through this, and it is
+how to try a schema before it goes into schema/engram.schema.json."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from typing import Any
+
+from codegen.check import check_schema
+from codegen.render import compiles, environment
+from codegen.validators import ValidatorCompiler
+from engram.errors import Problem
+
+
+def validator_source(schema: Any) -> str:
+    """Python source of a module whose `check_document(v, path, out)` validates against `schema`."""
+    if isinstance(schema, dict):
+        check_schema(schema)
+    compiler = ValidatorCompiler(schema)
+    root = compiler.function("")
+    text = (
+        environment()
+        .get_template("validators.py.j2")
+        .render(
+            sha256=hashlib.sha256(json.dumps(schema, sort_keys=True).encode()).hexdigest(),
+            imports=compiler.imports(),
+            functions=[*compiler.source(), f"check_document = {root}"],
+            attr_structs=[],
+            attr_rule_functions=[],
+        )
+    )
+    return compiles(text, "<schema>")
+
+
+def load_validator(schema: Any) -> Callable[[Any], list[Problem]]:
+    """`check(value)`: every problem `value` has against `schema`, [] when it is valid."""
+    namespace: dict[str, Any] = {}
+    exec(compile(validator_source(schema), "<schema>", "exec"), namespace)
+    check = namespace["check_document"]
+
+    def problems(value: Any) -> list[Problem]:
+        found: list[Problem] = []
+        check(value, "", found)
+        return found
+
+    return problems

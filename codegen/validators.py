@@ -1,0 +1,654 @@
+"""Compile JSON Schema 2020-12 nodes to straight-line Python, one function per node and variant.
+
+A node function is `f(v, path, out) -> bool`. With `out` a list it appends a Problem for every
+violation and returns whether `v` is valid; with `out=None` it is a predicate that returns at the
+first violation (anyOf, oneOf, not, if and contains ask that way). Where an `unevaluated*` keyword
+needs them, a variant takes a fourth argument, the set that collects evaluated property names or item
+indices. `$dynamicRef` is resolved here: a variant carries the outermost `$dynamicAnchor` binding of
+each name in its dynamic scope, so every call has one fixed target.
+
+Names cannot collide by construction: functions are `_s<n>` and constants `_c<n>`, numbered in order,
+and every string from the schema reaches the code through repr()."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urldefrag
+
+from codegen.index import SchemaIndex, escape, unescape
+from codegen.load import SchemaError
+from engram._formats import CHECKS as FORMAT_CHECKS
+
+TYPE_TESTS = {
+    "object": "isinstance(v, dict)",
+    "array": "isinstance(v, list)",
+    "string": "isinstance(v, str)",
+    "boolean": "isinstance(v, bool)",
+    "integer": "_is_integer(v)",
+    "number": "_is_number(v)",
+    "null": "v is None",
+}
+TYPE_NAMES = {
+    "object": "an object",
+    "array": "an array",
+    "string": "a string",
+    "boolean": "a boolean",
+    "integer": "an integer",
+    "number": "a number",
+    "null": "null",
+}
+# Helpers the generated code may call, and where they live.
+HELPERS = {
+    "engram._json": (
+        "_at",
+        "_details",
+        "_escape",
+        "_got",
+        "_is_integer",
+        "_is_number",
+        "_json_equal",
+        "_multiple_of",
+        "_shown",
+        "_unique",
+    ),
+    "engram._regex": ("compile_pattern",),
+    "engram._formats": ("format_check",),
+}
+
+
+@dataclass(frozen=True)
+class Variant:
+    pointer: str
+    annotate: bool  # takes the `ev` set of evaluated names or indices
+    bindings: tuple[tuple[str, str], ...]  # $dynamicAnchor name -> pointer, outermost first wins
+
+
+def is_rule(schema: Any) -> bool:
+    """An engram rule: an if/then whose violation is reported with its own id, path and message."""
+    return isinstance(schema, dict) and "if" in schema and "x-engram-rule" in schema
+
+
+class ValidatorCompiler:
+    def __init__(self, document: Any, index: SchemaIndex | None = None) -> None:
+        self.index = index or SchemaIndex(document)
+        self.assert_formats = isinstance(document, dict) and document.get("x-engram-format-assertion") is True
+        self.functions: list[str] = []
+        self.constants: dict[str, str] = {}  # Python expression -> name
+        self._names: dict[Variant, str] = {}
+        self._open: list[tuple[Variant, bool]] = []  # functions being compiled, and whether entered in place
+        self._dynamic = {
+            urldefrag(node["$dynamicRef"])[1]
+            for node in map(self.index.at, self.index.base)
+            if isinstance(node, dict) and isinstance(node.get("$dynamicRef"), str)
+        }
+
+    def function(
+        self, pointer: str, *, annotate: bool = False, bindings: tuple[tuple[str, str], ...] = (), inplace: bool = False
+    ) -> str:
+        """The name of the function validating the node at `pointer`, compiling it on first use."""
+        key = Variant(pointer, annotate, self._bind(pointer, bindings))
+        if key in self._names:
+            self._check_loop(key, inplace)
+            return self._names[key]
+        name = self._names[key] = f"_s{len(self._names)}"
+        self._open.append((key, inplace))
+        try:
+            self.functions.append(_Node(self, key, name).source())
+        finally:
+            self._open.pop()
+        return name
+
+    def constant(self, expression: str) -> str:
+        if expression not in self.constants:
+            self.constants[expression] = f"_c{len(self.constants)}"
+        return self.constants[expression]
+
+    def source(self) -> list[str]:
+        """Module-level constants, then the functions, each a top-level statement."""
+        return [f"{name} = {expr}" for expr, name in self.constants.items()] + self.functions
+
+    def imports(self) -> list[str]:
+        """Import lines for the helpers the generated code calls, and only those."""
+        text = "\n".join(self.source())
+        lines = []
+        for module, names in HELPERS.items():
+            used = [n for n in names if re.search(rf"\b{n}\b", text)]
+            if used:
+                lines.append(f"from {module} import {', '.join(used)}")
+        return lines
+
+    def _bind(self, pointer: str, bindings: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+        """Entering a node enters its schema resource: its dynamic anchors bind where still unbound."""
+        if not self._dynamic:
+            return ()
+        bound = dict(bindings)
+        for name, target in self.index.dynamic.get(self.index.base_of(pointer), {}).items():
+            if name in self._dynamic:
+                bound.setdefault(name, target)
+        return tuple(sorted(bound.items()))
+
+    def _check_loop(self, key: Variant, inplace: bool) -> None:
+        for depth, (open_key, _) in enumerate(self._open):
+            if open_key == key:
+                if inplace and all(edge for _, edge in self._open[depth + 1 :]):
+                    raise SchemaError(
+                        f"{key.pointer or '/'}: the schema applies itself to the same value again through "
+                        "in-place keywords ($ref, allOf, anyOf, ...), so validation would never end"
+                    )
+                return
+
+
+class _Node:
+    """The source of one node's function."""
+
+    def __init__(self, compiler: ValidatorCompiler, key: Variant, name: str) -> None:
+        self.c = compiler
+        self.key = key
+        self.name = name
+        self.ptr = key.pointer
+        self.schema = compiler.index.at(key.pointer)
+        s = self.schema if isinstance(self.schema, dict) else {}
+        self.s = s
+        self.own_unevaluated = "unevaluatedProperties" in s or "unevaluatedItems" in s
+        self.track = key.annotate or self.own_unevaluated
+        self.base = compiler.index.base_of(key.pointer)
+        self.rule = None if "if" in s else s.get("x-engram-rule")
+        self.message = s.get("x-engram-message") if self.rule else None
+        self.lines: list[str] = []
+        self.declared = False
+
+    def fresh(self, indent: str) -> str:
+        """A new, empty `branch` set (declared once, for the type checker)."""
+        first, self.declared = not self.declared, True
+        return f"{indent}branch{': set[Any]' if first else ''} = set()"
+
+    def source(self) -> str:
+        args = "v: Any, path: str, out: list[Problem] | None" + (", ev: set[Any]" if self.key.annotate else "")
+        head = [f"def {self.name}({args}) -> bool:", f"    {'Schema node ' + (self.ptr or '/')!r}"]
+        if self.schema is True:
+            return "\n".join([*head, "    return True"])
+        if self.schema is False:
+            problem = self.problem("false", f"no value is allowed here (schema {self.ptr or '/'} is false)")
+            return "\n".join([*head, *self.fail("    ", problem, stop=True)])
+        self.lines.append("    ok = True")
+        if self.track:
+            self.lines.append(
+                "    seen = ev" if self.key.annotate and not self.own_unevaluated else "    seen: set[Any] = set()"
+            )
+        single = self.types()
+        for key in ("const", "enum"):
+            if key in self.s:
+                self.constant_check(key)
+        self.numbers("    " if single in ("integer", "number") else None)
+        self.strings("    " if single == "string" else None)
+        self.arrays("    " if single == "array" else None)
+        self.objects("    " if single == "object" else None)
+        self.in_place()
+        self.unevaluated()
+        if self.key.annotate and self.own_unevaluated:
+            self.lines.append("    ev.update(seen)")
+        self.lines.append("    return ok")
+        return "\n".join(head + self.lines)
+
+    # -- pieces of generated code ----------------------------------------------------------------
+
+    def problem(self, keyword: str, text: str, *, kept: str | None = None, at: str = "path", value: str = "v") -> str:
+        """A Problem expression. `kept` is the rule id of a keyword the engram schema uses, whose wording
+        stays as users know it; any other keyword's message names the keyword and its schema pointer."""
+        rule = self.rule or kept or keyword
+        if self.message:
+            message = message_expr(self.message, value)
+        elif kept:
+            message = f"{text!r} + _got({value})"
+        else:
+            message = f"{text + f' ({keyword} at {self.ptr}/{keyword})'!r} + _got({value})"
+        return f"Problem({at}, {rule!r}, {message})"
+
+    @staticmethod
+    def fail(indent: str, problem: str, *, stop: bool = False) -> list[str]:
+        return [
+            f"{indent}if out is None:",
+            f"{indent}    return False",
+            f"{indent}out.append({problem})",
+            f"{indent}{'return False' if stop else 'ok = False'}",
+        ]
+
+    @staticmethod
+    def call(indent: str, call: str) -> list[str]:
+        return [
+            f"{indent}if not {call}:",
+            f"{indent}    if out is None:",
+            f"{indent}        return False",
+            f"{indent}    ok = False",
+        ]
+
+    def child(self, keyword_pointer: str, *, inplace: bool) -> str:
+        """The function of a subschema: in place ones share this node's annotations and dynamic scope."""
+        return self.c.function(
+            keyword_pointer, annotate=self.track and inplace, bindings=self.key.bindings, inplace=inplace
+        )
+
+    def apply(self, indent: str, sub: Any, pointer: str, value: str, at: str, mark: str) -> list[str]:
+        """Lines applying the subschema at `pointer` to one child value, marking it evaluated when
+        annotations are tracked; `true` needs no call."""
+        calls = [] if sub is True else self.call(indent, f"{self.child(pointer, inplace=False)}({value}, {at}, out)")
+        return calls + ([f"{indent}seen.add({mark})"] if self.track else [])
+
+    def at(self, *tokens: str | int) -> str:
+        return self.ptr + "".join(f"/{escape(str(t))}" for t in tokens)
+
+    def guard(self, indent: str | None, test: str) -> tuple[str, list[str]]:
+        """Checks for one instance type run under `if <test>:` unless `type` already guarantees it."""
+        return (indent, []) if indent else ("        ", [f"    if {test}:"])
+
+    def emit(self, head: list[str], body: list[str]) -> None:
+        if body:
+            self.lines += head + body
+
+    # -- keywords, by the instance type they constrain ------------------------------------------
+
+    def types(self) -> str | None:
+        kinds = self.s.get("type")
+        if kinds is None:
+            return None
+        kinds = [kinds] if isinstance(kinds, str) else kinds
+        test = " or ".join(TYPE_TESTS[k] for k in kinds)
+        expected = "expected " + " or ".join(TYPE_NAMES[k] for k in kinds)
+        self.lines += [
+            f"    if not ({test}):",
+            *self.fail("        ", self.problem("type", expected, kept="type"), stop=True),
+        ]
+        return kinds[0] if len(kinds) == 1 else None
+
+    def constant_check(self, key: str) -> None:
+        """const and enum, in JSON equality (true is not 1, 1 is 1.0)."""
+        values = [self.s[key]] if key == "const" else self.s[key]
+        test = " or ".join(equals("v", c) for c in values) or "False"
+        expected = _json_text(values[0]) if key == "const" else "one of " + ", ".join(_json_text(c) for c in values)
+        self.lines += [
+            f"    if not ({test}):",
+            *self.fail("        ", self.problem(key, f"expected {expected}", kept=key)),
+        ]
+
+    def numbers(self, indent: str | None) -> None:
+        i, head = self.guard(indent, "_is_number(v)")
+        body: list[str] = []
+        for key, test, word, kept in (
+            ("minimum", "v < {}", ">=", "minimum"),
+            ("maximum", "v > {}", "<=", "maximum"),
+            ("exclusiveMinimum", "v <= {}", ">", None),
+            ("exclusiveMaximum", "v >= {}", "<", None),
+        ):
+            if key in self.s:
+                bound = self.s[key]
+                body += [
+                    f"{i}if {test.format(repr(bound))}:",
+                    *self.fail(i + "    ", self.problem(key, f"expected {word} {bound!r}", kept=kept)),
+                ]
+        if "multipleOf" in self.s:
+            m = self.s["multipleOf"]
+            body += [
+                f"{i}if not _multiple_of(v, {m!r}):",
+                *self.fail(i + "    ", self.problem("multipleOf", f"expected a multiple of {m!r}")),
+            ]
+        self.emit(head, body)
+
+    def strings(self, indent: str | None) -> None:
+        i, head = self.guard(indent, "isinstance(v, str)")
+        body: list[str] = []
+        for key, op, word in (("minLength", "<", "at least"), ("maxLength", ">", "at most")):
+            if key in self.s:
+                n = self.s[key]
+                body += [
+                    f"{i}if len(v) {op} {n!r}:",
+                    *self.fail(i + "    ", self.problem(key, f"expected {word} {n} character(s)")),
+                ]
+        if "pattern" in self.s:
+            pattern = self.c.constant(f"compile_pattern({self.s['pattern']!r})")
+            expected = f"expected a match for the pattern {self.s['pattern']!r}"
+            body += [f"{i}if {pattern}.search(v) is None:", *self.fail(i + "    ", self.problem("pattern", expected))]
+        name = self.s.get("format")
+        if self.c.assert_formats and isinstance(name, str):
+            if name not in FORMAT_CHECKS:
+                raise SchemaError(
+                    f"{self.at('format')}: format {name!r} cannot be asserted; known: {', '.join(sorted(FORMAT_CHECKS))}"
+                )
+            check = self.c.constant(f"format_check({name!r})")
+            body += [
+                f"{i}if not {check}(v):",
+                *self.fail(i + "    ", self.problem("format", f"expected a valid {name}")),
+            ]
+        self.emit(head, body)
+
+    def arrays(self, indent: str | None) -> None:
+        i, head = self.guard(indent, "isinstance(v, list)")
+        body: list[str] = []
+        s = self.s
+        for key, op, word, kept in (
+            ("minItems", "<", "at least", "min-items"),
+            ("maxItems", ">", "at most", "max-items"),
+        ):
+            if key in s:
+                body += [
+                    f"{i}if len(v) {op} {s[key]!r}:",
+                    *self.fail(i + "    ", self.problem(key, f"expected {word} {s[key]} item(s)", kept=kept)),
+                ]
+        if s.get("uniqueItems") is True:
+            body += [
+                f"{i}if not _unique(v):",
+                *self.fail(i + "    ", self.problem("uniqueItems", "expected distinct items", kept="unique-items")),
+            ]
+        prefix = s.get("prefixItems", [])
+        for n, _ in enumerate(prefix):
+            if prefix[n] is not True:
+                fn = self.child(self.at("prefixItems", n), inplace=False)
+                body += [f"{i}if len(v) > {n}:", *self.call(i + "    ", f"{fn}(v[{n}], path + {f'/{n}'!r}, out)")]
+        if prefix and self.track:
+            body.append(f"{i}seen.update(range(min(len(v), {len(prefix)})))")
+        if "items" in s:
+            body += self.items(i, len(prefix))
+        if "contains" in s:
+            body += self.contains(i)
+        self.emit(head, body)
+
+    def items(self, i: str, start: int) -> list[str]:
+        body = []
+        if self.s["items"] is False:
+            problem = self.problem("items", f"expected at most {start} item(s)")
+            body += [f"{i}if len(v) > {start}:", *self.fail(i + "    ", problem)]
+        elif self.s["items"] is not True:
+            fn = self.child(self.at("items"), inplace=False)
+            body += [
+                f"{i}for n in range({start}, len(v)):",
+                *self.call(i + "    ", f'{fn}(v[n], f"{{path}}/{{n}}", out)'),
+            ]
+        if self.track:
+            body.append(f"{i}seen.update(range(len(v)))")
+        return body
+
+    def contains(self, i: str) -> list[str]:
+        fn = self.child(self.at("contains"), inplace=False)
+        least, most = self.s.get("minContains", 1), self.s.get("maxContains")
+        body = [
+            f"{i}matched = 0",
+            f"{i}for n, x in enumerate(v):",
+            f'{i}    if {fn}(x, f"{{path}}/{{n}}", None):',
+            f"{i}        matched += 1",
+        ]
+        if self.track:
+            body.append(f"{i}        seen.add(n)")
+        if least > 0:
+            keyword = "contains" if "minContains" not in self.s else "minContains"
+            problem = self.problem(keyword, f"expected at least {least} item(s) matching contains")
+            body += [f"{i}if matched < {least!r}:", *self.fail(i + "    ", problem)]
+        if most is not None:
+            problem = self.problem("maxContains", f"expected at most {most} item(s) matching contains")
+            body += [f"{i}if matched > {most!r}:", *self.fail(i + "    ", problem)]
+        return body
+
+    def objects(self, indent: str | None) -> None:
+        i, head = self.guard(indent, "isinstance(v, dict)")
+        body: list[str] = []
+        s = self.s
+        for key in s.get("required", []):
+            at = f"path + {'/' + escape(key)!r}"
+            body += [
+                f"{i}if {key!r} not in v:",
+                *self.fail(i + "    ", f"Problem({at}, 'required', {'missing required field ' + key!r})"),
+            ]
+        for key, needed in s.get("dependentRequired", {}).items():
+            for other in needed:
+                at = f"path + {'/' + escape(other)!r}"
+                text = f"missing field {other}, required when {key} is present (dependentRequired at {self.at('dependentRequired')})"
+                body += [
+                    f"{i}if {key!r} in v and {other!r} not in v:",
+                    *self.fail(i + "    ", f"Problem({at}, 'dependentRequired', {text!r})"),
+                ]
+        for key, op, word in (("minProperties", "<", "at least"), ("maxProperties", ">", "at most")):
+            if key in s:
+                body += [
+                    f"{i}if len(v) {op} {s[key]!r}:",
+                    *self.fail(i + "    ", self.problem(key, f"expected {word} {s[key]} field(s)")),
+                ]
+        patterns = [self.c.constant(f"compile_pattern({p!r})") for p in s.get("patternProperties", {})]
+        if "additionalProperties" in s:  # first: unknown fields lead the report, as users know it
+            body += self.additional(i, patterns)
+        if "propertyNames" in s and s["propertyNames"] is not True:
+            fn = self.child(self.at("propertyNames"), inplace=False)
+            body += [f"{i}for key in v:", *self.call(i + "    ", f'{fn}(key, path + "/" + _escape(key), out)')]
+        for key, sub in s.get("properties", {}).items():
+            at = f"path + {'/' + escape(key)!r}"
+            lines = self.apply(i + "    ", sub, self.at("properties", key), f"v[{key!r}]", at, repr(key))
+            body += [f"{i}if {key!r} in v:", *lines] if lines else []
+        for pattern, (source, sub) in zip(patterns, s.get("patternProperties", {}).items(), strict=True):
+            at = 'path + "/" + _escape(key)'
+            lines = self.apply(i + "        ", sub, self.at("patternProperties", source), "x", at, "key")
+            loop = [f"{i}for key, x in v.items():", f"{i}    if {pattern}.search(key) is not None:"]
+            body += [*loop, *lines] if lines else []
+        for key, _ in s.get("dependentSchemas", {}).items():
+            fn = self.child(self.at("dependentSchemas", key), inplace=True)
+            body += [
+                f"{i}if {key!r} in v:",
+                *self.call(i + "    ", f"{fn}(v, path, out{', seen' if self.track else ''})"),
+            ]
+        self.emit(head, body)
+
+    def additional(self, i: str, patterns: list[str]) -> list[str]:
+        sub = self.s["additionalProperties"]
+        names = list(self.s.get("properties", {}))
+        known = self.c.constant(f"frozenset({tuple(names)!r})")
+        test = "".join(f" and {p}.search(key) is None" for p in patterns)
+        body = [f"{i}for key in sorted(v.keys() - {known}):"]
+        inner = i + "        " if test else i + "    "
+        if test:
+            body.append(f"{i}    if True{test}:")
+        if sub is False:
+            listed = ", ".join(names)
+            at = 'path + "/" + _escape(key)'
+            message = f'"unknown field " + repr(_shown(key)) + {"; known fields: " + listed!r}'
+            body += self.fail(inner, f"Problem({at}, 'unknown-field', {message})")
+        elif sub is not True:
+            fn = self.child(self.at("additionalProperties"), inplace=False)
+            body += self.call(inner, f'{fn}(v[key], path + "/" + _escape(key), out)')
+        if self.track:
+            body.append(f"{inner}seen.add(key)")
+        return body if len(body) > (2 if test else 1) else []
+
+    # -- keywords that apply subschemas to the same value ----------------------------------------
+
+    def in_place(self) -> None:
+        s = self.s
+        annotations = ", seen" if self.track else ""
+        for keyword in ("$ref", "$dynamicRef"):
+            if isinstance(s.get(keyword), str):
+                target = self.c.index.resolve(s[keyword], self.base, self.at(keyword))
+                if keyword == "$dynamicRef":
+                    target = self.dynamic_target(s[keyword], target)
+                fn = self.c.function(target, annotate=self.track, bindings=self.key.bindings, inplace=True)
+                self.lines += self.call("    ", f"{fn}(v, path, out{annotations})")
+        for n, sub in enumerate(s.get("allOf", [])):
+            if is_rule(sub):
+                self.rule_check(self.at("allOf", n), sub)
+            elif sub is not True or self.track:
+                self.lines += self.call(
+                    "    ", f"{self.child(self.at('allOf', n), inplace=True)}(v, path, out{annotations})"
+                )
+        if "anyOf" in s:
+            self.any_of()
+        if "oneOf" in s:
+            self.one_of()
+        if "not" in s:
+            fn = self.c.function(self.at("not"), bindings=self.key.bindings, inplace=True)
+            self.lines += [
+                f"    if {fn}(v, path, None):",
+                *self.fail("        ", self.problem("not", "expected not this form", kept="not")),
+            ]
+        if is_rule(s):
+            self.rule_check(self.ptr, s)
+        elif "if" in s and ("then" in s or "else" in s or self.track):  # a lone `if` only annotates
+            self.if_then_else()
+
+    def dynamic_target(self, ref: str, target: str) -> str:
+        """$dynamicRef: where the initial target is a $dynamicAnchor of that name, the outermost
+        resource in the dynamic scope that declares the name wins."""
+        name = urldefrag(ref)[1]
+        node = self.c.index.at(target)
+        if isinstance(node, dict) and node.get("$dynamicAnchor") == name:
+            return dict(self.key.bindings).get(name, target)
+        return target
+
+    def branch(self, pointer: str) -> str:
+        return self.c.function(pointer, annotate=self.track, bindings=self.key.bindings, inplace=True)
+
+    def any_of(self) -> None:
+        branches = [self.branch(self.at("anyOf", n)) for n in range(len(self.s["anyOf"]))]
+        problem = self.problem("anyOf", "expected one of the allowed forms", kept="any-of")
+        if not self.track:
+            tests = " or ".join(f"{fn}(v, path, None)" for fn in branches)
+            self.lines += [f"    if not ({tests}):", *self.fail("        ", problem)]
+            return
+        self.lines.append("    matched = 0")
+        for fn in branches:  # every branch runs: each that passes contributes its annotations
+            self.lines += [
+                self.fresh("    "),
+                f"    if {fn}(v, path, None, branch):",
+                "        matched += 1",
+                "        seen |= branch",
+            ]
+        self.lines += ["    if not matched:", *self.fail("        ", problem)]
+
+    def one_of(self) -> None:
+        self.lines.append("    matched = 0")
+        for n in range(len(self.s["oneOf"])):
+            fn = self.branch(self.at("oneOf", n))
+            if self.track:
+                self.lines += [
+                    self.fresh("    "),
+                    f"    if {fn}(v, path, None, branch):",
+                    "        matched += 1",
+                    "        chosen = branch",
+                ]
+            else:
+                self.lines += [f"    if {fn}(v, path, None):", "        matched += 1"]
+        problem = self.problem("oneOf", "expected exactly one of the forms to match")
+        self.lines += ["    if matched != 1:", *self.fail("        ", problem)]
+        if self.track:
+            self.lines += ["    else:", "        seen |= chosen"]
+
+    def if_then_else(self) -> None:
+        test = self.branch(self.at("if"))
+        then = self.branch(self.at("then")) if "then" in self.s else None
+        other = self.branch(self.at("else")) if "else" in self.s else None
+        annotations = ", seen" if self.track else ""
+        if self.track:
+            self.lines += [self.fresh("    "), f"    if {test}(v, path, None, branch):", "        seen |= branch"]
+        else:
+            self.lines.append(f"    if {test}(v, path, None):")
+        self.lines += self.call("        ", f"{then}(v, path, out{annotations})") if then else ["        pass"]
+        if other:
+            self.lines += ["    else:", *self.call("        ", f"{other}(v, path, out{annotations})")]
+
+    def rule_check(self, pointer: str, rule: dict[str, Any]) -> None:
+        """An engram rule: when `if` holds and `then` does not, one Problem at x-engram-path with the
+        rule's id and message (`{value!r}` is the value there, `{problems}` what its definition finds)."""
+        rel = rule["x-engram-path"]
+        parts = tuple(unescape(p) for p in rel.split("/")[1:])
+        problems = None
+        if "{problems}" in rule["x-engram-message"]:
+            holder = pointer + "/then" + "".join(f"/properties/{escape(p)}" for p in parts)
+            node = self.c.index.at(holder) if _exists(self.c.index, holder) else {}
+            if not isinstance(node, dict) or not isinstance(node.get("$ref"), str):
+                raise SchemaError(
+                    f"{pointer}: {{problems}} needs the rule's `then` to hold a $ref at its x-engram-path"
+                )
+            target = self.c.index.resolve(node["$ref"], self.c.index.base_of(holder), holder + "/$ref")
+            problems = f"_details({self.c.function(target, bindings=self.key.bindings)}, _at(v, {parts!r}))"
+        message = message_expr(rule["x-engram-message"], f"_at(v, {parts!r})", problems)
+        problem = f"Problem(path + {rel!r}, {rule['x-engram-rule']!r}, {message})"
+        test = self.branch(pointer + "/if")
+        then = self.branch(pointer + "/then")
+        self.lines.append(f"    # rule {rule['x-engram-rule']}")
+        if not self.track:
+            self.lines += [
+                f"    if {test}(v, path, None) and not {then}(v, path, None):",
+                *self.fail("        ", problem),
+            ]
+            return
+        self.lines += [
+            self.fresh("    "),
+            f"    if {test}(v, path, None, branch):",
+            "        seen |= branch",
+            self.fresh("        "),
+            f"        if {then}(v, path, None, branch):",
+            "            seen |= branch",
+            "        else:",
+            *self.fail("            ", problem),
+        ]
+
+    def unevaluated(self) -> None:
+        s = self.s
+        if "unevaluatedItems" in s:
+            sub = s["unevaluatedItems"]
+            body = ["    if isinstance(v, list):"]
+            if sub is not True:
+                body += ["        for n in range(len(v)):", "            if n not in seen:"]
+                if sub is False:
+                    problem = self.problem(
+                        "unevaluatedItems", "expected no item here", at='f"{path}/{n}"', value="v[n]"
+                    )
+                    body += self.fail("                ", problem)
+                else:
+                    fn = self.child(self.at("unevaluatedItems"), inplace=False)
+                    body += self.call("                ", f'{fn}(v[n], f"{{path}}/{{n}}", out)')
+            self.lines += [*body, "        seen.update(range(len(v)))"]
+        if "unevaluatedProperties" in s:
+            sub = s["unevaluatedProperties"]
+            body = ["    if isinstance(v, dict):"]
+            if sub is not True:
+                body += ["        for key in sorted(v.keys() - seen):"]
+                at = 'path + "/" + _escape(key)'
+                if sub is False:
+                    text = f" (unevaluatedProperties at {self.at('unevaluatedProperties')})"
+                    message = f'"unknown field " + repr(_shown(key)) + {text!r}'
+                    body += self.fail(
+                        "            ", f"Problem({at}, {self.rule or 'unevaluatedProperties'!r}, {message})"
+                    )
+                else:
+                    fn = self.child(self.at("unevaluatedProperties"), inplace=False)
+                    body += self.call("            ", f"{fn}(v[key], {at}, out)")
+            self.lines += [*body, "        seen.update(v)"]
+
+
+def _exists(index: SchemaIndex, pointer: str) -> bool:
+    try:
+        index.at(pointer)
+    except (KeyError, IndexError, ValueError, TypeError):
+        return False
+    return True
+
+
+def equals(v: str, const: Any) -> str:
+    """JSON equality: true/false are not 1/0, and 1 equals 1.0."""
+    if isinstance(const, bool):
+        return f"{v} is {const}"
+    if const is None:
+        return f"{v} is None"
+    if isinstance(const, str):
+        return f"{v} == {const!r}"
+    return f"_json_equal({v}, {const!r})"
+
+
+def _json_text(value: Any) -> str:
+    return repr(value) if not isinstance(value, bool) else str(value).lower()
+
+
+def message_expr(message: str, value: str, problems: str | None = None) -> str:
+    """The message with its placeholders filled: {value!r} (the offending value) and {problems}."""
+    arguments = []
+    if "{value" in message:
+        arguments.append(f"value=_shown({value})")
+    if "{problems}" in message:
+        arguments.append(f"problems={problems}")
+    return f"{message!r}.format({', '.join(arguments)})" if arguments else repr(message)
