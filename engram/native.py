@@ -16,7 +16,13 @@ from engram.errors import EngramError
 
 log = logging.getLogger(__name__)
 
-STATUS = {0: "ok", 1: "invalid argument", 2: "id outside the table", 3: "CUDA error"}
+STATUS = {
+    0: "ok",
+    1: "invalid argument",
+    2: "id outside the table",
+    3: "CUDA error",
+    4: "a table read faulted: the memory behind the table is gone (a file-backed table's file shrank)",
+}
 _I64P = ctypes.POINTER(ctypes.c_int64)
 _VP = ctypes.c_void_p
 SIGNATURES: dict[str, list[type]] = {

@@ -11,6 +11,7 @@ import msgspec
 from engram.config import EngramConfig, ParallelConfig
 from engram.ngram.spec import ModelSpec
 from engram.runtime.plan import DeploymentPlan, plan_deployment
+from engram.runtime.storage import ShardFormat
 
 OUT_BYTES = 2  # rows come out in bf16
 ID_BYTES = 8
@@ -32,6 +33,7 @@ def per_rank(plan: DeploymentPlan) -> list[dict[str, int]]:
                 "device_bytes": size if rank.placement == "device" else cache,
                 "pinned_host_bytes": size if rank.placement in ("pinned", "hugepages", "host") else 0,
                 "shm_bytes": size if rank.placement == "shm" else 0,
+                "file_bytes": size if rank.placement == "file" else 0,  # mapped from the checkpoint
             }
         )
     return rows
@@ -39,12 +41,20 @@ def per_rank(plan: DeploymentPlan) -> list[dict[str, int]]:
 
 def per_node(plan: DeploymentPlan) -> list[dict[str, int]]:
     """Host bytes per node: private tables add up per rank; a shared table counts once per node and TP
-    shard, and that is also the /dev/shm the node needs."""
+    shard, and that is also the /dev/shm the node needs; a file-backed shard counts once per node however
+    many processes map it (the page cache's pages), and nothing is copied at start-up."""
     nodes: dict[int, dict[str, int]] = {}
     seen_shm: set[Sequence[int]] = set()  # ranges: hashable, and equal when their members are
+    seen_file: set[tuple[int, str, int, int]] = set()
     for rank, row in zip(plan.ranks, per_rank(plan), strict=True):
-        node = nodes.setdefault(rank.node, {"node": rank.node, "host_bytes": 0, "shm_bytes": 0, "device_bytes": 0})
+        empty = {"node": rank.node, "host_bytes": 0, "shm_bytes": 0, "device_bytes": 0, "page_cache_bytes": 0}
+        node = nodes.setdefault(rank.node, empty)
         node["host_bytes"] += row["pinned_host_bytes"]
+        for shard in rank.tables if row["file_bytes"] else ():
+            key = (rank.node, shard.table, shard.row_start, shard.rows)
+            if key not in seen_file:
+                seen_file.add(key)
+                node["page_cache_bytes"] += ShardFormat(shard.rows, plan.spec.head_dim, plan.spec.dtype).nbytes
         node["device_bytes"] += row["device_bytes"]
         if rank.shm_group is not None and rank.shm_group not in seen_shm:
             seen_shm.add(rank.shm_group)

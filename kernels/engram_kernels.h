@@ -14,6 +14,7 @@ enum engram_status {
     ENGRAM_ERR_ARGUMENT = 1, /* a size or pointer is invalid */
     ENGRAM_ERR_RANGE = 2,    /* an id lies outside the table */
     ENGRAM_ERR_CUDA = 3,     /* a CUDA call failed; engram_last_cuda_error() says which */
+    ENGRAM_ERR_FAULT = 4,    /* a table read faulted: the file behind the table shrank (CPU only) */
 };
 
 /* N-gram row ids for `tokens` new tokens of one request.

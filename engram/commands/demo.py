@@ -60,7 +60,11 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"  host memory {report['host_pss_bytes']:,} bytes of table PSS summed over the replicas ({shared:.2f}x one table); private copies would cost {report['private_estimate_bytes']:,}"
     )
-    print(f"  load        {report['load_seconds']:.2f} s, {report['load_bytes_per_second'] / 1e9:.2f} GB/s")
+    if report["placement"] == "file":
+        print(f"  start       {report['load_seconds']:.3f} s to map the checkpoint's tables (nothing copied)")
+    else:
+        print(f"  load        {report['load_seconds']:.2f} s, {report['load_bytes_per_second'] / 1e9:.2f} GB/s")
+    print(f"  first step  lookups done {report['first_lookup_seconds']:.3f} s after start")
     print(
         f"  lookups     {report['lookups_per_second'] / 1e6:.2f} M rows/s over {report['data_parallel_size']} replicas ({', '.join(map(str, report['tokens']))} tokens: {report['token_source']})"
     )

@@ -66,6 +66,11 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"  node {node['node']}: host {node['host_bytes']:,} bytes ({node['host_bytes'] / GIB:.1f} GiB), /dev/shm needed {node['shm_bytes']:,} bytes, GPU {node['device_bytes']:,} bytes"
         )
+        if node["page_cache_bytes"]:
+            print(
+                f"    file-backed: {node['page_cache_bytes']:,} bytes of checkpoint pages, once for every process "
+                "on the node, in the page cache (may exceed RAM); nothing is copied at start-up"
+            )
     print("per step:" + ("" if report["collectives"] else " no collectives"))
     for c in report["collectives"]:
         print(

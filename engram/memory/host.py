@@ -19,6 +19,8 @@ class TableSharing(Protocol):
     def embedding_across_dp(self) -> bool: ...
     @property
     def dp_shared_memory(self) -> bool: ...
+    @property
+    def file_backed(self) -> bool: ...
 
 
 class Replicas(Protocol):
@@ -87,9 +89,9 @@ def pinned_bytes_per_node(config: TableSharing, table_bytes: int, parallel: Repl
 def verify_host_memory(
     config: TableSharing, table_bytes: int, parallel: Replicas, limits: HostLimits | None = None
 ) -> None:
-    """Skipped for GPU tables (cpu_offload false) and for dp_shared_memory, whose /dev/shm capacity
-    check runs at load time instead."""
-    if not config.cpu_offload or config.dp_shared_memory:
+    """Skipped for GPU tables (cpu_offload false), for dp_shared_memory, whose /dev/shm capacity check
+    runs at load time instead, and for file_backed tables, which live in the page cache and may exceed RAM."""
+    if not config.cpu_offload or config.dp_shared_memory or config.file_backed:
         return
     limits = read_host_limits() if limits is None else limits
     needed = pinned_bytes_per_node(config, table_bytes, parallel)

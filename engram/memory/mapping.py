@@ -136,6 +136,15 @@ def map_anonymous(size: int, *, align: int = PAGE, kind: str = "host") -> Mappin
     return Mapping(start, size, length, kind)
 
 
+def map_readonly_file(fd: int, size: int, path: str) -> Mapping:
+    """The file read-only and shared: its pages are the page cache's, one copy for every process on the
+    node that maps it. Reading past a shrunken end raises SIGBUS: read it only through guarded kernels."""
+    length = round_up(max(size, 1), PAGE)
+    addr = _mmap(length, mmap.PROT_READ, mmap.MAP_SHARED, fd)
+    madvise(addr, length, MADV_DONTDUMP)
+    return Mapping(addr, size, length, "file", path=path)
+
+
 def map_shared_file(fd: int, size: int, path: str) -> Mapping:
     length = round_up(max(size, 1), PAGE)
     addr = _mmap(length, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd)

@@ -19,6 +19,7 @@ from engram.errors import EngramError
 from engram.ops import DEAD_ID, gather, gather_into, use_sorted
 from engram.runtime.cache import HotRows, cached_gather
 from engram.runtime.dist import Group
+from engram.runtime.filemap import check_mapped
 from engram.runtime.plan import TableShardPlan
 from engram.runtime.storage import TableShard
 
@@ -52,6 +53,10 @@ class EngramEmbedding(nn.Module):
         self.dp_group = dp_group if dp_group is not None and dp_group.size > 1 else None
         self.out_dtype = out_dtype
         self.cache = cache  # hot rows in device memory (device_cache_bytes), or None
+        # A file-backed shard names its file when a read faults; one the GPU cannot read over UVA (not on
+        # tmpfs or hugetlbfs) is gathered on host threads into pinned staging, then copied over.
+        self.source = shard.mapping if shard.placement == "file" else None
+        self.staged = shard.placement == "file" and shard.device_pointer is None
         # all_gather returns members in ascending global rank; the combine wants shard order
         self.gather_order = [sorted(shard_order).index(r) for r in shard_order] if self.group is not None else [0]
 
@@ -72,10 +77,18 @@ class EngramEmbedding(nn.Module):
     def lookup_gathered(self, ids: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Local gather and combine over the embedding group, for ids every member holds alike (this
         replica's, or with embedding_across_dp everyone's, as gather_replica_ids returns them)."""
+        try:
+            return self._lookup_gathered(ids, out)
+        except EngramError:
+            if self.source is not None:
+                check_mapped(self.source)  # a read faulted because the file shrank: say which file
+            raise
+
+    def _lookup_gathered(self, ids: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
         ensure_kernels(ids.device)
         plan = self.plan
         if self.group is None:
-            if out is not None and self.cache is None:
+            if out is not None and self.cache is None and not (self.staged and ids.is_cuda):
                 dedup = use_sorted(ids.numel(), self.weight, ids.device)
                 gather_into(self.weight, self.scale, ids, plan.row_start, plan.table_rows, out, dedup)
                 return out
@@ -98,6 +111,12 @@ class EngramEmbedding(nn.Module):
             return cached_gather(
                 self.cache, self.weight, self.scale, ids, plan.row_start, plan.table_rows, self.out_dtype, dedup, check
             )
+        if self.staged and ids.is_cuda:  # host threads read the file's pages; one copy to the GPU
+            host_check = None if check is None else check.cpu()
+            staged: torch.Tensor = gather(
+                self.weight, self.scale, ids.cpu(), plan.row_start, plan.table_rows, self.out_dtype, dedup, host_check
+            )
+            return staged.pin_memory().to(ids.device, non_blocking=True)
         rows: torch.Tensor = gather(
             self.weight, self.scale, ids, plan.row_start, plan.table_rows, self.out_dtype, dedup, check
         )

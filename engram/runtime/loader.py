@@ -288,6 +288,7 @@ class Checkpoint:
         self.sources: dict[str, Callable[[], torch.Tensor]] = {}
         self.shapes: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
         self.files: dict[str, SafetensorsFile] = {}  # tensors that can be read with pread
+        self.mapped_files: dict[Path, Any] = {}  # read-only mappings of file-backed tables (runtime.filemap)
         for file in files:
             if file.suffix == ".safetensors":
                 st = SafetensorsFile(file)
@@ -330,6 +331,8 @@ def shard_weight_loader(
     tensor lives in, and no tensor given (loaded=None), the owned rows are read from the file (pread)."""
 
     def load(param: torch.Tensor, loaded: torch.Tensor | None) -> None:
+        if shard.placement == "file":
+            return  # the rows are served from the checkpoint's own read-only pages: nothing to copy
         if group is None or group.rank == 0:
             if loaded is None:
                 if source is None:

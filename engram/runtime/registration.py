@@ -13,6 +13,7 @@ from engram.memory.mapping import Mapping
 CHUNK_BYTES = 64 << 30
 HOST_REGISTER_PORTABLE = 1
 HOST_REGISTER_MAPPED = 2
+HOST_REGISTER_READ_ONLY = 8  # cudaHostRegisterReadOnly
 MEMORY_TYPE_HOST = 1  # cudaMemoryTypeHost: page-locked host memory, readable by the GPU
 # Mappings this process registered and has not unregistered yet, (addr, length) -> the runtime that did:
 # a lookup checks its tables here (microseconds) before asking the driver.
@@ -30,9 +31,10 @@ class CudaRuntime(Protocol):
     def error_string(self, code: int) -> str: ...
 
 
-def register(mapping: Mapping, runtime: CudaRuntime, *, chunk_bytes: int = CHUNK_BYTES) -> int:
+def register(mapping: Mapping, runtime: CudaRuntime, *, chunk_bytes: int = CHUNK_BYTES, read_only: bool = False) -> int:
     """Register `mapping` and return its device pointer (its own address: unified addressing is required);
-    unregistration runs when it is released."""
+    unregistration runs when it is released. `read_only` for a PROT_READ mapping (a file-backed table):
+    the pages are pinned without asking for write access."""
     done: list[int] = []
     key = (mapping.addr, mapping.length)  # never the mapping itself: its release hooks must not keep it alive
 
@@ -52,7 +54,8 @@ def register(mapping: Mapping, runtime: CudaRuntime, *, chunk_bytes: int = CHUNK
 
     for offset in range(0, mapping.length, chunk_bytes):
         size = min(chunk_bytes, mapping.length - offset)
-        code = runtime.host_register(mapping.addr + offset, size, HOST_REGISTER_PORTABLE | HOST_REGISTER_MAPPED)
+        flags = HOST_REGISTER_PORTABLE | HOST_REGISTER_MAPPED | (HOST_REGISTER_READ_ONLY if read_only else 0)
+        code = runtime.host_register(mapping.addr + offset, size, flags)
         if code != 0:
             raise fail(f"cudaHostRegister of {size:,} bytes at offset {offset:,}", code)
         done.append(mapping.addr + offset)

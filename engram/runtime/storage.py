@@ -7,6 +7,7 @@
 | hugepages | thp_packing=true                  | PMD-aligned mapping on transparent huge pages           |
 | shm       | dp_shared_memory=true             | one /dev/shm file per shard, mapped by every replica    |
 | host      | cpu_offload=true on the CPU       | exact-size anonymous mapping (the CPU reference)        |
+| file      | file_backed=true                  | the checkpoint's own pages, mapped read-only (filemap)  |
 
 Weights and, for fp8, the ue8m0 block-32 scales share one mapping; the scales start 128-byte aligned."""
 
@@ -25,7 +26,7 @@ from engram.runtime.dist import Group
 from engram.runtime.hugepages import map_huge
 from engram.runtime.registration import CudaRuntime, register
 
-Placement = Literal["device", "pinned", "hugepages", "shm", "host"]
+Placement = Literal["device", "pinned", "hugepages", "shm", "host", "file"]
 SCALE_BLOCK = 32
 ALIGN = 128
 WEIGHT_DTYPES = {"fp8": torch.float8_e4m3fn, "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -35,6 +36,8 @@ SCALE_DTYPE = torch.float8_e8m0fnu
 def placement_for(config: EngramConfig, platform: str) -> Placement:
     if not config.cpu_offload:
         return "device"
+    if config.file_backed:
+        return "file"
     if config.dp_shared_memory:
         return "shm"
     if config.thp_packing:

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from engram.memory.smaps import pss
 from engram.ngram.spec import ModelSpec
 from engram.runtime.dist import Group
+from engram.runtime.filemap import file_shard
 from engram.runtime.loader import Checkpoint, load_shards
 from engram.runtime.plan import TableShardPlan, table_shards
 from engram.runtime.registration import CudaRuntime
@@ -55,6 +56,13 @@ def open_tables(
     """Allocate the planned shards (default: every table whole) where `placement` says and load them
     from `checkpoint`. With placement shm, `group` shares them and only its leader writes."""
     plans = whole_tables(spec) if plans is None else plans
+    if placement == "file":  # nothing to allocate or copy: the shards are views of the checkpoint's files
+        return [
+            file_shard(
+                p.table, ShardFormat(p.rows, spec.head_dim, spec.dtype), p.row_start, p.table_rows, checkpoint, runtime
+            )
+            for p in plans
+        ]
     shards = allocate_shards(spec, plans, placement, group=group, runtime=runtime)
     rows = {p.table: p.table_rows for p in plans}
     load_shards(
@@ -69,9 +77,9 @@ def tables_pss(shards: list[TableShard]) -> int:
     placement on the CPU platform, are measured over their tensors' address ranges)."""
     total = 0
     for shard in shards:
-        if shard.mapping is not None:
+        if shard.mapping is not None and shard.placement != "file":  # file shards share a file's mapping
             total += pss(shard.mapping.addr, shard.mapping.length)
-        elif shard.weight.device.type == "cpu":
+        elif shard.weight.device.type == "cpu":  # measured over the tensors' own address ranges
             for tensor in (shard.weight, shard.scale):
                 if tensor is not None and tensor.numel():
                     total += pss(tensor.data_ptr(), tensor.numel() * tensor.element_size())

@@ -2,12 +2,18 @@
  * then rows are copied or dequantised in parallel. Row math is engram_dequant_row, shared with CUDA.
  *
  * The sorted form (order and leader given) reads each distinct row once, in address order, then copies it
- * to the other positions that asked for it: the access pattern that makes host tables fast on a GPU. */
+ * to the other positions that asked for it: the access pattern that makes host tables fast on a GPU.
+ *
+ * Table reads run guarded (guard_cpu.h): a table whose file was truncated under it makes the call return
+ * ENGRAM_ERR_FAULT, not kill the process. */
+#define _POSIX_C_SOURCE 200809L
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../engram_common.h"
 #include "../engram_kernels.h"
+#include "guard_cpu.h"
 
 #define ENGRAM_PREFETCH 8
 
@@ -92,6 +98,27 @@ static int check_sorted(const int64_t* ids, const int64_t* order, const int64_t*
     return status;
 }
 
+/* Rows for ids[lo, hi) in a guarded region: 0, or 1 when a read faulted (the rest are left unread). Its own
+ * function, so nothing live across sigsetjmp is modified before the jump back. */
+static __attribute__((noinline)) int read_part(const table_t* t, const int64_t* ids, const int64_t* order,
+                                               const int64_t* leader, int64_t lo, int64_t hi, uint8_t* out) {
+    if (!ENGRAM_GUARD_ENTER()) {
+        engram_guard_leave();
+        return 1;
+    }
+    for (int64_t i = lo; i < hi; ++i) {
+        if (order == NULL) {
+            /* Rows are random: ask for one a few ahead, so several cache misses are in flight. */
+            if (i + ENGRAM_PREFETCH < hi) prefetch_row(t, ids[i + ENGRAM_PREFETCH]);
+            read_row(t, ids[i], out + i * t->out_bytes);
+        } else if (leader[i] == i) {
+            read_row(t, ids[i], out + order[i] * t->out_bytes);
+        }
+    }
+    engram_guard_leave();
+    return 0;
+}
+
 int engram_gather_cpu(const uint8_t* weight, const uint8_t* scale, int64_t shard_rows, int64_t dim, int64_t row_bytes,
                       int64_t row_start, int64_t table_rows, const int64_t* ids, const int64_t* order,
                       const int64_t* leader, int64_t n, uint8_t* out, int out_kind, int64_t* bad_id, int num_threads) {
@@ -105,22 +132,21 @@ int engram_gather_cpu(const uint8_t* weight, const uint8_t* scale, int64_t shard
     if (range != ENGRAM_OK) return range;
     const table_t t = {weight, scale, shard_rows, dim, row_bytes, row_start,
                        out_kind == ENGRAM_OUT_RAW ? row_bytes : dim * (out_kind == ENGRAM_OUT_F32 ? 4 : 2), out_kind};
-    if (order == NULL) {
-#pragma omp parallel for num_threads(num_threads) schedule(static)
-        for (int64_t i = 0; i < n; ++i) {
-            /* Rows are random: ask for one a few iterations ahead, so several cache misses are in flight. */
-            if (i + ENGRAM_PREFETCH < n) prefetch_row(&t, ids[i + ENGRAM_PREFETCH]);
-            read_row(&t, ids[i], out + i * t.out_bytes);
-        }
-        return ENGRAM_OK;
+    if (order != NULL) {
+        const int sorted = check_sorted(ids, order, leader, n);
+        if (sorted != ENGRAM_OK) return sorted;
     }
-    const int sorted = check_sorted(ids, order, leader, n);
-    if (sorted != ENGRAM_OK) return sorted;
-    /* Each distinct row once, in address order, into its first position... */
-#pragma omp parallel for num_threads(num_threads) schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-        if (leader[i] == i) read_row(&t, ids[i], out + order[i] * t.out_bytes);
+    if (engram_guard_install() != 0) return ENGRAM_ERR_ARGUMENT;
+    int faulted = 0;
+    /* Each thread reads one contiguous part of the ids inside its own guarded region: plain, every row;
+     * sorted, each distinct row once, in address order, into its first position... */
+#pragma omp parallel num_threads(num_threads) reduction(| : faulted)
+    {
+        const int64_t parts = omp_get_num_threads(), part = omp_get_thread_num();
+        faulted |= read_part(&t, ids, order, leader, n * part / parts, n * (part + 1) / parts, out);
     }
+    if (faulted) return ENGRAM_ERR_FAULT;
+    if (order == NULL) return ENGRAM_OK;
     /* ...then copied to the other positions of its run. */
 #pragma omp parallel for num_threads(num_threads) schedule(static)
     for (int64_t i = 0; i < n; ++i) {

@@ -155,7 +155,11 @@ def test_hash_opt_out_compiles() -> None:
     schema = mutated(lambda s: cpu_offload(s).update({"x-engram-hash": {"exclude": "storage placement only"}}))
     check_schema(schema)
     compiled = compile_schema(schema)
-    assert [f.name for f in compiled.engram.fields if f.hash_exclude] == ["cpu_offload", "device_cache_bytes"]
+    assert [f.name for f in compiled.engram.fields if f.hash_exclude] == [
+        "cpu_offload",
+        "file_backed",
+        "device_cache_bytes",
+    ]
 
 
 def test_output_is_deterministic_and_headed() -> None:

@@ -32,7 +32,9 @@ def test_v41_tp4_private(capsys: pytest.CaptureFixture[str]) -> None:
     assert pinned == [50_688_955_152, 50_689_356_432, 50_689_705_968, 50_690_014_848]
     assert pinned == [bytes_of_heads(range(6 * r, 6 * r + 6)) for r in range(4)]
     assert sum(pinned) == V41_TABLE and all(r["device_bytes"] == r["shm_bytes"] == 0 for r in report["per_rank"])
-    assert report["per_node"] == [{"node": 0, "host_bytes": V41_TABLE, "shm_bytes": 0, "device_bytes": 0}]
+    assert report["per_node"] == [
+        {"node": 0, "host_bytes": V41_TABLE, "shm_bytes": 0, "device_bytes": 0, "page_cache_bytes": 0}
+    ]
     assert report["collectives"] == [
         {
             "op": "all_gather",
@@ -64,7 +66,9 @@ def test_v41_dp8_shared_against_private(capsys: pytest.CaptureFixture[str]) -> N
     shared = plan(
         capsys, "--tensor-parallel-size", "4", "--data-parallel-size", "8", "--engram-config.dp_shared_memory", "true"
     )
-    assert shared["per_node"] == [{"node": 0, "host_bytes": V41_TABLE, "shm_bytes": V41_TABLE, "device_bytes": 0}]
+    assert shared["per_node"] == [
+        {"node": 0, "host_bytes": V41_TABLE, "shm_bytes": V41_TABLE, "device_bytes": 0, "page_cache_bytes": 0}
+    ]
     assert [r["shm_bytes"] for r in shared["per_rank"][:4]] == [
         50_688_955_152,
         50_689_356_432,
@@ -74,7 +78,9 @@ def test_v41_dp8_shared_against_private(capsys: pytest.CaptureFixture[str]) -> N
     assert len(shared["per_rank"]) == 32 and all(r["pinned_host_bytes"] == 0 for r in shared["per_rank"])
     assert [c["group"] for c in shared["collectives"]] == ["TP ranks of a replica"]  # no DP collective
     private = plan(capsys, "--tensor-parallel-size", "4", "--data-parallel-size", "8")
-    assert private["per_node"] == [{"node": 0, "host_bytes": 8 * V41_TABLE, "shm_bytes": 0, "device_bytes": 0}]
+    assert private["per_node"] == [
+        {"node": 0, "host_bytes": 8 * V41_TABLE, "shm_bytes": 0, "device_bytes": 0, "page_cache_bytes": 0}
+    ]
     across = plan(
         capsys,
         "--tensor-parallel-size",

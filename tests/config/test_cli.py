@@ -51,6 +51,7 @@ def test_json_output_valid(capsys: pytest.CaptureFixture[str]) -> None:
             "embedding_across_dp": True,
             "dp_shared_memory": False,
             "thp_packing": False,
+            "file_backed": False,
             "device_cache_bytes": 0,
         },
         "hash": "f849c209ba3c2de5c60c37be6979ce76d672738a40f66f6ca9ae19ebacb7e3ce",
@@ -87,7 +88,7 @@ def test_text_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0 and err == ""
     assert out.splitlines() == [
         "valid: engram checked; not given, not checked: model, parallel, load, platform",
-        "engram: cpu_offload=true embedding_across_dp=false dp_shared_memory=false thp_packing=true device_cache_bytes=0",
+        "engram: cpu_offload=true embedding_across_dp=false dp_shared_memory=false thp_packing=true file_backed=false device_cache_bytes=0",
         "hash: ba13aab9dcdf02ef8899cbb6f0977d59ef7c2cab5f6cad4a400b37757fab6350",
     ]
     code, out, err = run(capsys, "validate", str(EXAMPLES / "invalid-shared-without-offload.json"))
@@ -117,6 +118,7 @@ def test_engram_flag_precedence(capsys: pytest.CaptureFixture[str]) -> None:
         "embedding_across_dp": False,
         "dp_shared_memory": False,
         "thp_packing": False,
+        "file_backed": False,
         "device_cache_bytes": 0,
     }
     # later JSON wins over earlier JSON
@@ -125,6 +127,7 @@ def test_engram_flag_precedence(capsys: pytest.CaptureFixture[str]) -> None:
     assert engram("--engram-config.thp_packing", "true", "--engram-config", '{"thp_packing": false}') == {
         **base,
         "thp_packing": True,
+        "file_backed": False,
     }
     # later dotted fields win over earlier ones
     assert engram("--engram-config.cpu_offload", "false", "--engram-config.cpu_offload", "1") == base
@@ -153,6 +156,7 @@ def test_environment_reaches_the_cli(capsys: pytest.CaptureFixture[str], monkeyp
         "embedding_across_dp": False,
         "dp_shared_memory": False,
         "thp_packing": False,
+        "file_backed": False,
         "device_cache_bytes": 0,
     }
     monkeypatch.setenv("ENGRAM_CPU_OFFLOAD", "sometimes")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from engram.config import (
@@ -71,7 +73,7 @@ def test_structural_problems_all_reported() -> None:
         (
             "/engram/cpu_ofload",
             "unknown-field",
-            "unknown field 'cpu_ofload'; known fields: cpu_offload, embedding_across_dp, dp_shared_memory, thp_packing, device_cache_bytes",
+            "unknown field 'cpu_ofload'; known fields: cpu_offload, embedding_across_dp, dp_shared_memory, thp_packing, file_backed, device_cache_bytes",
         ),
         ("/engram/cpu_offload", "type", "expected a boolean; got the string 'yes'"),
         ("/engram/dp_shared_memory", "type", "expected a boolean; got 1"),
@@ -333,3 +335,22 @@ def test_device_cache_field() -> None:
 
     with pytest.raises(ConfigError, match="device-cache-needs-cpu-offload"):
         EngramConfig(cpu_offload=False, device_cache_bytes=4096)
+
+
+@pytest.mark.parametrize(
+    ("fields", "rule"),
+    [
+        ({"file_backed": True, "cpu_offload": False}, "file-backed-needs-cpu-offload"),
+        ({"file_backed": True, "dp_shared_memory": True}, "file-backed-not-with-dp-shared-memory"),
+        ({"file_backed": True, "thp_packing": True}, "file-backed-not-with-thp-packing"),
+    ],
+)
+def test_file_backed_rules(fields: dict[str, bool], rule: str) -> None:
+    """Each combination that makes no sense is refused on the fast path and the full walk alike."""
+    with pytest.raises(ConfigError) as exc:
+        load_config(json.dumps(fields).encode(), env={})
+    assert [(path, r) for path, r, _ in problems(exc) if r.startswith("file-backed")] == [("/engram/file_backed", rule)]
+    with pytest.raises(ConfigError) as walked:
+        load_config(fields, env={})
+    assert rule in {r for _, r, _ in problems(walked)}
+    assert load_config({"file_backed": True}, env={}).file_backed is True

@@ -31,10 +31,12 @@ def load_tables(rank: int, world: int, spec: ModelSpec, checkpoint: str, placeme
     shards = open_tables(spec, Checkpoint(checkpoint), placement, group=group, progress=False)
     edist.barrier(group, "loaded")
     left = sorted(p.name for p in shm_dir().iterdir() if p.name.startswith("engram-"))
+    digests = {s.name: shard_digest(s) for s in shards}  # reads every page (file-backed: faults them in)
+    edist.barrier(group, "read")
     table_pss = tables_pss(shards)
     edist.barrier(group, "measured")  # nobody unmaps before everyone has read its smaps
     return {
-        "digests": {s.name: shard_digest(s) for s in shards},
+        "digests": digests,
         "pss": table_pss,
         "left_in_shm": left,
         "pid": os.getpid(),

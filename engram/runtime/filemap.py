@@ -1,0 +1,108 @@
+"""File-backed tables: each shard is a view of a read-only shared mapping of the safetensors file that
+holds it, in the file's own dtype and layout (fp8 rows and their ue8m0 scales are separate tensors).
+Nothing is copied at start-up, every process on the node shares the page cache's pages, and tables may
+exceed RAM (the kernel pages rows in and out).
+
+Safety: every header and tensor byte range is validated against the file size before the mapping is
+made (SafetensorsFile), the file's identity is kept, and rows are read only by the guarded CPU kernel
+(kernels/cpu/guard_cpu.h), so a file truncated while mapped is an error naming it, never SIGBUS. A file
+replaced by rename keeps serving the old, complete pages (the mapping holds the old inode)."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+from dataclasses import dataclass
+
+from engram import native
+from engram.errors import EngramError
+from engram.memory.mapping import Mapping, map_readonly_file
+from engram.runtime.loader import Checkpoint, SafetensorsFile
+from engram.runtime.registration import CudaRuntime, register
+from engram.runtime.storage import SCALE_BLOCK, SCALE_DTYPE, WEIGHT_DTYPES, ShardFormat, TableShard
+
+TMPFS_MAGIC = 0x01021994
+HUGETLBFS_MAGIC = 0x958458F6
+
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+@dataclass(eq=False)
+class MappedFile:
+    file: SafetensorsFile
+    mapping: Mapping
+    in_memory_fs: bool  # tmpfs or hugetlbfs: pages never leave RAM, so the GPU may read them over UVA
+
+
+def check_mapped(mapping: Mapping) -> None:
+    """Raise, naming the file, when the file behind a read-only mapping shrank since it was mapped (a
+    read past its new end faulted; the guarded kernel turned that into an error)."""
+    try:
+        size = os.stat(mapping.path or "").st_size
+    except OSError as exc:
+        raise EngramError(f"{mapping.path}: the file-backed checkpoint cannot be read any more: {exc}") from None
+    if size < mapping.size:
+        raise EngramError(
+            f"{mapping.path}: the checkpoint shrank from {mapping.size:,} to {size:,} bytes while its tables were "
+            "mapped; restore the file and restart the engine"
+        )
+
+
+def _in_memory_fs(path: str) -> bool:
+    buf = (ctypes.c_long * 32)()  # struct statfs; f_type is its first field on Linux
+    if _libc.statfs(path.encode(), buf) != 0:
+        return False
+    return (buf[0] & 0xFFFFFFFF) in (TMPFS_MAGIC, HUGETLBFS_MAGIC)
+
+
+def map_file(file: SafetensorsFile) -> MappedFile:
+    """One read-only mapping of a validated file, after checking it is still the file that was validated."""
+    fd = os.open(file.path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns) != file.identity:
+            raise EngramError(f"{file.path}: the file changed between validation and mapping; start again")
+        mapping = map_readonly_file(fd, info.st_size, str(file.path))
+    finally:
+        os.close(fd)  # the mapping keeps the inode alive
+    return MappedFile(file, mapping, _in_memory_fs(str(file.path)))
+
+
+def file_shard(
+    name: str, fmt: ShardFormat, row_start: int, table_rows: int, checkpoint: Checkpoint, runtime: CudaRuntime | None
+) -> TableShard:
+    """Rows [row_start, row_start + fmt.rows) of table `name`, viewed in place in the checkpoint's file.
+    With a CUDA runtime, a file on tmpfs or hugetlbfs is registered (read-only) for UVA, so the GPU gathers
+    from the page cache's own pages; any other file is gathered on host threads (EngramEmbedding)."""
+    if native.cpu_library() is None:
+        raise EngramError("file_backed tables are read only by the guarded native kernels; install a C compiler (cc)")
+    views = {}
+    mapped: MappedFile | None = None
+    parts = {"weight": (fmt.dim, WEIGHT_DTYPES[fmt.dtype])}
+    if fmt.scaled:
+        parts["scale"] = (fmt.dim // SCALE_BLOCK, SCALE_DTYPE)
+    for part, (width, dtype) in parts.items():
+        tensor = f"{name}.{part}"
+        file = checkpoint.files.get(tensor)
+        if file is None:
+            where = "is missing" if tensor not in checkpoint.shapes else "is not in a safetensors file"
+            raise EngramError(f"file_backed tables are served from safetensors checkpoints; {tensor} {where}")
+        entry = file.entries[tensor]
+        if entry.shape != (table_rows, width) or entry.dtype != dtype:
+            raise EngramError(
+                f"checkpoint does not match the model: {tensor} is {entry.dtype} {list(entry.shape)}, the model needs {dtype} {[table_rows, width]}"
+            )
+        mapped = checkpoint.mapped_files.get(file.path)
+        if mapped is None:
+            mapped = checkpoint.mapped_files[file.path] = map_file(file)
+            if runtime is not None and mapped.in_memory_fs:
+                register(mapped.mapping, runtime, read_only=True)
+        row_bytes = width * dtype.itemsize
+        offset = file.data_start + entry.begin + row_start * row_bytes
+        views[part] = mapped.mapping.view(offset, (fmt.rows, width), dtype)
+    assert mapped is not None
+    note = f"mapped from {mapped.file.path}" + (" (in-memory file system)" if mapped.in_memory_fs else "")
+    pointer = views["weight"].data_ptr() if runtime is not None and mapped.in_memory_fs else None
+    return TableShard(name, row_start, fmt, "file", views["weight"], views.get("scale"), mapped.mapping, pointer, note)
