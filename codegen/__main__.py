@@ -19,7 +19,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         schema = load_schema(args.schema)
-        check_schema(schema.document)
+        for warning in check_schema(schema.document):
+            print(f"codegen: warning: {warning}", file=sys.stderr)
         outputs = render(schema, compile_schema(schema.document))
     except (SchemaError, OSError) as exc:
         print(f"codegen: {exc}", file=sys.stderr)

@@ -29,7 +29,8 @@ KEYWORDS = frozenset(
         *("examples", "format", "contentEncoding", "contentMediaType", "contentSchema"),
     }
 )
-# Keywords of older drafts that 2020-12 would silently ignore: refused, naming the replacement.
+# Keywords of older drafts: 2020-12 ignores them (they are annotations there, as jsonschema treats them),
+# so they compile to nothing, with a warning naming the 2020-12 keyword that replaced each.
 REPLACED = {
     "additionalItems": "items (after prefixItems)",
     "dependencies": "dependentRequired or dependentSchemas",
@@ -60,7 +61,8 @@ def _meta_validator() -> jsonschema.protocols.Validator:
     return jsonschema.Draft202012Validator(meta, format_checker=checker)
 
 
-def check_schema(document: dict[str, Any]) -> None:
+def check_schema(document: dict[str, Any]) -> list[str]:
+    """Raise SchemaError for what cannot be compiled or is almost surely a mistake; return warnings."""
     error = jsonschema.exceptions.best_match(_meta_validator().iter_errors(document))
     if error is not None:
         pointer = "".join(f"/{p}" for p in error.absolute_path)
@@ -70,15 +72,22 @@ def check_schema(document: dict[str, Any]) -> None:
     if "x-engram-format-assertion" in document and not isinstance(document["x-engram-format-assertion"], bool):
         raise SchemaError("/x-engram-format-assertion: must be true or false")
     index = SchemaIndex(document)
+    warnings: list[str] = []
     for pointer in index.base:
         if pointer.startswith("~"):
             continue  # a bundled meta-schema
         node = index.at(pointer)
         if isinstance(node, dict):
             _check_node(node, pointer)
+            warnings += [
+                f"{pointer}/{key}: {key!r} is not a 2020-12 keyword, so it does nothing here; use {REPLACED[key]}"
+                for key in node
+                if key in REPLACED
+            ]
             for key in ("$ref", "$dynamicRef"):  # a reference that leaves the document is refused now
                 if isinstance(node.get(key), str):
                     index.resolve(node[key], index.base[pointer], f"{pointer}/{key}")
+    return warnings
 
 
 def _check_node(node: dict[str, Any], pointer: str) -> None:
@@ -90,11 +99,7 @@ def _check_node(node: dict[str, Any], pointer: str) -> None:
                 raise SchemaError(f"{pointer}/{key}: format assertion is chosen once, at the schema's root")
         elif key.startswith("x-"):
             raise SchemaError(f"{pointer}/{key}: unknown extension keyword; only x-engram-* keys are compiled")
-        elif key in REPLACED:
-            raise SchemaError(
-                f"{pointer}/{key}: {key!r} is not a 2020-12 keyword and would be ignored; use {REPLACED[key]}"
-            )
-        elif key not in KEYWORDS:
+        elif key not in KEYWORDS and key not in REPLACED:
             near = difflib.get_close_matches(key, KEYWORDS, n=1, cutoff=0.8)
             near += [k for k in KEYWORDS if k.lower() == key.lower()]
             if near:

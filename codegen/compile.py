@@ -88,7 +88,7 @@ def compile_schema(document: dict[str, Any]) -> Compiled:
     defs = document.get("$defs", {})
     for key, prop in document.get("properties", {}).items():
         ref = prop.get("$ref", "").removeprefix("#/$defs/") if isinstance(prop, dict) else ""
-        if ref in defs and isinstance(defs[ref], dict) and "title" in defs[ref]:
+        if ref in defs and _is_struct(defs[ref]):
             out.sections[key] = ref
             out.structs.append(_struct(ref, f"/{key}", defs[ref]))
             out.flags.extend(_flags(defs[ref], (key,)))
@@ -103,6 +103,17 @@ def compile_schema(document: dict[str, Any]) -> Compiled:
             "/properties/engram: the deployment needs an 'engram' section referring to $defs/EngramConfig"
         )
     return out
+
+
+def _is_struct(schema: Any) -> bool:
+    """A config section: a titled, closed object definition that a deployment property refers to. Any
+    other definition is only validated, whatever its names."""
+    return (
+        isinstance(schema, dict)
+        and "title" in schema
+        and schema.get("type") == "object"
+        and schema.get("additionalProperties") is False
+    )
 
 
 def _rules(document: dict[str, Any], index: SchemaIndex) -> list[RuleSpec]:

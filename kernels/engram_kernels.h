@@ -40,6 +40,13 @@ int engram_gather_cpu(const uint8_t* weight, const uint8_t* scale, int64_t shard
                       int64_t row_start, int64_t table_rows, const int64_t* ids, const int64_t* order,
                       const int64_t* leader, int64_t n, uint8_t* out, int out_kind, int64_t* bad_id, int num_threads);
 
+/* Ask the kernel to start reading the pages of rows `ids` of a file-backed shard (`base`: shard_rows rows
+ * of row_bytes, holding global rows from row_start) before a gather faults on them one by one: on a disk
+ * file that is not in the page cache, the reads are then in flight together. Ids outside the shard are
+ * skipped; nothing is read or written, so a shrunken file cannot fault here. */
+int engram_readahead_cpu(const uint8_t* base, int64_t shard_rows, int64_t row_bytes, int64_t row_start,
+                         const int64_t* ids, int64_t n);
+
 /* ---- CUDA (the .cu files). `stream` is a cudaStream_t; nothing here allocates or synchronises, so the
  * calls can be captured in CUDA graphs. A launch failure returns ENGRAM_ERR_CUDA; the CUDA error code is
  * then engram_cuda_last_error(). */

@@ -19,7 +19,7 @@ from engram.errors import EngramError
 from engram.ops import DEAD_ID, gather, gather_into, use_sorted
 from engram.runtime.cache import HotRows, cached_gather
 from engram.runtime.dist import Group
-from engram.runtime.filemap import check_mapped
+from engram.runtime.filemap import check_mapped, read_ahead
 from engram.runtime.plan import TableShardPlan
 from engram.runtime.storage import TableShard
 
@@ -57,6 +57,7 @@ class EngramEmbedding(nn.Module):
         # tmpfs or hugetlbfs) is gathered on host threads into pinned staging, then copied over.
         self.source = shard.mapping if shard.placement == "file" else None
         self.staged = shard.placement == "file" and shard.device_pointer is None
+        self.shard = shard if shard.readahead else None  # a cold file: its pages are asked for before a gather
         # all_gather returns members in ascending global rank; the combine wants shard order
         self.gather_order = [sorted(shard_order).index(r) for r in shard_order] if self.group is not None else [0]
 
@@ -86,6 +87,8 @@ class EngramEmbedding(nn.Module):
 
     def _lookup_gathered(self, ids: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
         ensure_kernels(ids.device)
+        if self.shard is not None:
+            read_ahead(self.shard, ids)
         plan = self.plan
         if self.group is None:
             if out is not None and self.cache is None and not (self.staged and ids.is_cuda):

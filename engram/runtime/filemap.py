@@ -6,7 +6,11 @@ exceed RAM (the kernel pages rows in and out).
 Safety: every header and tensor byte range is validated against the file size before the mapping is
 made (SafetensorsFile), the file's identity is kept, and rows are read only by the guarded CPU kernel
 (kernels/cpu/guard_cpu.h), so a file truncated while mapped is an error naming it, never SIGBUS. A file
-replaced by rename keeps serving the old, complete pages (the mapping holds the old inode)."""
+replaced by rename keeps serving the old, complete pages (the mapping holds the old inode).
+
+A file found mostly out of the page cache when mapped (more tables than RAM, a cold disk) is read with
+MADV_RANDOM, so a fault does not drag in neighbouring pages nobody asked for, and every lookup first asks
+for its rows' pages (MADV_WILLNEED), so the reads are in flight together rather than one fault at a time."""
 
 from __future__ import annotations
 
@@ -15,9 +19,11 @@ import ctypes.util
 import os
 from dataclasses import dataclass
 
+import torch
+
 from engram import native
 from engram.errors import EngramError
-from engram.memory.mapping import Mapping, map_readonly_file
+from engram.memory.mapping import PAGE, Mapping, madvise, map_readonly_file
 from engram.runtime.loader import Checkpoint, SafetensorsFile
 from engram.runtime.registration import CudaRuntime, register
 from engram.runtime.storage import SCALE_BLOCK, SCALE_DTYPE, WEIGHT_DTYPES, ShardFormat, TableShard
@@ -27,6 +33,12 @@ HUGETLBFS_MAGIC = 0x958458F6
 
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
+
+
+MADV_RANDOM = 1
+RESIDENCY_SAMPLES = 1024
+COLD = 0.9  # below this share of sampled pages in the page cache, a file is read ahead
 
 
 @dataclass(eq=False)
@@ -34,6 +46,35 @@ class MappedFile:
     file: SafetensorsFile
     mapping: Mapping
     in_memory_fs: bool  # tmpfs or hugetlbfs: pages never leave RAM, so the GPU may read them over UVA
+    readahead: bool  # not in the page cache: fault-around is off and lookups ask for their pages first
+
+
+def resident_share(mapping: Mapping, samples: int = RESIDENCY_SAMPLES) -> float:
+    """The share of an evenly spaced sample of the mapping's pages that are in the page cache (mincore)."""
+    pages = mapping.length // PAGE
+    if pages == 0:
+        return 1.0
+    step = max(1, pages // samples)
+    vec = ctypes.c_ubyte()
+    picked = range(0, pages, step)
+    resident = 0
+    for page in picked:
+        if _libc.mincore(ctypes.c_void_p(mapping.addr + page * PAGE), PAGE, ctypes.byref(vec)) == 0:
+            resident += vec.value & 1
+    return resident / len(picked)
+
+
+def read_ahead(shard: TableShard, ids: torch.Tensor) -> None:
+    """Start reading the pages of these rows of a file-backed shard (weights and scales) at once."""
+    library = native.cpu_library()
+    flat = ids.reshape(-1).to(torch.int64).cpu().contiguous()
+    for part in (shard.weight, shard.scale):
+        if part is not None and library is not None and flat.numel():
+            row_bytes = part.shape[1] * part.element_size()
+            status = library.engram_readahead_cpu(
+                part.data_ptr(), part.shape[0], row_bytes, shard.row_start, native.ptr(flat), flat.numel()
+            )
+            native.check(status, "engram_readahead_cpu")
 
 
 def check_mapped(mapping: Mapping) -> None:
@@ -67,7 +108,11 @@ def map_file(file: SafetensorsFile) -> MappedFile:
         mapping = map_readonly_file(fd, info.st_size, str(file.path))
     finally:
         os.close(fd)  # the mapping keeps the inode alive
-    return MappedFile(file, mapping, _in_memory_fs(str(file.path)))
+    in_memory = _in_memory_fs(str(file.path))
+    cold = not in_memory and resident_share(mapping) < COLD
+    if cold:  # random rows: the kernel's read-around would fetch pages nobody asked for
+        madvise(mapping.addr, mapping.length, MADV_RANDOM)
+    return MappedFile(file, mapping, in_memory, cold)
 
 
 def file_shard(
@@ -104,5 +149,8 @@ def file_shard(
         views[part] = mapped.mapping.view(offset, (fmt.rows, width), dtype)
     assert mapped is not None
     note = f"mapped from {mapped.file.path}" + (" (in-memory file system)" if mapped.in_memory_fs else "")
+    note += " (not in the page cache: read ahead per lookup)" if mapped.readahead else ""
     pointer = views["weight"].data_ptr() if runtime is not None and mapped.in_memory_fs else None
-    return TableShard(name, row_start, fmt, "file", views["weight"], views.get("scale"), mapped.mapping, pointer, note)
+    shard = TableShard(name, row_start, fmt, "file", views["weight"], views.get("scale"), mapped.mapping, pointer, note)
+    shard.readahead = mapped.readahead
+    return shard

@@ -92,6 +92,7 @@ class TableShard:
     mapping: Mapping | None = None
     device_pointer: int | None = None  # UVA pointer of a registered host shard
     note: str = ""
+    readahead: bool = False  # a file-backed shard whose file was not in the page cache when mapped
 
     @property
     def rows(self) -> int:

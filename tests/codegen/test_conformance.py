@@ -121,6 +121,74 @@ CASES: list[tuple[str, Any, list[tuple[Any, bool]]]] = [
         ],
     ),
     (
+        "$dynamicRef: the item type of a generic collection is chosen by the resource that refers to it",
+        doc(
+            **{
+                "$id": "https://example.com/shapes",
+                "if": {"required": ["ints"]},
+                "then": {"$ref": "ints"},
+                "else": {"$ref": "words"},
+                "$defs": {
+                    "bag": {
+                        "$id": "bag",
+                        "properties": {"members": {"items": {"$dynamicRef": "#member"}}},
+                        "$defs": {"any": {"$dynamicAnchor": "member"}},
+                    },
+                    "ints": {
+                        "$id": "ints",
+                        "$ref": "bag",
+                        "$defs": {"m": {"$dynamicAnchor": "member", "type": "integer"}},
+                    },
+                    "words": {
+                        "$id": "words",
+                        "$ref": "bag",
+                        "$defs": {"m": {"$dynamicAnchor": "member", "type": "string"}},
+                    },
+                },
+            }
+        ),
+        [
+            ({"ints": 1, "members": [1, 2]}, True),
+            ({"ints": 1, "members": ["a"]}, False),
+            ({"members": ["a"]}, True),
+            ({"members": [1]}, False),
+        ],
+    ),
+    (
+        "$dynamicRef: a resource left behind (an `if` already evaluated) is no longer in the dynamic scope",
+        doc(
+            **{
+                "$id": "https://example.com/scopes",
+                "if": {"$id": "left", "$defs": {"t": {"$dynamicAnchor": "t", "type": "boolean"}}},
+                "then": {"$id": "kept", "$ref": "jump", "$defs": {"t": {"$dynamicAnchor": "t", "type": "null"}}},
+                "$defs": {
+                    "jump": {"$id": "jump", "$dynamicRef": "first#t"},
+                    "first": {"$id": "first", "$dynamicAnchor": "t", "type": "number"},
+                },
+            }
+        ),
+        [(None, True), (True, False), (1, False)],
+    ),
+    (
+        "$dynamicRef with a resource part: the outermost binding wins over the resource named",
+        doc(
+            **{
+                "$id": "https://example.com/outer",
+                "$dynamicAnchor": "self",
+                "properties": {"tag": {"const": "ok"}},
+                "$ref": "base",
+                "$defs": {
+                    "base": {"$id": "base", "$dynamicAnchor": "self", "properties": {"child": {"$ref": "child"}}},
+                    "child": {"$id": "child", "properties": {"next": {"$dynamicRef": "base#self"}}},
+                },
+            }
+        ),
+        [
+            ({"tag": "ok", "child": {"next": {"tag": "ok"}}}, True),
+            ({"tag": "ok", "child": {"next": {"tag": "no"}}}, False),
+        ],
+    ),
+    (
         "$dynamicRef without a matching dynamic anchor in scope behaves as $ref",
         doc(
             **{

@@ -41,10 +41,6 @@ def cpu_offload(schema: dict[str, Any]) -> dict[str, Any]:
             "did you mean 'minimum'?",
         ),
         (lambda s: cpu_offload(s).update(maxitems=1), "did you mean 'maxItems'?"),
-        (
-            lambda s: cpu_offload(s).update(additionalItems=False),
-            "cpu_offload/additionalItems: 'additionalItems' is not a 2020-12 keyword and would be ignored; use items",
-        ),
         (lambda s: cpu_offload(s).update({"x-engram-colour": "red"}), "x-engram-colour: unknown extension keyword"),
         (
             lambda s: cpu_offload(s).update({"x-other": 1}),
@@ -80,6 +76,17 @@ def test_unknown_keywords_are_annotations_and_near_misses_are_refused() -> None:
     check_schema(mutated(lambda s: cpu_offload(s).update(array_of_schemas=[{"type": "null"}])))
     with pytest.raises(SchemaError, match="did you mean 'required'"):
         check_schema(mutated(lambda s: s["$defs"]["EngramConfig"].update(requried=["cpu_offload"])))
+
+
+def test_older_draft_keywords_compile_to_nothing_with_a_warning() -> None:
+    schema = mutated(lambda s: cpu_offload(s).update({"additionalItems": False, "$recursiveRef": "#"}))
+    assert check_schema(schema) == [
+        "/$defs/EngramConfig/properties/cpu_offload/additionalItems: 'additionalItems' is not a 2020-12 keyword, "
+        "so it does nothing here; use items (after prefixItems)",
+        "/$defs/EngramConfig/properties/cpu_offload/$recursiveRef: '$recursiveRef' is not a 2020-12 keyword, "
+        "so it does nothing here; use $dynamicRef",
+    ]
+    assert compile_schema(schema).functions == compile_schema(SCHEMA).functions
 
 
 def test_compile_refuses_loops_and_unknown_asserted_formats() -> None:

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -18,14 +19,17 @@ from engram.errors import EngramError
 from engram.ngram.spec import ModelSpec
 from engram.ops import DEAD_ID, gather
 from engram.runtime.checkpoint import write_checkpoint
+from engram.runtime.embedding import EngramEmbedding
 from engram.runtime.launch import run_local, values
 from engram.runtime.loader import Checkpoint
 from engram.runtime.plan import table_shards
+from engram.runtime.registration import HOST_REGISTER_MAPPED, HOST_REGISTER_PORTABLE, HOST_REGISTER_READ_ONLY
 from engram.runtime.storage import ShardFormat
 from engram.runtime.tables import open_tables
 from tests.runtime import workers
 from tests.runtime.conftest import SMALL, checkpoint_digests
 from tests.runtime.specs import DS3, DS7
+from tests.runtime.test_registration import FakeRuntime
 
 TABLE_BYTES = sum(ShardFormat(rows, SMALL.head_dim, SMALL.dtype).nbytes for rows in SMALL.layout.table_rows)
 
@@ -142,3 +146,48 @@ def test_file_backed_tables_are_one_copy_per_node(dp: int, small_checkpoint: Pat
     assert all(r["digests"] == expected for r in results)
     total_pss = sum(r["pss"] for r in results)
     assert TABLE_BYTES * 0.95 <= total_pss <= TABLE_BYTES * 1.15, (total_pss, TABLE_BYTES)
+
+
+def test_a_checkpoint_on_tmpfs_is_registered_read_only_for_uva(tmp_path: Path, small_checkpoint: Path) -> None:
+    """On a GPU the page cache's own pages of a tmpfs checkpoint are pinned without write access and read
+    over UVA; a checkpoint on any other file system is left to the host-thread gather (no registration)."""
+    on_disk = open_tables(SMALL, Checkpoint(small_checkpoint), "file", runtime=FakeRuntime(), progress=False)
+    assert [s.device_pointer for s in on_disk] == [None, None]
+    shm = Path(tempfile.mkdtemp(dir="/dev/shm"))
+    try:
+        for file in small_checkpoint.iterdir():
+            shutil.copy(file, shm / file.name)
+        runtime = FakeRuntime()
+        shards = open_tables(SMALL, Checkpoint(shm), "file", runtime=runtime, progress=False)
+        assert [s.device_pointer for s in shards] == [s.weight.data_ptr() for s in shards]
+        flags = {call[3] for call in runtime.calls if call[0] == "register"}
+        assert flags == {HOST_REGISTER_PORTABLE | HOST_REGISTER_MAPPED | HOST_REGISTER_READ_ONLY}
+        assert all(s.note.endswith("(in-memory file system)") for s in shards)
+    finally:
+        shutil.rmtree(shm)
+
+
+def test_a_cold_file_is_read_ahead_and_a_cached_one_is_not(tmp_path: Path, small_checkpoint: Path) -> None:
+    """A checkpoint out of the page cache (dropped with fadvise here) gets per-lookup readahead of the ids'
+    pages and no fault-around; the rows are the same either way."""
+    for path in small_checkpoint.glob("*.safetensors"):
+        path.read_bytes()  # in the page cache
+    hot = open_tables(SMALL, Checkpoint(small_checkpoint), "file", progress=False)
+    assert [s.readahead for s in hot] == [False, False]
+    cold_dir = tmp_path / "cold"
+    shutil.copytree(small_checkpoint, cold_dir)
+    for path in cold_dir.glob("*.safetensors"):
+        fd = os.open(path, os.O_RDONLY)
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    plans = table_shards(SMALL, 0, 1)
+    cold = open_tables(SMALL, Checkpoint(cold_dir), "file", plans=plans, progress=False)
+    assert [s.readahead for s in cold] == [True, True]
+    assert all("read ahead per lookup" in s.note for s in cold)
+    loaded = open_tables(SMALL, Checkpoint(small_checkpoint), "host", plans=plans, progress=False)
+    ids = torch.randint(0, plans[0].table_rows, (500, SMALL.layout.columns))
+    ids[0, 0] = DEAD_ID
+    got = EngramEmbedding(cold[0], plans[0], columns=SMALL.layout.columns)(ids)
+    want = EngramEmbedding(loaded[0], plans[0], columns=SMALL.layout.columns)(ids)
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
