@@ -23,6 +23,7 @@ import argparse
 import ctypes
 import functools
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -566,6 +567,21 @@ def run_all(report: Report, table_gib: float, sizes: list[float], preset: str, w
                 f"EngramTables on cuda: {label}",
                 functools.partial(check_placement, preset, checkpoint, engram, tp, dp, extras, "cuda"),
             )
+        # file_backed: a checkpoint on disk is gathered on host threads and copied over (a sync per
+        # lookup, so no graph); one on tmpfs is registered read-only and read over UVA like pinned tables.
+        on_tmpfs = Path(tempfile.mkdtemp(prefix="engram-gpu-check-", dir="/dev/shm"))
+        try:
+            shutil.copytree(checkpoint, on_tmpfs, dirs_exist_ok=True)
+            for label, where, extras in (
+                ("file-backed, DP 2, checkpoint on disk (host gather, staged copy)", checkpoint, ()),
+                ("file-backed, DP 2, checkpoint on tmpfs (UVA)", on_tmpfs, ("graph",)),
+            ):
+                report.run(
+                    f"EngramTables on cuda: {label}",
+                    functools.partial(check_placement, preset, where, {"file_backed": True}, 1, 2, extras, "cuda"),
+                )
+        finally:
+            shutil.rmtree(on_tmpfs, ignore_errors=True)
 
     ceilings: dict[str, float] = {}
 

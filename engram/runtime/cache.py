@@ -15,7 +15,7 @@ from safetensors import safe_open
 
 from engram.errors import EngramError
 from engram.ops import DEAD_ID, gather
-from engram.runtime.storage import TableShard
+from engram.runtime.storage import SCALE_DTYPE, TableShard
 
 
 @dataclass(frozen=True)
@@ -52,10 +52,19 @@ def build_cache(shard: TableShard, hot: torch.Tensor, budget_bytes: int, device:
     chosen = torch.sort(owned[:count]).values
     if torch.unique(chosen).numel() != chosen.numel():
         raise EngramError(f"{shard.name}: the profile lists a row twice; write it again with `engram profile --out`")
-    local = chosen - shard.row_start
-    weight = shard.weight.index_select(0, local).to(device)
-    scale = None if shard.scale is None else shard.scale.index_select(0, local).to(device)
+    weight = _rows(shard, shard.weight, chosen).to(device)
+    scale = None if shard.scale is None else _rows(shard, shard.scale, chosen).to(device)
     return HotRows(chosen.to(device), weight, scale)
+
+
+def _rows(shard: TableShard, part: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Rows `rows` (global ids) of a shard's weight or scale, as stored. Host rows are read by the guarded
+    gather kernel, so a file-backed table whose file shrank is an error here too, never SIGBUS."""
+    if part.device.type != "cpu":
+        return part.index_select(0, rows.to(part.device) - shard.row_start)
+    raw = part.view(torch.uint8) if part.dtype == SCALE_DTYPE else part
+    out: torch.Tensor = gather(raw, None, rows, shard.row_start, shard.row_stop, raw.dtype)
+    return out.view(part.dtype)
 
 
 def cached_gather(

@@ -110,16 +110,16 @@ class EngramEmbedding(nn.Module):
         """This shard's rows for `ids`: hits from the device cache when there is one, the rest from the table."""
         plan = self.plan
         dedup = use_sorted(ids.numel(), self.weight, ids.device)
-        if self.cache is not None:
-            return cached_gather(
-                self.cache, self.weight, self.scale, ids, plan.row_start, plan.table_rows, self.out_dtype, dedup, check
-            )
         if self.staged and ids.is_cuda:  # host threads read the file's pages; one copy to the GPU
             host_check = None if check is None else check.cpu()
             staged: torch.Tensor = gather(
                 self.weight, self.scale, ids.cpu(), plan.row_start, plan.table_rows, self.out_dtype, dedup, host_check
             )
             return staged.pin_memory().to(ids.device, non_blocking=True)
+        if self.cache is not None:
+            return cached_gather(
+                self.cache, self.weight, self.scale, ids, plan.row_start, plan.table_rows, self.out_dtype, dedup, check
+            )
         rows: torch.Tensor = gather(
             self.weight, self.scale, ids, plan.row_start, plan.table_rows, self.out_dtype, dedup, check
         )

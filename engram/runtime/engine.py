@@ -151,7 +151,16 @@ class EngramTables:
                     "device_cache_bytes needs a profile of hot rows: pass profile= (write one with `engram profile --out`)"
                 )
             hot = profile if isinstance(profile, Mapping) else read_profile(profile)
-            caches = caches_for(shards, hot, config.device_cache_bytes, "cuda" if platform == "cuda" else "cpu")
+            # A file-backed shard the GPU cannot read over UVA is gathered on host threads: no cache there.
+            cacheable = [
+                s for s in shards if not (platform == "cuda" and s.placement == "file" and s.device_pointer is None)
+            ]
+            if len(cacheable) < len(shards):
+                log.warning(
+                    "engram: device_cache_bytes is not used for file-backed tables outside tmpfs/hugetlbfs "
+                    "(they are gathered on host threads); put the checkpoint on tmpfs to read it over UVA and cache it"
+                )
+            caches = caches_for(cacheable, hot, config.device_cache_bytes, "cuda" if platform == "cuda" else "cpu")
         layers = [
             EngramEmbedding(
                 shards[table],

@@ -102,11 +102,11 @@ def _merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
-def leaves(refs: list[str]) -> st.SearchStrategy[Any]:
+def leaves(refs: list[dict[str, str]]) -> st.SearchStrategy[Any]:
     keyword_sets = st.lists(st.one_of(*LEAF_KEYWORDS), min_size=0, max_size=3).map(_merge)
     options = [st.booleans(), keyword_sets]
     if refs:
-        options.append(st.sampled_from(refs).map(lambda r: {"$ref": r}))
+        options.append(st.sampled_from(refs))
     return st.one_of(*options)
 
 
@@ -139,26 +139,56 @@ def _ref(name: str) -> str:
     return "#" + quote("/$defs/" + escape(name), safe="/$~")
 
 
+LIBRARY = "urn:engram:library"
+
+
+def _library(draw: st.DrawFn, plain: st.SearchStrategy[Any]) -> dict[str, Any]:
+    """A nested schema resource with its own $defs, referring inside itself by `#...` (so against its own
+    $id), and reaching its item schema by $dynamicRef: whoever is outermost in the dynamic scope with a
+    `$dynamicAnchor: "item"` decides what an item must be."""
+    keyword = "$dynamicAnchor" if draw(st.booleans()) else "$anchor"
+    return {
+        "$id": LIBRARY,
+        "$defs": {"item": {keyword: "item", "allOf": [draw(plain)]}, "extra": draw(plain)},
+        "properties": {"x": {"$dynamicRef": "#item"}, "y": {"$ref": "#/$defs/extra"}},
+        "items": {"$dynamicRef": "#item"},
+    }
+
+
 @st.composite
 def schemas(draw: st.DrawFn) -> Any:
-    """A whole document: definitions (some with anchors), then a root that may refer to them."""
+    """A whole document: definitions (some with anchors, maybe a nested resource with dynamic references
+    and a root-level dynamic anchor that overrides its item schema), then a root that may refer to them."""
     def_names = draw(st.lists(st.sampled_from(NAMES), max_size=3, unique=True))
     plain = st.recursive(leaves([]), composites, max_leaves=4)
-    defs = {}
-    refs = []
+    defs: dict[str, Any] = {}
+    anchors: list[str] = []
+    refs: list[dict[str, str]] = []
     for name in def_names:
         node = draw(plain)
-        refs.append(_ref(name))
+        refs.append({"$ref": _ref(name)})
         if isinstance(node, dict) and draw(st.booleans()):
             anchor = draw(st.sampled_from(ANCHORS))
-            if f"#{anchor}" not in refs:
+            if anchor not in anchors:
+                anchors.append(anchor)
                 node = {**node, "$anchor": anchor}
-                refs.append(f"#{anchor}")
+                refs.append({"$ref": f"#{anchor}"})
         defs[name] = node
+    library = draw(st.sampled_from([True, True, False]))
+    if library:
+        defs["library"] = _library(draw, plain)
+        refs += [{"$ref": LIBRARY}, {"$ref": f"{LIBRARY}#/$defs/extra"}, {"$ref": f"{LIBRARY}#item"}]
+        if draw(st.sampled_from([True, False])):  # the root resource binds "item" first: it wins
+            defs["override"] = {"$dynamicAnchor": "item", "allOf": [draw(plain)]}
+            refs.append({"$dynamicRef": "#item"})
     root = draw(st.one_of(st.booleans(), st.recursive(leaves(refs), composites, max_leaves=10)))
+    if library and draw(st.sampled_from([True, True, False])):  # and the root uses the library itself
+        root = {"allOf": [root, {"$ref": LIBRARY}]}
     if isinstance(root, bool):
         return root
     document = {"$schema": DRAFT, **root}
+    if library:  # jsonschema leaves an anonymous root out of the dynamic scope (test_conformance says more)
+        document["$id"] = "https://example.com/root.json"
     if defs:
         document["$defs"] = defs
     return document

@@ -346,6 +346,25 @@ CASES: list[tuple[str, Any, list[tuple[Any, bool]]]] = [
 # decimals, which float division gets wrong (0.3 / 0.1 is 2.9999999999999996).
 SPEC_ONLY_CASES: list[tuple[str, Any, list[tuple[Any, bool]]]] = [
     ("multipleOf is exact for decimals", doc(multipleOf=0.1), [(0.3, True), (0.7, True), (1e308, True), (0.35, False)]),
+    (
+        # The root schema is always a schema resource (core 4.3.5), with or without an $id, so it starts the
+        # dynamic scope; jsonschema leaves an anonymous root out and answers False for [null].
+        "$dynamicRef: an anonymous root's dynamic anchor is the outermost",
+        doc(
+            allOf=[{"$ref": "urn:example:lib"}],
+            **{
+                "$defs": {
+                    "lib": {
+                        "$id": "urn:example:lib",
+                        "$defs": {"item": {"$dynamicAnchor": "item", "type": "string"}},
+                        "items": {"$dynamicRef": "#item"},
+                    },
+                    "mine": {"$dynamicAnchor": "item", "type": "null"},
+                }
+            },
+        ),
+        [([None], True), (["s"], False)],
+    ),
     ("\\d is ASCII only", doc(pattern="^\\d+$"), [("123", True), ("\u0661\u0662", False)]),
     ("$ matches only at the very end", doc(pattern="^a$"), [("a", True), ("a\n", False)]),
     ("\\p{Letter} is a Unicode property", doc(pattern="^\\p{Letter}+$"), [("\u00e9t\u00e9", True), ("a1", False)]),

@@ -18,6 +18,7 @@ import torch
 from engram.errors import EngramError
 from engram.ngram.spec import ModelSpec
 from engram.ops import DEAD_ID, gather
+from engram.runtime.cache import caches_for
 from engram.runtime.checkpoint import write_checkpoint
 from engram.runtime.embedding import EngramEmbedding
 from engram.runtime.launch import run_local, values
@@ -191,3 +192,18 @@ def test_a_cold_file_is_read_ahead_and_a_cached_one_is_not(tmp_path: Path, small
     got = EngramEmbedding(cold[0], plans[0], columns=SMALL.layout.columns)(ids)
     want = EngramEmbedding(loaded[0], plans[0], columns=SMALL.layout.columns)(ids)
     assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
+def test_device_cache_rows_of_a_file_backed_table_are_read_guarded(small_checkpoint: Path) -> None:
+    """The hot rows a device cache copies come through the guarded kernel and equal the loaded ones."""
+    plans = table_shards(SMALL, 0, 1)
+    mapped = open_tables(SMALL, Checkpoint(small_checkpoint), "file", plans=plans, progress=False)
+    loaded = open_tables(SMALL, Checkpoint(small_checkpoint), "host", plans=plans, progress=False)
+    hot = {s.name: torch.tensor([5, 1, plans[i].table_rows - 1, 40]) for i, s in enumerate(mapped)}
+    for a, b in zip(
+        caches_for(mapped, hot, 1 << 20, "cpu").values(), caches_for(loaded, hot, 1 << 20, "cpu").values(), strict=True
+    ):
+        assert torch.equal(a.ids, b.ids)
+        assert torch.equal(a.weight.view(torch.uint8), b.weight.view(torch.uint8))
+        assert a.scale is not None and b.scale is not None
+        assert torch.equal(a.scale.view(torch.uint8), b.scale.view(torch.uint8))
