@@ -8,7 +8,7 @@ from pathlib import Path
 
 from codegen.check import check_schema
 from codegen.compile import compile_schema
-from codegen.load import SCHEMA_PATH, SchemaError, load_schema
+from codegen.load import SCHEMA_PATH, SchemaError, load_schema, too_deep
 from codegen.render import diff, render, write
 
 
@@ -24,6 +24,9 @@ def main(argv: list[str] | None = None) -> int:
         outputs = render(schema, compile_schema(schema.document))
     except (SchemaError, OSError) as exc:
         print(f"codegen: {exc}", file=sys.stderr)
+        return 2
+    except RecursionError:
+        print(f"codegen: {too_deep()}", file=sys.stderr)
         return 2
     if args.check:
         stale = diff(outputs)

@@ -23,6 +23,13 @@ class SchemaError(Exception):
     """The schema cannot be compiled; the message names the JSON pointer and what to change."""
 
 
+def too_deep() -> SchemaError:
+    return SchemaError(
+        "the schema nests too deeply to check and compile (past Python's recursion limit); "
+        "move deep parts into $defs and refer to them with $ref"
+    )
+
+
 def load_schema(path: Path = SCHEMA_PATH) -> LoadedSchema:
     raw = path.read_bytes()
     try:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from codegen.check import check_schema
+from codegen.load import too_deep
 from codegen.render import compiles, environment
 from codegen.validators import ValidatorCompiler
 from engram.errors import Problem
@@ -17,10 +18,13 @@ from engram.errors import Problem
 
 def validator_source(schema: Any) -> str:
     """Python source of a module whose `check_document(v, path, out)` validates against `schema`."""
-    if isinstance(schema, dict):
-        check_schema(schema)
-    compiler = ValidatorCompiler(schema)
-    root = compiler.function("")
+    try:
+        if isinstance(schema, dict):
+            check_schema(schema)
+        compiler = ValidatorCompiler(schema)
+        root = compiler.function("")
+    except RecursionError:
+        raise too_deep() from None
     text = (
         environment()
         .get_template("validators.py.j2")

@@ -106,7 +106,22 @@ def summary(plan: DeploymentPlan) -> dict[str, Any]:
         "per_rank": per_rank(plan),
         "per_node": per_node(plan),
         "collectives": collectives(plan),
+        "copying_instead": copying_instead(plan),
     }
+
+
+def copying_instead(plan: DeploymentPlan) -> dict[str, int]:
+    """For file-backed tables: the host bytes per node (the first node) that the copying placements would
+    fill from the checkpoint before the first lookup, private copies and one shared copy; {} otherwise."""
+    if plan.ranks[0].placement != "file":
+        return {}
+    out = {}
+    for name, shared in (("private", False), ("dp_shared_memory", True)):
+        if shared and plan.parallel.data_parallel_size < 2:
+            continue
+        mode = replace_config(plan.config, embedding_across_dp=False, dp_shared_memory=shared)
+        out[name] = per_node(plan_deployment(plan.spec, mode, plan.parallel, plan.platform))[0]["host_bytes"]
+    return out
 
 
 def host_bytes_by_dp(spec: ModelSpec, config: EngramConfig, tp: int, sizes: range) -> dict[str, list[int]]:
@@ -128,4 +143,4 @@ def host_bytes_by_dp(spec: ModelSpec, config: EngramConfig, tp: int, sizes: rang
 
 def replace_config(config: EngramConfig, **fields: bool) -> EngramConfig:
     """Host tables in the given sharing mode (the values are ours, so a plain replace is safe)."""
-    return msgspec.structs.replace(config, cpu_offload=True, thp_packing=False, **fields)
+    return msgspec.structs.replace(config, cpu_offload=True, thp_packing=False, file_backed=False, **fields)

@@ -71,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
                 f"    file-backed: {node['page_cache_bytes']:,} bytes of checkpoint pages, once for every process "
                 "on the node, in the page cache (may exceed RAM); nothing is copied at start-up"
             )
+    if report["copying_instead"]:
+        others = ", ".join(f"{name} {size:,} bytes" for name, size in report["copying_instead"].items())
+        print(f"  the copying placements would first read and write, per node: {others}")
     print("per step:" + ("" if report["collectives"] else " no collectives"))
     for c in report["collectives"]:
         print(

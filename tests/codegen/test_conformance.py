@@ -11,6 +11,7 @@ from typing import Any
 import jsonschema
 import pytest
 
+from codegen.load import SchemaError
 from codegen.standalone import load_validator
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
@@ -446,3 +447,11 @@ def test_format_assertion_opt_in(field: str, good: str, bad: str) -> None:
     assert check({field: good}) == []
     assert [(p.path, p.rule) for p in check({field: bad})] == [(f"/{field}", "format")]
     assert check({field: 12}) == []  # formats constrain strings only
+
+
+def test_a_schema_too_deep_to_compile_is_refused_with_the_fix() -> None:
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(2000):
+        schema = {"not": schema}
+    with pytest.raises(SchemaError, match=r"nests too deeply .* move deep parts into \$defs"):
+        load_validator(doc(**schema))

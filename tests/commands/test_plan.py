@@ -234,3 +234,22 @@ def test_doctor_checks_the_gpu_bytes_against_the_gpu() -> None:
     assert tight.status == "fail" and "device_cache_bytes" in tight.fix
     unknown = check_gpu_memory(plan, None)
     assert unknown.status == "warn" and unknown.detail.endswith("no CUDA device here to check it against")
+
+
+def test_v41_file_backed_counts_pages_once_per_node(capsys: pytest.CaptureFixture[str]) -> None:
+    """TP 4 x DP 4 on two nodes: each node's page cache holds every TP shard once, whatever the process
+    count, no rank pins or copies anything, and the copying placements' bytes are named beside it."""
+    args = ("--tensor-parallel-size", "4", "--data-parallel-size", "4", "--data-parallel-size-local", "2")
+    report = plan(capsys, "--engram-config.file_backed", "true", *args)
+    assert report["placement"] == "file"
+    assert all(r["pinned_host_bytes"] == r["shm_bytes"] == r["device_bytes"] == 0 for r in report["per_rank"])
+    shard_bytes = [bytes_of_heads(range(6 * r, 6 * r + 6)) for r in range(4)]
+    assert [r["file_bytes"] for r in report["per_rank"]] == shard_bytes * 4
+    assert report["per_node"] == [
+        {"node": n, "host_bytes": 0, "shm_bytes": 0, "device_bytes": 0, "page_cache_bytes": V41_TABLE} for n in (0, 1)
+    ]
+    assert report["copying_instead"] == {"private": 2 * V41_TABLE, "dp_shared_memory": V41_TABLE}
+    assert main(["plan", "--preset", "deepseek-v4.1-flash", "--engram-config.file_backed", "true", *args]) == 0
+    assert "the copying placements would first read and write, per node: private 405,516,064,800 bytes" in (
+        capsys.readouterr().out
+    )
