@@ -105,6 +105,11 @@ class Mapping:
         )
         return flat.view(dtype).view(shape)
 
+    @property
+    def mapped(self) -> bool:
+        """Whether the memory is still mapped (some view, or this handle, keeps it)."""
+        return bool(self._finalizer.alive)
+
     def release(self) -> bool:
         """Drop this handle's reference. True when the memory was unmapped now; False when views held
         elsewhere keep it alive (it is unmapped when the last of them goes)."""

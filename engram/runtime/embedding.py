@@ -19,7 +19,7 @@ from engram.errors import EngramError
 from engram.ops import DEAD_ID, gather, gather_into, use_sorted
 from engram.runtime.cache import HotRows, cached_gather
 from engram.runtime.dist import Group
-from engram.runtime.filemap import check_mapped, read_ahead
+from engram.runtime.filemap import check_files, read_ahead
 from engram.runtime.plan import TableShardPlan
 from engram.runtime.storage import TableShard
 
@@ -55,9 +55,8 @@ class EngramEmbedding(nn.Module):
         self.cache = cache  # hot rows in device memory (device_cache_bytes), or None
         # A file-backed shard names its file when a read faults; one the GPU cannot read over UVA (not on
         # tmpfs or hugetlbfs) is gathered on host threads into pinned staging, then copied over.
-        self.source = shard.mapping if shard.placement == "file" else None
+        self.shard = shard if shard.files else None  # names a shrunken file; reads a cold one ahead
         self.staged = shard.placement == "file" and shard.device_pointer is None
-        self.shard = shard if shard.readahead else None  # a cold file: its pages are asked for before a gather
         # all_gather returns members in ascending global rank; the combine wants shard order
         self.gather_order = [sorted(shard_order).index(r) for r in shard_order] if self.group is not None else [0]
 
@@ -81,13 +80,13 @@ class EngramEmbedding(nn.Module):
         try:
             return self._lookup_gathered(ids, out)
         except EngramError:
-            if self.source is not None:
-                check_mapped(self.source)  # a read faulted because the file shrank: say which file
+            if self.shard is not None:
+                check_files(self.shard)  # a read faulted because a file shrank: say which
             raise
 
     def _lookup_gathered(self, ids: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
         ensure_kernels(ids.device)
-        if self.shard is not None:
+        if self.shard is not None and self.shard.readahead:
             read_ahead(self.shard, ids)
         plan = self.plan
         if self.group is None:

@@ -77,18 +77,19 @@ def read_ahead(shard: TableShard, ids: torch.Tensor) -> None:
             native.check(status, "engram_readahead_cpu")
 
 
-def check_mapped(mapping: Mapping) -> None:
-    """Raise, naming the file, when the file behind a read-only mapping shrank since it was mapped (a
-    read past its new end faulted; the guarded kernel turned that into an error)."""
-    try:
-        size = os.stat(mapping.path or "").st_size
-    except OSError as exc:
-        raise EngramError(f"{mapping.path}: the file-backed checkpoint cannot be read any more: {exc}") from None
-    if size < mapping.size:
-        raise EngramError(
-            f"{mapping.path}: the checkpoint shrank from {mapping.size:,} to {size:,} bytes while its tables were "
-            "mapped; restore the file and restart the engine"
-        )
+def check_files(shard: TableShard) -> None:
+    """Raise, naming the file, when a file behind a file-backed shard shrank since it was mapped (a read
+    past its new end faulted; the guarded kernel turned that into an error)."""
+    for mapping in shard.files:
+        try:
+            size = os.stat(mapping.path or "").st_size
+        except OSError as exc:
+            raise EngramError(f"{mapping.path}: the file-backed checkpoint cannot be read any more: {exc}") from None
+        if size < mapping.size:
+            raise EngramError(
+                f"{mapping.path}: the checkpoint shrank from {mapping.size:,} to {size:,} bytes while its tables "
+                "were mapped; restore the file and restart the engine"
+            )
 
 
 def _in_memory_fs(path: str) -> bool:
@@ -124,7 +125,7 @@ def file_shard(
     if native.cpu_library() is None:
         raise EngramError("file_backed tables are read only by the guarded native kernels; install a C compiler (cc)")
     views = {}
-    mapped: MappedFile | None = None
+    files: list[MappedFile] = []
     parts = {"weight": (fmt.dim, WEIGHT_DTYPES[fmt.dtype])}
     if fmt.scaled:
         parts["scale"] = (fmt.dim // SCALE_BLOCK, SCALE_DTYPE)
@@ -147,10 +148,13 @@ def file_shard(
         row_bytes = width * dtype.itemsize
         offset = file.data_start + entry.begin + row_start * row_bytes
         views[part] = mapped.mapping.view(offset, (fmt.rows, width), dtype)
-    assert mapped is not None
-    note = f"mapped from {mapped.file.path}" + (" (in-memory file system)" if mapped.in_memory_fs else "")
-    note += " (not in the page cache: read ahead per lookup)" if mapped.readahead else ""
-    pointer = views["weight"].data_ptr() if runtime is not None and mapped.in_memory_fs else None
-    shard = TableShard(name, row_start, fmt, "file", views["weight"], views.get("scale"), mapped.mapping, pointer, note)
-    shard.readahead = mapped.readahead
-    return shard
+        files += [mapped] if mapped not in files else []
+    in_memory = all(f.in_memory_fs for f in files)
+    readahead = any(f.readahead for f in files)
+    note = "mapped from " + ", ".join(str(f.file.path) for f in files)
+    note += (" (in-memory file system)" if in_memory else "") + (" (read ahead per lookup)" if readahead else "")
+    pointer = views["weight"].data_ptr() if runtime is not None and in_memory else None
+    return TableShard(
+        name, row_start, fmt, "file", views["weight"], views.get("scale"), files[0].mapping, pointer, note,
+        files=tuple(f.mapping for f in files), readahead=readahead,
+    )  # fmt: skip

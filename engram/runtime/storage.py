@@ -92,7 +92,10 @@ class TableShard:
     mapping: Mapping | None = None
     device_pointer: int | None = None  # UVA pointer of a registered host shard
     note: str = ""
-    readahead: bool = False  # a file-backed shard whose file was not in the page cache when mapped
+    # File-backed shards: the mappings of the files their weight and scale live in (often one), shared
+    # with every other shard of those files, and whether any was out of the page cache when mapped.
+    files: tuple[Mapping, ...] = ()
+    readahead: bool = False
 
     @property
     def rows(self) -> int:
@@ -106,6 +109,8 @@ class TableShard:
         """Free the shard now. True when its memory is gone; False when a view held elsewhere still
         keeps it (it goes with the last view). Also happens when the shard is garbage collected."""
         self.weight = self.scale = torch.empty(0)
+        if self.files:  # the file mappings are shared: each goes with its last view and its checkpoint
+            return not any(f.mapped for f in self.files)
         return self.mapping.release() if self.mapping is not None else True
 
 

@@ -207,3 +207,14 @@ def test_device_cache_rows_of_a_file_backed_table_are_read_guarded(small_checkpo
         assert torch.equal(a.weight.view(torch.uint8), b.weight.view(torch.uint8))
         assert a.scale is not None and b.scale is not None
         assert torch.equal(a.scale.view(torch.uint8), b.scale.view(torch.uint8))
+
+
+def test_released_shards_leave_the_shared_mapping_to_the_others(small_checkpoint: Path) -> None:
+    checkpoint = Checkpoint(small_checkpoint)
+    first = open_tables(SMALL, checkpoint, "file", progress=False)
+    second = open_tables(SMALL, checkpoint, "file", progress=False)
+    assert first[0].files == second[0].files  # one mapping per file, shared by every shard of it
+    assert [s.release() for s in first] == [False, False]  # still mapped: `second` and the checkpoint hold it
+    again = open_tables(SMALL, checkpoint, "file", progress=False)
+    for a, b in zip(again, second, strict=True):
+        assert torch.equal(a.weight.view(torch.uint8), b.weight.view(torch.uint8))
