@@ -50,3 +50,14 @@ def test_hash_is_stable_across_processes() -> None:
         for _ in range(2)
     }
     assert runs == {EngramConfig(thp_packing=True).compute_hash() + "\n"}
+
+
+@pytest.mark.parametrize("field", ["file_backed", "device_cache_bytes"])
+def test_placement_fields_leave_the_hash_alone(field: str) -> None:
+    """Where rows are read from changes no value a lookup returns, so it is not hashed (vLLM's compile
+    cache stays valid when a deployment switches to file-backed tables or a device cache)."""
+    value = True if field == "file_backed" else 1 << 30
+    config = load_config({field: value}, env={})
+    assert getattr(config, field) == value
+    assert config.hash_factors() == dict.fromkeys(FIELDS, False) | {"cpu_offload": True}
+    assert config.compute_hash() == EngramConfig().compute_hash()
