@@ -170,7 +170,9 @@ class _Node:
         if self.schema is True:
             return "\n".join([*head, "    return True"])
         if self.schema is False:
-            problem = self.problem("false", f"no value is allowed here (schema {self.ptr or '/'} is false)")
+            problem = self.problem(
+                "false", f"no value is allowed here (schema {self.ptr or '/'} is false)", kept="false"
+            )
             return "\n".join([*head, *self.fail("    ", problem, stop=True)])
         self.lines.append("    ok = True")
         if self.track:

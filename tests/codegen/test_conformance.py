@@ -366,6 +366,22 @@ SPEC_ONLY_CASES: list[tuple[str, Any, list[tuple[Any, bool]]]] = [
         ),
         [([None], True), (["s"], False)],
     ),
+    (
+        # $ref is static (core 8.2.3.1): only $dynamicRef consults the dynamic scope. jsonschema resolves a
+        # $ref to a $dynamicAnchor dynamically when an outer resource declares the name, and answers True.
+        "$ref to a $dynamicAnchor stays static when an outer dynamic anchor of the name is in scope",
+        doc(
+            allOf=[{"$ref": "urn:example:lib#item"}],
+            **{
+                "$id": "https://example.com/root",
+                "$defs": {
+                    "lib": {"$id": "urn:example:lib", "$defs": {"item": {"$dynamicAnchor": "item", "type": "string"}}},
+                    "mine": {"$dynamicAnchor": "item", "type": "null"},
+                },
+            },
+        ),
+        [(None, False), ("s", True)],
+    ),
     ("\\d is ASCII only", doc(pattern="^\\d+$"), [("123", True), ("\u0661\u0662", False)]),
     ("$ matches only at the very end", doc(pattern="^a$"), [("a", True), ("a\n", False)]),
     ("\\p{Letter} is a Unicode property", doc(pattern="^\\p{Letter}+$"), [("\u00e9t\u00e9", True), ("a1", False)]),
