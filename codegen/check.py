@@ -61,13 +61,15 @@ def _meta_validator() -> jsonschema.protocols.Validator:
     return jsonschema.Draft202012Validator(meta, format_checker=checker)
 
 
-def check_schema(document: dict[str, Any]) -> list[str]:
-    """Raise SchemaError for what cannot be compiled or is almost surely a mistake; return warnings."""
+def check_schema(document: dict[str, Any], *, require_dialect: bool = True) -> list[str]:
+    """Raise SchemaError for what cannot be compiled or is almost surely a mistake; return warnings.
+    `require_dialect`: the root must say `"$schema"` (a schema file must; a schema compiled on its own
+    is read as 2020-12 without it)."""
     error = jsonschema.exceptions.best_match(_meta_validator().iter_errors(document))
     if error is not None:
         pointer = "".join(f"/{p}" for p in error.absolute_path)
         raise SchemaError(f"schema fails the 2020-12 meta-schema at {pointer or '/'}: {error.message}")
-    if document.get("$schema") != DRAFT:
+    if require_dialect and document.get("$schema") != DRAFT:
         raise SchemaError(f'the schema must declare "$schema": "{DRAFT}"')
     if "x-engram-format-assertion" in document and not isinstance(document["x-engram-format-assertion"], bool):
         raise SchemaError("/x-engram-format-assertion: must be true or false")

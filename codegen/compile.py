@@ -1,6 +1,6 @@
-"""Compile the checked schema into what the templates render: struct specs, validator functions,
-rule tables, CLI flags. Validator code is built here as text, one small function per schema node, so
-the generated module reads like hand-written code and a debugger steps through real lines."""
+"""Compile the checked schema into what the templates render: struct specs, validator functions (built
+by codegen.validators, one small function per schema node, so the generated module reads like
+hand-written code and a debugger steps through real lines), rule tables, CLI flags."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ def validator_source(schema: Any) -> str:
     """Python source of a module whose `check_document(v, path, out)` validates against `schema`."""
     try:
         if isinstance(schema, dict):
-            check_schema(schema)
+            check_schema(schema, require_dialect=False)
         compiler = ValidatorCompiler(schema)
         root = compiler.function("")
     except RecursionError:

@@ -53,9 +53,9 @@ class EngramEmbedding(nn.Module):
         self.dp_group = dp_group if dp_group is not None and dp_group.size > 1 else None
         self.out_dtype = out_dtype
         self.cache = cache  # hot rows in device memory (device_cache_bytes), or None
-        # A file-backed shard names its file when a read faults; one the GPU cannot read over UVA (not on
-        # tmpfs or hugetlbfs) is gathered on host threads into pinned staging, then copied over.
-        self.shard = shard if shard.files else None  # names a shrunken file; reads a cold one ahead
+        # File-backed: a read that faults names the file that shrank, a cold file is read ahead, and one
+        # the GPU cannot read over UVA (not on tmpfs or hugetlbfs) is gathered on host threads and copied.
+        self.shard = shard if shard.files else None
         self.staged = shard.placement == "file" and shard.device_pointer is None
         # all_gather returns members in ascending global rank; the combine wants shard order
         self.gather_order = [sorted(shard_order).index(r) for r in shard_order] if self.group is not None else [0]

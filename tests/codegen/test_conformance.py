@@ -471,3 +471,9 @@ def test_a_schema_too_deep_to_compile_is_refused_with_the_fix() -> None:
         schema = {"not": schema}
     with pytest.raises(SchemaError, match=r"nests too deeply .* move deep parts into \$defs"):
         load_validator(doc(**schema))
+
+
+def test_a_schema_on_its_own_needs_no_dialect_but_refuses_another() -> None:
+    assert load_validator({"type": "integer"})(1.0) == []
+    with pytest.raises(SchemaError, match=r"/\$schema: 'http://json-schema.org/draft-07/schema#' declares another"):
+        load_validator({"$schema": "http://json-schema.org/draft-07/schema#", "type": "integer"})
