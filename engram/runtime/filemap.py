@@ -92,7 +92,8 @@ def check_files(shard: TableShard) -> None:
             )
 
 
-def _in_memory_fs(path: str) -> bool:
+def in_memory_fs(path: str) -> bool:
+    """Whether `path` lies on tmpfs or hugetlbfs, whose pages stay in memory (and may be pinned for UVA)."""
     buf = (ctypes.c_long * 32)()  # struct statfs; f_type is its first field on Linux
     if _libc.statfs(path.encode(), buf) != 0:
         return False
@@ -109,7 +110,7 @@ def map_file(file: SafetensorsFile) -> MappedFile:
         mapping = map_readonly_file(fd, info.st_size, str(file.path))
     finally:
         os.close(fd)  # the mapping keeps the inode alive
-    in_memory = _in_memory_fs(str(file.path))
+    in_memory = in_memory_fs(str(file.path))
     cold = not in_memory and resident_share(mapping) < COLD
     if cold:  # random rows: the kernel's read-around would fetch pages nobody asked for
         madvise(mapping.addr, mapping.length, MADV_RANDOM)
