@@ -61,7 +61,10 @@ def run(args: argparse.Namespace) -> int:
         f"  host memory {report['host_pss_bytes']:,} bytes of table PSS summed over the replicas ({shared:.2f}x one table); private copies would cost {report['private_estimate_bytes']:,}"
     )
     if report["placement"] == "file":
-        print(f"  start       {report['load_seconds']:.3f} s to map the checkpoint's tables (nothing copied)")
+        print(
+            f"  start       {report['load_seconds']:.3f} s to map the checkpoint's tables: nothing copied, where a "
+            f"copying placement first reads and writes {report['table_bytes']:,} bytes"
+        )
     else:
         print(f"  load        {report['load_seconds']:.2f} s, {report['load_bytes_per_second'] / 1e9:.2f} GB/s")
     print(f"  first step  lookups done {report['first_lookup_seconds']:.3f} s after start")
