@@ -68,6 +68,44 @@ CASES: list[tuple[str, Any, list[tuple[Any, bool]]]] = [
         [(3, True), ("3", False)],
     ),
     (
+        "relative $id chains resolve against the nearest parent; absolute paths and empty fragments too",
+        doc(
+            **{
+                "$id": "https://example.com/a/root.json#",
+                "$defs": {
+                    "b": {
+                        "$id": "b/",
+                        "$defs": {"c": {"$id": "c.json", "type": "integer"}, "d": {"$id": "/top.json", "minimum": 5}},
+                    }
+                },
+                "properties": {
+                    "c": {"$ref": "b/c.json"},
+                    "c2": {"$ref": "https://example.com/a/b/c.json"},
+                    "d": {"$ref": "/top.json"},
+                    "self": {"$ref": "#"},
+                },
+                "additionalProperties": False,
+            }
+        ),
+        [
+            ({"c": 1, "c2": 2, "d": 6, "self": {"c": 3}}, True),
+            ({"c": "1"}, False),
+            ({"d": 4}, False),
+            ({"self": {"x": 1}}, False),
+        ],
+    ),
+    (
+        "a $ref inside a nested resource to `#` is that resource's root",
+        doc(
+            **{
+                "$id": "file:///schemas/root.json",
+                "$defs": {"node": {"$id": "node.json", "properties": {"next": {"$ref": "#"}}, "required": ["v"]}},
+                "$ref": "node.json",
+            }
+        ),
+        [({"v": 1, "next": {"v": 2}}, True), ({"v": 1, "next": {}}, False)],
+    ),
+    (
         "$anchor, and a urn: base",
         doc(
             **{
