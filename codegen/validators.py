@@ -217,6 +217,10 @@ class _Node:
             f"{indent}{'return False' if stop else 'ok = False'}",
         ]
 
+    def when(self, indent: str, test: str, problem: str) -> list[str]:
+        """`if <test>:` reporting `problem`."""
+        return [f"{indent}if {test}:", *self.fail(indent + "    ", problem)]
+
     @staticmethod
     def call(indent: str, call: str) -> list[str]:
         return [
@@ -269,10 +273,7 @@ class _Node:
         values = [self.s[key]] if key == "const" else self.s[key]
         test = " or ".join(equals("v", c) for c in values) or "False"
         expected = _json_text(values[0]) if key == "const" else "one of " + ", ".join(_json_text(c) for c in values)
-        self.lines += [
-            f"    if not ({test}):",
-            *self.fail("        ", self.problem(key, f"expected {expected}", kept=key)),
-        ]
+        self.lines += self.when("    ", f"not ({test})", self.problem(key, f"expected {expected}", kept=key))
 
     def numbers(self, indent: str | None) -> None:
         i, head = self.guard(indent, "_is_number(v)")
@@ -285,16 +286,14 @@ class _Node:
         ):
             if key in self.s:
                 bound = self.s[key]
-                body += [
-                    f"{i}if {test.format(repr(bound))}:",
-                    *self.fail(i + "    ", self.problem(key, f"expected {word} {bound!r}", kept=kept)),
-                ]
+                body += self.when(
+                    i, test.format(repr(bound)), self.problem(key, f"expected {word} {bound!r}", kept=kept)
+                )
         if "multipleOf" in self.s:
             m = self.s["multipleOf"]
-            body += [
-                f"{i}if not _multiple_of(v, {m!r}):",
-                *self.fail(i + "    ", self.problem("multipleOf", f"expected a multiple of {m!r}")),
-            ]
+            body += self.when(
+                i, f"not _multiple_of(v, {m!r})", self.problem("multipleOf", f"expected a multiple of {m!r}")
+            )
         self.emit(head, body)
 
     def strings(self, indent: str | None) -> None:
@@ -303,14 +302,11 @@ class _Node:
         for key, op, word in (("minLength", "<", "at least"), ("maxLength", ">", "at most")):
             if key in self.s:
                 n = self.s[key]
-                body += [
-                    f"{i}if len(v) {op} {n!r}:",
-                    *self.fail(i + "    ", self.problem(key, f"expected {word} {n} character(s)")),
-                ]
+                body += self.when(i, f"len(v) {op} {n!r}", self.problem(key, f"expected {word} {n} character(s)"))
         if "pattern" in self.s:
             pattern = self.c.constant(f"compile_pattern({self.s['pattern']!r})")
             expected = f"expected a match for the pattern {self.s['pattern']!r}"
-            body += [f"{i}if {pattern}.search(v) is None:", *self.fail(i + "    ", self.problem("pattern", expected))]
+            body += self.when(i, f"{pattern}.search(v) is None", self.problem("pattern", expected))
         name = self.s.get("format")
         if self.c.assert_formats and isinstance(name, str):
             if name not in FORMAT_CHECKS:
@@ -318,10 +314,7 @@ class _Node:
                     f"{self.at('format')}: format {name!r} cannot be asserted; known: {', '.join(sorted(FORMAT_CHECKS))}"
                 )
             check = self.c.constant(f"format_check({name!r})")
-            body += [
-                f"{i}if not {check}(v):",
-                *self.fail(i + "    ", self.problem("format", f"expected a valid {name}")),
-            ]
+            body += self.when(i, f"not {check}(v)", self.problem("format", f"expected a valid {name}"))
         self.emit(head, body)
 
     def arrays(self, indent: str | None) -> None:
@@ -333,15 +326,12 @@ class _Node:
             ("maxItems", ">", "at most", "max-items"),
         ):
             if key in s:
-                body += [
-                    f"{i}if len(v) {op} {s[key]!r}:",
-                    *self.fail(i + "    ", self.problem(key, f"expected {word} {s[key]} item(s)", kept=kept)),
-                ]
+                problem = self.problem(key, f"expected {word} {s[key]} item(s)", kept=kept)
+                body += self.when(i, f"len(v) {op} {s[key]!r}", problem)
         if s.get("uniqueItems") is True:
-            body += [
-                f"{i}if not _unique(v):",
-                *self.fail(i + "    ", self.problem("uniqueItems", "expected distinct items", kept="unique-items")),
-            ]
+            body += self.when(
+                i, "not _unique(v)", self.problem("uniqueItems", "expected distinct items", kept="unique-items")
+            )
         prefix = s.get("prefixItems", [])
         for n, _ in enumerate(prefix):
             if prefix[n] is not True:
@@ -359,7 +349,7 @@ class _Node:
         body = []
         if self.s["items"] is False:
             problem = self.problem("items", f"expected at most {start} item(s)")
-            body += [f"{i}if len(v) > {start}:", *self.fail(i + "    ", problem)]
+            body += self.when(i, f"len(v) > {start}", problem)
         elif self.s["items"] is not True:
             fn = self.child(self.at("items"), inplace=False)
             body += [
@@ -384,10 +374,10 @@ class _Node:
         if least > 0:
             keyword = "contains" if "minContains" not in self.s else "minContains"
             problem = self.problem(keyword, f"expected at least {least} item(s) matching contains")
-            body += [f"{i}if matched < {least!r}:", *self.fail(i + "    ", problem)]
+            body += self.when(i, f"matched < {least!r}", problem)
         if most is not None:
             problem = self.problem("maxContains", f"expected at most {most} item(s) matching contains")
-            body += [f"{i}if matched > {most!r}:", *self.fail(i + "    ", problem)]
+            body += self.when(i, f"matched > {most!r}", problem)
         return body
 
     def objects(self, indent: str | None) -> None:
@@ -396,24 +386,17 @@ class _Node:
         s = self.s
         for key in s.get("required", []):
             at = f"path + {'/' + escape(key)!r}"
-            body += [
-                f"{i}if {key!r} not in v:",
-                *self.fail(i + "    ", f"Problem({at}, 'required', {'missing required field ' + key!r})"),
-            ]
+            body += self.when(i, f"{key!r} not in v", f"Problem({at}, 'required', {'missing required field ' + key!r})")
         for key, needed in s.get("dependentRequired", {}).items():
             for other in needed:
                 at = f"path + {'/' + escape(other)!r}"
                 text = f"missing field {other}, required when {key} is present (dependentRequired at {self.at('dependentRequired')})"
-                body += [
-                    f"{i}if {key!r} in v and {other!r} not in v:",
-                    *self.fail(i + "    ", f"Problem({at}, 'dependentRequired', {text!r})"),
-                ]
+                body += self.when(
+                    i, f"{key!r} in v and {other!r} not in v", f"Problem({at}, 'dependentRequired', {text!r})"
+                )
         for key, op, word in (("minProperties", "<", "at least"), ("maxProperties", ">", "at most")):
             if key in s:
-                body += [
-                    f"{i}if len(v) {op} {s[key]!r}:",
-                    *self.fail(i + "    ", self.problem(key, f"expected {word} {s[key]} field(s)")),
-                ]
+                body += self.when(i, f"len(v) {op} {s[key]!r}", self.problem(key, f"expected {word} {s[key]} field(s)"))
         patterns = [self.c.constant(f"compile_pattern({p!r})") for p in s.get("patternProperties", {})]
         if "additionalProperties" in s:  # first: unknown fields lead the report, as users know it
             body += self.additional(i, patterns)
@@ -483,10 +466,9 @@ class _Node:
             self.one_of()
         if "not" in s:
             fn = self.c.function(self.at("not"), bindings=self.key.bindings, inplace=True)
-            self.lines += [
-                f"    if {fn}(v, path, None):",
-                *self.fail("        ", self.problem("not", "expected not this form", kept="not")),
-            ]
+            self.lines += self.when(
+                "    ", f"{fn}(v, path, None)", self.problem("not", "expected not this form", kept="not")
+            )
         if is_rule(s):
             self.rule_check(self.ptr, s)
         elif "if" in s and ("then" in s or "else" in s or self.track):  # a lone `if` only annotates
@@ -509,7 +491,7 @@ class _Node:
         problem = self.problem("anyOf", "expected one of the allowed forms", kept="any-of")
         if not self.track:
             tests = " or ".join(f"{fn}(v, path, None)" for fn in branches)
-            self.lines += [f"    if not ({tests}):", *self.fail("        ", problem)]
+            self.lines += self.when("    ", f"not ({tests})", problem)
             return
         self.lines.append("    matched = 0")
         for fn in branches:  # every branch runs: each that passes contributes its annotations
@@ -519,7 +501,7 @@ class _Node:
                 "        matched += 1",
                 "        seen |= branch",
             ]
-        self.lines += ["    if not matched:", *self.fail("        ", problem)]
+        self.lines += self.when("    ", "not matched", problem)
 
     def one_of(self) -> None:
         self.lines.append("    matched = 0")
@@ -535,7 +517,7 @@ class _Node:
             else:
                 self.lines += [f"    if {fn}(v, path, None):", "        matched += 1"]
         problem = self.problem("oneOf", "expected exactly one of the forms to match")
-        self.lines += ["    if matched != 1:", *self.fail("        ", problem)]
+        self.lines += self.when("    ", "matched != 1", problem)
         if self.track:
             self.lines += ["    else:", "        seen |= chosen"]
 
@@ -573,10 +555,7 @@ class _Node:
         then = self.branch(pointer + "/then")
         self.lines.append(f"    # rule {rule['x-engram-rule']}")
         if not self.track:
-            self.lines += [
-                f"    if {test}(v, path, None) and not {then}(v, path, None):",
-                *self.fail("        ", problem),
-            ]
+            self.lines += self.when("    ", f"{test}(v, path, None) and not {then}(v, path, None)", problem)
             return
         self.lines += [
             self.fresh("    "),
