@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 
@@ -9,3 +15,17 @@ import pytest
 def _clean_engram_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("ENGRAM_CPU_OFFLOAD", "VLLM_PLE_CPU_OFFLOAD", "ENGRAM_SHM_DIR"):
         monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_profile(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path, Path]:
+    """`engram profile` of the tiny preset, run once: its JSON report, the hot-rows file and the plot."""
+    from engram.cli import main
+
+    root = tmp_path_factory.mktemp("profile")
+    out, plot = root / "hot.safetensors", root / "hits.png"
+    argv = ["profile", "--preset", "tiny", "--tokens", "8192", "--held-out-tokens", "2000", "--json"]
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main([*argv, "--out", str(out), "--plot", str(plot)]) == 0
+    return json.loads(printed.getvalue()), out, plot

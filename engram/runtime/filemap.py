@@ -156,6 +156,6 @@ def file_shard(
     note += (" (in-memory file system)" if in_memory else "") + (" (read ahead per lookup)" if readahead else "")
     pointer = views["weight"].data_ptr() if runtime is not None and in_memory else None
     return TableShard(
-        name, row_start, fmt, "file", views["weight"], views.get("scale"), files[0].mapping, pointer, note,
+        name, row_start, fmt, "file", views["weight"], views.get("scale"), None, pointer, note,
         files=tuple(f.mapping for f in files), readahead=readahead,
     )  # fmt: skip

@@ -89,7 +89,7 @@ class TableShard:
     placement: Placement
     weight: torch.Tensor
     scale: torch.Tensor | None
-    mapping: Mapping | None = None
+    mapping: Mapping | None = None  # the memory this shard owns (none for device and file-backed shards)
     device_pointer: int | None = None  # UVA pointer of a registered host shard
     note: str = ""
     # File-backed shards: the mappings of the files their weight and scale live in (often one), shared

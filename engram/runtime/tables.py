@@ -73,13 +73,13 @@ def open_tables(
 
 def tables_pss(shards: list[TableShard]) -> int:
     """Proportional set size of the tables' memory in this process, read per mapping from smaps, so the
-    interpreter's own memory is not counted (tables in RAM without a mapping of ours, i.e. device
-    placement on the CPU platform, are measured over their tensors' address ranges)."""
+    interpreter's own memory is not counted (tables in RAM without a mapping of their own, device tensors
+    on the CPU platform and file-backed views, are measured over their tensors' address ranges)."""
     total = 0
     for shard in shards:
-        if shard.mapping is not None and shard.placement != "file":  # file shards share a file's mapping
+        if shard.mapping is not None:
             total += pss(shard.mapping.addr, shard.mapping.length)
-        elif shard.weight.device.type == "cpu":  # measured over the tensors' own address ranges
+        elif shard.weight.device.type == "cpu":
             for tensor in (shard.weight, shard.scale):
                 if tensor is not None and tensor.numel():
                     total += pss(tensor.data_ptr(), tensor.numel() * tensor.element_size())

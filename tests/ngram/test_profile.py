@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -66,32 +67,10 @@ def test_rate_helpers() -> None:
     assert hit_rate(torch.tensor([1, 2]), torch.tensor([1, 3, 2, 2])) == 0.75
 
 
-def test_profile_command(tmp_path: Path, capsys: object) -> None:
-    import json
-
+def test_profile_command(tiny_profile: tuple[dict[str, Any], Path, Path], capsys: object) -> None:
     from engram.cli import main
 
-    out, plot = tmp_path / "hot.safetensors", tmp_path / "hits.png"
-    assert (
-        main(
-            [
-                "profile",
-                "--preset",
-                "tiny",
-                "--tokens",
-                "8192",
-                "--held-out-tokens",
-                "2000",
-                "--json",
-                "--out",
-                str(out),
-                "--plot",
-                str(plot),
-            ]
-        )
-        == 0
-    )
-    report = json.loads(capsys.readouterr().out)  # type: ignore[attr-defined]
+    report, out, plot = tiny_profile
     assert report["fit_tokens"] == 8192 and report["held_out_tokens"] == 2000
     assert [t["table"] for t in report["tables"]] == ["layers.1.engram.embed", "layers.3.engram.embed"]
     assert all(0 <= r <= 1 for t in report["tables"] for r in t["hit_rate_by_cache_bytes"].values())

@@ -4,6 +4,7 @@ DEAD_ID, rows of other shards, ids outside the table), and built from an `engram
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -63,30 +64,14 @@ def test_profile_errors(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_tables_with_a_device_cache_from_engram_profile(tmp_path: Path) -> None:
+def test_tables_with_a_device_cache_from_engram_profile(
+    tmp_path: Path, tiny_profile: tuple[dict[str, Any], Path, Path]
+) -> None:
     """engram profile --out, then EngramTables with device_cache_bytes: equal to the uncached lookup."""
-    from engram.cli import main
     from engram.presets import get_preset
     from engram.runtime.checkpoint import write_checkpoint
 
-    profile = tmp_path / "hot.safetensors"
-    assert (
-        main(
-            [
-                "profile",
-                "--preset",
-                "tiny",
-                "--tokens",
-                "8192",
-                "--held-out-tokens",
-                "1000",
-                "--out",
-                str(profile),
-                "--json",
-            ]
-        )
-        == 0
-    )
+    profile = tiny_profile[1]
     checkpoint = tmp_path / "ckpt"
     write_checkpoint(get_preset("tiny"), checkpoint, seed=3)
     reports = values(run_local(2, sharding_workers.cached_lookup, str(checkpoint), str(profile), timeout=300))
