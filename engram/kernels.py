@@ -1,12 +1,12 @@
 """The CUDA kernels (kernels/*.cu): built with nvcc into a cache keyed by the sources' hash, loaded with
-ctypes through the C ABI of kernels/engram_kernels.h, and registered as the CUDA implementations of
-engram::gather_into (which engram::gather calls on every device) and engram::ngram_hash. Also the CUDA
-runtime that pins host tables (registration.py).
+ctypes through the C ABI of kernels/engram_kernels.h, and entered in engram.ops' launch tables as the CUDA
+kernels of engram::gather, engram::gather_into and engram::ngram_hash. Also the CUDA runtime that pins host
+tables (registration.py).
 
 Nothing in a launch allocates device memory behind torch's back or synchronises, so the ops can be
 captured in CUDA graphs, and nothing synchronises: in eager mode as under capture, the kernel reads zeros
 for an id outside its table and raises a flag in pinned host memory, which the engine reads once a step
-without a sync (check_error_flag, EngramTables.check_errors)."""
+without a sync (check_error_flags, EngramTables.check_errors)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from engram import native
 from engram._build import KERNELS, build_library
 from engram.errors import EngramError
 from engram.memory.mapping import map_anonymous
-from engram.ops import DEAD_ID, OUT_KINDS, gather, gather_into, kernel_ids, ngram_hash, run_gather
+from engram.ops import DEAD_ID, HASHERS, LAUNCHERS, OUT_KINDS, gather, kernel_ids
 from engram.runtime import registration
 
 _VP, _I64, _I64P = ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)
@@ -49,12 +49,13 @@ SIGNATURES: dict[str, list[type]] = {
         ctypes.c_int,
         _VP,
     ],
-    "engram_check_ids_cuda": [_VP, _I64, _I64, _VP, _VP],
+    "engram_check_ids_cuda": [_VP, _I64, _I64, _I64, _VP, _VP],
     "engram_ngram_hash_cuda": [_VP, _VP, _I64, _I64, _VP, _VP, _VP, _VP, _I64, _I64, _I64, _I64, _VP, _VP],
     "engram_host_register": [_VP, ctypes.c_uint64, ctypes.c_uint],
     "engram_host_unregister": [_VP],
     "engram_host_get_device_pointer": [ctypes.POINTER(ctypes.c_void_p), _VP],
     "engram_pointer_memory_type": [ctypes.POINTER(ctypes.c_int), _VP],
+    "engram_device_attribute": [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int],
     "engram_cuda_get_last_error": [],
     "engram_cuda_last_error": [],
 }
@@ -140,6 +141,11 @@ class LibraryRuntime:
         code = int(self.library.engram_pointer_memory_type(ctypes.byref(kind), addr))
         return code, int(kind.value)
 
+    def device_attribute(self, attribute: int) -> tuple[int, int]:
+        value = ctypes.c_int(0)
+        code = int(self.library.engram_device_attribute(ctypes.byref(value), attribute, -1))  # -1: current GPU
+        return code, int(value.value)
+
     def get_last_error(self) -> int:
         return int(self.library.engram_cuda_get_last_error())
 
@@ -180,30 +186,44 @@ def uva_probe(runtime: registration.CudaRuntime, device: torch.device | str = "c
         mapping.release()
 
 
-def error_flag(device: torch.device | str) -> torch.Tensor:
-    """Where the gathers on `device` report an id outside their table: one int32 in pinned host memory,
-    which the kernels write through its UVA address (a plain store: it only goes from 0 to 1) and the
-    host reads without synchronising. The address is fixed, so captured graphs report there too."""
+# What each slot of a device's error flag reports; the kernels set a slot to 1 and the host clears it.
+FLAG_ROW_ID, FLAG_TOKEN_ID = 0, 1
+FLAG_MESSAGES = (
+    "a gather on {device} was given a row id outside its table (it read zeros instead)",
+    "the n-gram hash on {device} was given a compressed token id outside the vocabulary (it hashed the fill id instead); compress raw token ids first",
+)
+# One flag per GPU index, made by error_flag and never freed: captured graphs keep writing to its address.
+_flags: dict[int, torch.Tensor] = {}
+
+
+def _index(device: torch.device | str) -> int:
     device = torch.device(device)
-    return _error_flag(device.index if device.index is not None else torch.cuda.current_device())
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
-@functools.cache
-def _error_flag(index: int) -> torch.Tensor:
-    return torch.zeros(1, dtype=torch.int32, pin_memory=True)
+def error_flag(device: torch.device | str) -> torch.Tensor:
+    """Where the kernels on `device` report bad input: int32 slots (FLAG_ROW_ID, FLAG_TOKEN_ID) in pinned
+    host memory, which the kernels write through its UVA address (a plain store: a slot only goes from 0 to
+    1) and the host reads without synchronising. The address is fixed, so captured graphs report there
+    too. Make it before any capture (EngramTables.build does): pinning memory is no capturable step."""
+    index = _index(device)
+    if index not in _flags:
+        _flags[index] = torch.zeros(len(FLAG_MESSAGES), dtype=torch.int32, pin_memory=True)
+    return _flags[index]
 
 
-def check_error_flag(device: torch.device | str = "cuda", *, after: torch.cuda.Event | None = None) -> None:
-    """Raise (and clear the flag) if a gather on `device` read an id outside its table since the last
-    check; it read zeros for it. The flag covers the gathers finished so far: `after`, an event recorded
-    behind the gathers to cover, is waited for first (when the engine checks at the start of a step, the
-    previous step's lookups have normally long finished, so this costs nothing)."""
-    if after is not None:
+def check_error_flags(*, after: torch.cuda.Event | None = None) -> None:
+    """Raise (and clear the flag) if a kernel on any GPU of this process was given bad input since the last
+    check: eager calls, prefetches and graph replays alike. The flags cover the work finished so far:
+    `after`, an event recorded behind the work to cover, is waited for first, except while a stream
+    captures (waiting is not permitted then: the flags are read as they stand)."""
+    if after is not None and not torch.cuda.is_current_stream_capturing():
         after.synchronize()
-    flag = error_flag(device)
-    if int(flag[0]):
-        flag.zero_()
-        raise EngramError(f"a gather on {device} was given a row id outside its table (it read zeros instead)")
+    for index, flag in _flags.items():
+        raised = [slot for slot in range(len(FLAG_MESSAGES)) if int(flag[slot])]
+        if raised:
+            flag.zero_()
+            raise EngramError(FLAG_MESSAGES[raised[0]].format(device=f"cuda:{index}"))
 
 
 _max_blocks: contextvars.ContextVar[int] = contextvars.ContextVar("engram_max_blocks", default=0)
@@ -241,31 +261,34 @@ def launch_cuda(
     dedup: bool,
     check_also: torch.Tensor | None,
 ) -> None:
-    """The CUDA kernel on the current stream, arguments already checked (ops.run_gather). Nothing here
-    synchronises: ids outside the table read zeros and raise error_flag, which the engine checks once a
-    step (EngramTables.check_errors)."""
+    """The CUDA kernel on the ids' device and its current stream, arguments already checked
+    (ops.run_gather). Nothing here synchronises: ids outside the table read zeros and raise the device's
+    error flag, which the engine reads once a step (EngramTables.check_errors)."""
     check_readable(library_runtime(), weight, scale)
     library = cuda_library()
-    if check_also is not None:
-        more = check_also.reshape(-1).to(torch.int64).contiguous()
-        status = library.engram_check_ids_cuda(
-            more.data_ptr() or None, more.numel(), table_rows, error_flag(ids.device).data_ptr(), _stream(ids.device)
-        )
-        check(library, status, "engram_check_ids_cuda")
-    flat, order, leader = kernel_ids(ids, dedup)
-    gather_cuda(
-        library,
-        weight,
-        scale,
-        flat,
-        order,
-        leader,
-        row_start,
-        table_rows,
-        out,
-        error_flag(ids.device),
-        _max_blocks.get(),
-    )
+    flag = error_flag(ids.device)
+    with torch.cuda.device(ids.device):  # the launch goes to the ids' GPU, whichever is current
+        if check_also is not None:
+            more = check_also.reshape(-1).to(torch.int64).contiguous()
+            status = library.engram_check_ids_cuda(
+                more.data_ptr() or None,
+                more.numel(),
+                DEAD_ID,
+                table_rows,
+                flag_slot(flag, FLAG_ROW_ID),
+                _stream(ids.device),
+            )
+            check(library, status, "engram_check_ids_cuda")
+        flat, order, leader = kernel_ids(ids, dedup)
+        gather_cuda(library, weight, scale, flat, order, leader, row_start, table_rows, out, flag, _max_blocks.get())
+
+
+LAUNCHERS["cuda"] = launch_cuda
+
+
+def flag_slot(flag: torch.Tensor, slot: int) -> int:
+    """The address of one slot of an error flag (error_flag), as the kernels take it."""
+    return flag.data_ptr() + slot * flag.element_size()
 
 
 def gather_cuda(
@@ -293,22 +316,7 @@ def gather_cuda(
     check(library, status, "engram_gather_cuda")
 
 
-@gather_into.register_kernel("cuda")
-def _gather_into_cuda(
-    weight: torch.Tensor,
-    scale: torch.Tensor | None,
-    ids: torch.Tensor,
-    row_start: int,
-    table_rows: int,
-    out: torch.Tensor,
-    dedup: bool = False,
-    check: torch.Tensor | None = None,
-) -> None:
-    run_gather(weight, scale, ids, row_start, table_rows, out, dedup, check, launch_cuda)
-
-
-@ngram_hash.register_kernel("cuda")
-def _ngram_hash_cuda(
+def hash_cuda(
     ext: torch.Tensor,
     start: torch.Tensor,
     multipliers: torch.Tensor,
@@ -316,16 +324,25 @@ def _ngram_hash_cuda(
     magic: torch.Tensor,
     offsets: torch.Tensor,
     fill: int,
+    vocab: int,
     out: torch.Tensor,
 ) -> None:
+    """The hash on the ids' GPU; new token ids outside [0, vocab) raise the flag's FLAG_TOKEN_ID slot (no sync)."""
     library = cuda_library()
     layers, max_ngram = multipliers.shape
-    status = library.engram_ngram_hash_cuda(
-        ext.data_ptr(), start.data_ptr(), start.numel(), ext.numel() - start.numel(), multipliers.data_ptr(), primes.data_ptr(),
-        magic.data_ptr(), offsets.data_ptr(), layers, max_ngram, primes.shape[1] // (max_ngram - 1), fill, out.data_ptr(),
-        _stream(ext.device),
-    )  # fmt: skip
-    check(library, status, "engram_ngram_hash_cuda")
+    tokens, context = start.numel(), ext.numel() - start.numel()
+    with torch.cuda.device(ext.device):
+        stream = _stream(ext.device)
+        new = ext.data_ptr() + context * ext.element_size() if tokens else None
+        flag = flag_slot(error_flag(ext.device), FLAG_TOKEN_ID)
+        check(library, library.engram_check_ids_cuda(new, tokens, 0, vocab, flag, stream), "engram_check_ids_cuda")
+        status = library.engram_ngram_hash_cuda(
+            ext.data_ptr(), start.data_ptr(), tokens, context, multipliers.data_ptr(), primes.data_ptr(), magic.data_ptr(),
+            offsets.data_ptr(), layers, max_ngram, primes.shape[1] // (max_ngram - 1), fill, out.data_ptr(), stream,
+        )  # fmt: skip
+        check(library, status, "engram_ngram_hash_cuda")
 
 
-__all__ = ["DEAD_ID", "LibraryRuntime", "build", "check_error_flag", "cuda_library", "load", "uva_probe"]
+HASHERS["cuda"] = hash_cuda
+
+__all__ = ["DEAD_ID", "LibraryRuntime", "build", "check_error_flags", "cuda_library", "error_flag", "load", "uva_probe"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -166,6 +167,9 @@ def gather_reference(
 Launch = Callable[
     [torch.Tensor, "torch.Tensor | None", torch.Tensor, int, int, torch.Tensor, bool, "torch.Tensor | None"], None
 ]
+# The kernel launch per device type (arguments already checked): the CPU twin here; engram.kernels adds
+# "cuda" when it is imported (engram.devices.ensure_kernels), so this layer never imports the CUDA side.
+LAUNCHERS: dict[str, Launch] = {}
 
 
 def run_gather(
@@ -175,13 +179,21 @@ def run_gather(
     row_start: int,
     table_rows: int,
     out: torch.Tensor,
-    dedup: bool,
-    check: torch.Tensor | None,
-    launch: Launch,
+    dedup: bool = False,
+    check: torch.Tensor | None = None,
 ) -> None:
-    """What every device's gather_into does around its kernel: check every argument, and turn a dtype
-    conversion the kernels do not make (rows stored as one float type, wanted as another) into a raw
-    gather and a torch copy, so no path ever reinterprets bytes."""
+    """The one body of engram::gather and engram::gather_into on every device: check every argument,
+    then launch the device's kernel. A dtype conversion the kernels do not make (rows stored as one float
+    type, wanted as another) becomes a raw gather and a torch copy, so no path ever reinterprets bytes."""
+    launch = LAUNCHERS.get(ids.device.type)
+    if launch is None:
+        raise EngramError(
+            f"no engram gather kernel for {ids.device.type} tensors (import engram.kernels for CUDA); put the ids on the CPU or a GPU"
+        )
+    if ids.device.type == "cpu":
+        for name, t in (("weight", weight), ("scale", scale), ("out", out)):
+            if t is not None and t.device.type != "cpu":
+                raise EngramError(f"ids are on the CPU but {name} is on {t.device}: put them on one device")
     check_gather_args(weight, scale, ids, row_start, table_rows, out.dtype)
     check_out(ids, weight.shape[1], out)
     if check is not None and (check.dtype not in ID_DTYPES or check.device != ids.device):
@@ -224,8 +236,10 @@ def _launch_cpu(
     native.check(status, "engram_gather_cpu")
 
 
-@torch.library.custom_op("engram::gather", mutates_args=())
-def gather(
+LAUNCHERS["cpu"] = _launch_cpu
+
+
+def _gather(
     weight: torch.Tensor,
     scale: torch.Tensor | None,
     ids: torch.Tensor,
@@ -235,23 +249,17 @@ def gather(
     dedup: bool = False,
     check: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Rows for global row ids `ids` ([..]) from a shard holding rows [row_start, row_start + len(weight))
-    of a table of `table_rows` rows: [.., dim] in out_dtype. DEAD_ID and rows of other shards read zeros.
-    Any device: a fresh output, filled by engram::gather_into's kernel for that device. `dedup` takes
-    the sorted form (each distinct row read once, in address order; see use_sorted). `check`: more ids
-    to range-check alike (a head shard's peers read the step's other columns: all ranks must agree)."""
     shape = (*ids.shape, weight.shape[1])
     out = (
         empty_cpu(shape, out_dtype)
         if ids.device.type == "cpu"
         else torch.empty(shape, dtype=out_dtype, device=ids.device)
     )
-    gather_into(weight, scale, ids, row_start, table_rows, out, dedup, check)
+    run_gather(weight, scale, ids, row_start, table_rows, out, dedup, check)
     return out
 
 
-@gather.register_fake
-def _(
+def _gather_fake(
     weight: torch.Tensor,
     scale: torch.Tensor | None,
     ids: torch.Tensor,
@@ -262,40 +270,6 @@ def _(
     check: torch.Tensor | None = None,
 ) -> torch.Tensor:
     return ids.new_empty((*ids.shape, weight.shape[1]), dtype=out_dtype)
-
-
-@torch.library.custom_op("engram::gather_into", mutates_args=("out",), device_types="cpu")
-def gather_into(
-    weight: torch.Tensor,
-    scale: torch.Tensor | None,
-    ids: torch.Tensor,
-    row_start: int,
-    table_rows: int,
-    out: torch.Tensor,
-    dedup: bool = False,
-    check: torch.Tensor | None = None,
-) -> None:
-    """engram::gather into a buffer the caller keeps ([.., dim], its dtype the output's): no allocation,
-    no page faults for a fresh output, a static address for CUDA graphs. This is the CPU kernel; the
-    CUDA one is in engram.kernels."""
-    for name, t in (("weight", weight), ("scale", scale), ("out", out)):
-        if t is not None and t.device.type != "cpu":
-            raise EngramError(f"ids are on the CPU but {name} is on {t.device}: put them on one device")
-    run_gather(weight, scale, ids, row_start, table_rows, out, dedup, check, _launch_cpu)
-
-
-@gather_into.register_fake
-def _(
-    weight: torch.Tensor,
-    scale: torch.Tensor | None,
-    ids: torch.Tensor,
-    row_start: int,
-    table_rows: int,
-    out: torch.Tensor,
-    dedup: bool = False,
-    check: torch.Tensor | None = None,
-) -> None:
-    return None
 
 
 def ngram_hash_reference(
@@ -351,8 +325,15 @@ def _ngram_hash_native(
     return True
 
 
-@torch.library.custom_op("engram::ngram_hash", mutates_args=("out",), device_types="cpu")
-def ngram_hash(
+def check_token_ids(ids: torch.Tensor, vocab: int) -> None:
+    """Compressed token ids outside [0, vocab) are an error (they would overflow the hash's multiply bound),
+    raised before hashing. A host sync on a GPU, where the CUDA hash flags them instead."""
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+        bad = ids[(ids < 0) | (ids >= vocab)][0]
+        raise EngramError(f"compressed id {int(bad)} is outside [0, {vocab}); compress raw token ids first")
+
+
+def _ngram_hash(
     ext: torch.Tensor,
     start: torch.Tensor,
     multipliers: torch.Tensor,
@@ -360,23 +341,85 @@ def ngram_hash(
     magic: torch.Tensor,
     offsets: torch.Tensor,
     fill: int,
+    vocab: int,
     out: torch.Tensor,
 ) -> None:
-    """Row ids into `out` [T, L, C]; `magic` holds the Barrett constants floor((2^64 - 1) / prime). The
-    CPU kernel; the CUDA one is in engram.kernels."""
+    launch = HASHERS.get(ext.device.type)
+    if launch is None:
+        raise EngramError(f"no engram hash kernel for {ext.device.type} tensors (import engram.kernels for CUDA)")
+    launch(ext, start, multipliers, primes, magic, offsets, fill, vocab, out)
+
+
+def _hash_cpu(
+    ext: torch.Tensor,
+    start: torch.Tensor,
+    multipliers: torch.Tensor,
+    primes: torch.Tensor,
+    magic: torch.Tensor,
+    offsets: torch.Tensor,
+    fill: int,
+    vocab: int,
+    out: torch.Tensor,
+) -> None:
+    """The CPU kernel, or plain torch where it did not build; token ids outside the vocabulary raise."""
+    check_token_ids(ext[ext.numel() - start.numel() :], vocab)
     if not _ngram_hash_native(ext, start, multipliers, primes, magic, offsets, fill, out):
         ngram_hash_reference(ext, start, multipliers, primes, offsets, fill, out)
 
 
-@ngram_hash.register_fake
-def _(
-    ext: torch.Tensor,
-    start: torch.Tensor,
-    multipliers: torch.Tensor,
-    primes: torch.Tensor,
-    magic: torch.Tensor,
-    offsets: torch.Tensor,
-    fill: int,
-    out: torch.Tensor,
-) -> None:
+HashLaunch = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, int, torch.Tensor], None
+]
+HASHERS: dict[str, HashLaunch] = {"cpu": _hash_cpu}  # engram.kernels adds "cuda"
+
+
+def _no_result(*args: object) -> None:
+    """The fake kernel of the ops that only write into a buffer they are given."""
     return None
+
+
+# The ops are declared with torch.library's low-level API, one Python function per op for every device
+# (the launch tables above pick the kernel): torch.library.custom_op adds about 25 us of Python around a
+# mutating op's call (its ADInplaceOrView step fills in the schema's defaults each time), more than the
+# whole rest of an eager layer call (benchmarks/bench_host_time.py).
+OPS: dict[str, tuple[str, Callable[..., Any], Callable[..., Any]]] = {  # name: schema, kernel, fake kernel
+    "gather": (
+        "(Tensor weight, Tensor? scale, Tensor ids, int row_start, int table_rows, ScalarType out_dtype, "
+        "bool dedup=False, Tensor? check=None) -> Tensor",
+        _gather,
+        _gather_fake,
+    ),
+    "gather_into": (
+        "(Tensor weight, Tensor? scale, Tensor ids, int row_start, int table_rows, Tensor(a!) out, "
+        "bool dedup=False, Tensor? check=None) -> ()",
+        run_gather,
+        _no_result,
+    ),
+    "ngram_hash": (
+        "(Tensor ext, Tensor start, Tensor multipliers, Tensor primes, Tensor magic, Tensor offsets, "
+        "int fill, int vocab, Tensor(a!) out) -> ()",
+        _ngram_hash,
+        _no_result,
+    ),
+}
+_LIBRARY = torch.library.Library("engram", "DEF")  # type: ignore[no-untyped-call]
+for _name, (_schema, _kernel, _fake) in OPS.items():
+    _LIBRARY.define(_name + _schema)  # type: ignore[no-untyped-call]
+    for _key in ("CPU", "CUDA"):
+        _LIBRARY.impl(_name, _kernel, _key)  # type: ignore[no-untyped-call]
+    torch.library.register_fake(f"engram::{_name}", lib=_LIBRARY)(_fake)
+
+# gather(weight, scale, ids, row_start, table_rows, out_dtype, dedup=False, check=None) -> [.., dim]: rows
+# for global row ids `ids` ([..]) from a shard holding rows [row_start, row_start + len(weight)) of a
+# table of `table_rows` rows, in out_dtype. DEAD_ID and rows of other shards read zeros. Any device: a
+# fresh output, filled by that device's kernel. `dedup` takes the sorted form (each distinct row read
+# once, in address order; see use_sorted). `check`: more ids to range-check alike (a head shard's peers
+# read the step's other columns: all ranks must agree).
+gather = torch.ops.engram.gather.default
+# gather_into(..., out, dedup=False, check=None): the same into a buffer the caller keeps ([.., dim], its
+# dtype the output's): no allocation, no page faults for a fresh output, a static address for CUDA graphs.
+gather_into = torch.ops.engram.gather_into.default
+# ngram_hash(ext, start, multipliers, primes, magic, offsets, fill, vocab, out): row ids into `out`
+# [T, L, C]; `magic` holds the Barrett constants floor((2^64 - 1) / prime). The new tokens (the last T of
+# ext) must lie in [0, vocab): the CPU kernel raises, the CUDA one flags (engram.kernels.check_error_flags).
+ngram_hash = torch.ops.engram.ngram_hash.default

@@ -75,12 +75,24 @@ ENGRAM_HD float engram_e8m0_to_float(uint8_t e) {
     return r.f;
 }
 
-/* float -> bfloat16 bits, round to nearest even (NaN stays a quiet NaN), as torch converts. */
+/* float -> bfloat16 bits, round to nearest even, as torch converts. A NaN stays a quiet NaN of its sign
+ * (S.11111111.1000000 plus the payload's top bits): torch writes 0x7FC0 (its scalar path and CUDA) or 0xFFFF
+ * (its CPU vector path) for every NaN, so NaN bits are compared as "a NaN", never byte for byte. */
 ENGRAM_HD uint16_t engram_float_to_bf16(float f) {
     union { float f; uint32_t u; } v;
     v.f = f;
     if ((v.u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((v.u >> 16) | 0x40);
     return (uint16_t)((v.u + 0x7FFFu + ((v.u >> 16) & 1u)) >> 16);
+}
+
+/* The widest load, in bytes (16, 8 or 1), that every row of a table at `base` with rows of `row_bytes`
+ * allows: rows start at base + i * row_bytes, so both must be multiples of it. safetensors promises only
+ * 8-byte alignment of a tensor's data (a 1000-row fp8 table written by save_file starts at 8 mod 16), and a
+ * misaligned vector load is a sticky CUDA error that ends the process. The CUDA gather picks its loads by
+ * this, and the CPU twin walks rows in the same steps, so a CPU test covers the choice. */
+ENGRAM_HD int engram_vector_bytes(uintptr_t base, int64_t row_bytes) {
+    const uintptr_t both = base | (uintptr_t)row_bytes;
+    return (both & 15) == 0 ? 16 : (both & 7) == 0 ? 8 : 1;
 }
 
 /* Gather output formats. */

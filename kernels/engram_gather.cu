@@ -59,7 +59,7 @@ __global__ void gather_raw(const uint8_t* __restrict__ weight, int64_t shard_row
     const int lane = threadIdx.x % LANES;
     const int64_t group = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / LANES;
     const int64_t groups = static_cast<int64_t>(gridDim.x) * blockDim.x / LANES;
-    const bool vector = (row_bytes & 15) == 0 && aligned16(weight) && aligned16(out);
+    const bool vector = engram_vector_bytes(reinterpret_cast<uintptr_t>(weight), row_bytes) == 16 && aligned16(out);
     for (int64_t base = group * ROWS_IN_FLIGHT; base < n; base += groups * ROWS_IN_FLIGHT) {
         const uint8_t* src[ROWS_IN_FLIGHT];
         int64_t dst[ROWS_IN_FLIGHT];
@@ -88,8 +88,37 @@ __global__ void gather_raw(const uint8_t* __restrict__ weight, int64_t shard_row
     }
 }
 
-// fp8 rows: each thread dequantises 16 values (one uint4) with the scale of their block of 32.
-template <int LANES>
+// VEC bytes of a row into registers in one load (VEC as engram_vector_bytes allows: 16, 8 or 1).
+template <int VEC>
+__device__ __forceinline__ void load_bytes(const uint8_t* p, uint8_t (&b)[VEC]) {
+    if constexpr (VEC == 16) {
+        *reinterpret_cast<uint4*>(b) = *reinterpret_cast<const uint4*>(p);
+    } else if constexpr (VEC == 8) {
+        *reinterpret_cast<uint2*>(b) = *reinterpret_cast<const uint2*>(p);
+    } else {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) b[k] = p[k];
+    }
+}
+
+// N values of type T from registers to dst: 16-byte stores when dst is 16-byte aligned and N values fill
+// whole vectors, element stores otherwise (an output that is a view at an odd offset).
+template <typename T, int N>
+__device__ __forceinline__ void store_values(T* dst, const T (&v)[N], bool vector) {
+    constexpr int per = 16 / static_cast<int>(sizeof(T));
+    if constexpr (N % per == 0) {
+        if (vector) {
+#pragma unroll
+            for (int k = 0; k < N / per; ++k) reinterpret_cast<uint4*>(dst)[k] = reinterpret_cast<const uint4*>(v)[k];
+            return;
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < N; ++k) dst[k] = v[k];
+}
+
+// fp8 rows: each thread dequantises VEC values (one load) with the scale of their block of 32.
+template <int LANES, int VEC>
 __global__ void gather_fp8(const uint8_t* __restrict__ weight, const uint8_t* __restrict__ scale, int64_t shard_rows,
                            int64_t dim, int64_t row_start, int64_t table_rows, const int64_t* __restrict__ ids,
                            const int64_t* __restrict__ order, const int64_t* __restrict__ leader, int64_t n,
@@ -98,6 +127,7 @@ __global__ void gather_fp8(const uint8_t* __restrict__ weight, const uint8_t* __
     const int64_t group = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / LANES;
     const int64_t groups = static_cast<int64_t>(gridDim.x) * blockDim.x / LANES;
     const int64_t out_bytes = dim * (out_kind == ENGRAM_OUT_F32 ? 4 : 2);
+    const bool vector_out = aligned16(out);  // rows of out_bytes (a multiple of 64) keep its alignment
     for (int64_t base = group * ROWS_IN_FLIGHT; base < n; base += groups * ROWS_IN_FLIGHT) {
         int64_t local[ROWS_IN_FLIGHT];
         int64_t dst_row[ROWS_IN_FLIGHT];
@@ -107,37 +137,52 @@ __global__ void gather_fp8(const uint8_t* __restrict__ weight, const uint8_t* __
             local[r] = p.local;
             dst_row[r] = p.dst;
         }
-        for (int64_t v0 = lane * 16; v0 < dim; v0 += LANES * 16) {
-            uint4 w[ROWS_IN_FLIGHT];
+        for (int64_t v0 = lane * VEC; v0 < dim; v0 += LANES * VEC) {
+            alignas(16) uint8_t w[ROWS_IN_FLIGHT][VEC];
             uint8_t s[ROWS_IN_FLIGHT];
 #pragma unroll
             for (int r = 0; r < ROWS_IN_FLIGHT; ++r) {
-                w[r] = local[r] >= 0 ? *reinterpret_cast<const uint4*>(weight + local[r] * dim + v0) : make_uint4(0, 0, 0, 0);
-                s[r] = local[r] >= 0 ? scale[local[r] * (dim / 32) + v0 / 32] : 0;
+                if (local[r] >= 0) {
+                    load_bytes<VEC>(weight + local[r] * dim + v0, w[r]);
+                    s[r] = scale[local[r] * (dim / 32) + v0 / 32];  // VEC divides 32: one block per load
+                } else {
+#pragma unroll
+                    for (int k = 0; k < VEC; ++k) w[r][k] = 0;
+                    s[r] = 0;
+                }
             }
 #pragma unroll
             for (int r = 0; r < ROWS_IN_FLIGHT; ++r) {
                 if (dst_row[r] < 0) continue;
                 uint8_t* dst = out + dst_row[r] * out_bytes;
-                const uint8_t* bytes = reinterpret_cast<const uint8_t*>(&w[r]);
                 const float factor = engram_e8m0_to_float(s[r]);
                 if (out_kind == ENGRAM_OUT_F32) {
-                    float4 f[4];
-                    float* fv = reinterpret_cast<float*>(f);
+                    alignas(16) float f[VEC];
 #pragma unroll
-                    for (int k = 0; k < 16; ++k) fv[k] = local[r] >= 0 ? engram_e4m3_to_float(bytes[k]) * factor : 0.0f;
-#pragma unroll
-                    for (int k = 0; k < 4; ++k) reinterpret_cast<float4*>(dst + v0 * 4)[k] = f[k];
+                    for (int k = 0; k < VEC; ++k) f[k] = local[r] >= 0 ? engram_e4m3_to_float(w[r][k]) * factor : 0.0f;
+                    store_values(reinterpret_cast<float*>(dst) + v0, f, vector_out);
                 } else {
-                    uint4 h[2];
-                    uint16_t* hv = reinterpret_cast<uint16_t*>(h);
+                    alignas(16) uint16_t h[VEC];
 #pragma unroll
-                    for (int k = 0; k < 16; ++k) hv[k] = local[r] >= 0 ? engram_float_to_bf16(engram_e4m3_to_float(bytes[k]) * factor) : 0;
-                    reinterpret_cast<uint4*>(dst + v0 * 2)[0] = h[0];
-                    reinterpret_cast<uint4*>(dst + v0 * 2)[1] = h[1];
+                    for (int k = 0; k < VEC; ++k) h[k] = local[r] >= 0 ? engram_float_to_bf16(engram_e4m3_to_float(w[r][k]) * factor) : 0;
+                    store_values(reinterpret_cast<uint16_t*>(dst) + v0, h, vector_out);
                 }
             }
         }
+    }
+}
+
+// One instantiation of gather_fp8 per sub-warp width and load width.
+template <int LANES>
+void launch_fp8(int vec, int blocks, cudaStream_t s, const uint8_t* w, const uint8_t* sc, int64_t shard_rows, int64_t dim,
+                int64_t row_start, int64_t table_rows, const int64_t* ids, const int64_t* order, const int64_t* leader,
+                int64_t n, uint8_t* o, int out_kind, int* error_flag) {
+    if (vec == 16) {
+        gather_fp8<LANES, 16><<<blocks, THREADS, 0, s>>>(w, sc, shard_rows, dim, row_start, table_rows, ids, order, leader, n, o, out_kind, error_flag);
+    } else if (vec == 8) {
+        gather_fp8<LANES, 8><<<blocks, THREADS, 0, s>>>(w, sc, shard_rows, dim, row_start, table_rows, ids, order, leader, n, o, out_kind, error_flag);
+    } else {
+        gather_fp8<LANES, 1><<<blocks, THREADS, 0, s>>>(w, sc, shard_rows, dim, row_start, table_rows, ids, order, leader, n, o, out_kind, error_flag);
     }
 }
 
@@ -169,10 +214,11 @@ __global__ void copy_runs(uint8_t* __restrict__ out, int64_t out_bytes, const in
 }
 
 // Range check only: a rank that gathers some columns must still flag a bad id in the others, exactly as
-// its peers do, or it would be the one rank not raising after the collective.
-__global__ void check_ids(const int64_t* __restrict__ ids, int64_t n, int64_t table_rows, int* __restrict__ error_flag) {
+// its peers do, or it would be the one rank not raising after the collective; and the n-gram hash flags
+// token ids outside the vocabulary with it, without a host sync.
+__global__ void check_ids(const int64_t* __restrict__ ids, int64_t n, int64_t lo, int64_t hi, int* __restrict__ error_flag) {
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-        if (ids[i] < -1 || ids[i] >= table_rows) *reinterpret_cast<volatile int*>(error_flag) = 1;
+        if (ids[i] < lo || ids[i] >= hi) *reinterpret_cast<volatile int*>(error_flag) = 1;
 }
 
 int blocks_for(int64_t groups_needed, int lanes, int max_blocks) {
@@ -211,10 +257,11 @@ extern "C" int engram_gather_cuda(const void* weight, const void* scale, int64_t
         }
     } else {
         const auto* sc = static_cast<const uint8_t*>(scale);
+        const int vec = engram_vector_bytes(reinterpret_cast<uintptr_t>(weight), dim);
         if (dim <= 256) {
-            gather_fp8<16><<<blocks_for(groups, 16, max_blocks), THREADS, 0, s>>>(w, sc, shard_rows, dim, row_start, table_rows, ids, order, leader, n, o, out_kind, error_flag);
+            launch_fp8<16>(vec, blocks_for(groups, 16, max_blocks), s, w, sc, shard_rows, dim, row_start, table_rows, ids, order, leader, n, o, out_kind, error_flag);
         } else {
-            gather_fp8<32><<<blocks_for(groups, 32, max_blocks), THREADS, 0, s>>>(w, sc, shard_rows, dim, row_start, table_rows, ids, order, leader, n, o, out_kind, error_flag);
+            launch_fp8<32>(vec, blocks_for(groups, 32, max_blocks), s, w, sc, shard_rows, dim, row_start, table_rows, ids, order, leader, n, o, out_kind, error_flag);
         }
     }
     const int status = engram_launch_status();
@@ -223,9 +270,9 @@ extern "C" int engram_gather_cuda(const void* weight, const void* scale, int64_t
     return engram_launch_status();
 }
 
-extern "C" int engram_check_ids_cuda(const int64_t* ids, int64_t n, int64_t table_rows, int* error_flag, void* stream) {
+extern "C" int engram_check_ids_cuda(const int64_t* ids, int64_t n, int64_t lo, int64_t hi, int* error_flag, void* stream) {
     if (n < 0 || !error_flag || (n && !ids)) return ENGRAM_ERR_ARGUMENT;
     if (n == 0) return ENGRAM_OK;
-    check_ids<<<blocks_for(n, 1, 64), THREADS, 0, static_cast<cudaStream_t>(stream)>>>(ids, n, table_rows, error_flag);
+    check_ids<<<blocks_for(n, 1, 64), THREADS, 0, static_cast<cudaStream_t>(stream)>>>(ids, n, lo, hi, error_flag);
     return engram_launch_status();
 }

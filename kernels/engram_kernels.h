@@ -40,6 +40,9 @@ int engram_gather_cpu(const uint8_t* weight, const uint8_t* scale, int64_t shard
                       int64_t row_start, int64_t table_rows, const int64_t* ids, const int64_t* order,
                       const int64_t* leader, int64_t n, uint8_t* out, int out_kind, int64_t* bad_id, int num_threads);
 
+/* engram_vector_bytes for a table at base with rows of row_bytes: the load width both gathers use. */
+int engram_vector_bytes_cpu(const void* base, int64_t row_bytes);
+
 /* Ask the kernel to start reading the pages of rows `ids` of a file-backed shard (`base`: shard_rows rows
  * of row_bytes, holding global rows from row_start) before a gather faults on them one by one: on a disk
  * file that is not in the page cache, the reads are then in flight together. Ids outside the shard are
@@ -60,9 +63,10 @@ int engram_gather_cuda(const void* weight, const void* scale, int64_t shard_rows
                        const int64_t* leader, int64_t n, void* out, int out_kind, int* error_flag, int max_blocks,
                        void* stream);
 
-/* Only the range check of engram_gather_cuda, over ids [n]: sets *error_flag for any id outside
- * [-1, table_rows). For a rank that gathers some columns of a step whose other columns its peers read. */
-int engram_check_ids_cuda(const int64_t* ids, int64_t n, int64_t table_rows, int* error_flag, void* stream);
+/* A range check over ids [n]: sets *error_flag for any id outside [lo, hi). With lo = -1 and hi the table's
+ * rows, engram_gather_cuda's check, for a rank that gathers some columns of a step whose other columns its
+ * peers read; with [0, vocab), the n-gram hash's check of its token ids. */
+int engram_check_ids_cuda(const int64_t* ids, int64_t n, int64_t lo, int64_t hi, int* error_flag, void* stream);
 
 /* As engram_ngram_hash_cpu, all pointers in device memory. */
 int engram_ngram_hash_cuda(const int64_t* ext, const int64_t* start, int64_t tokens, int64_t context,
@@ -76,6 +80,9 @@ int engram_host_unregister(void* host);
 int engram_host_get_device_pointer(void** device, void* host);
 /* cudaPointerGetAttributes(pointer).type into *type: 0 unregistered, 1 page-locked host, 2 device, 3 managed */
 int engram_pointer_memory_type(int* type, const void* pointer);
+/* cudaDeviceGetAttribute(attribute, device; -1 the current one) into *value, e.g. 113: read-only host
+ * registration supported */
+int engram_device_attribute(int* value, int attribute, int device);
 int engram_cuda_get_last_error(void); /* cudaGetLastError: returns and clears the sticky error */
 int engram_cuda_last_error(void);     /* the error behind the last ENGRAM_ERR_CUDA of this library */
 const char* engram_cuda_error_string(int code);

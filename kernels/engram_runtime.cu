@@ -18,6 +18,14 @@ int engram_launch_status() {
 
 extern "C" int engram_cuda_last_error(void) { return last_cuda_error; }
 extern "C" const char* engram_cuda_error_string(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
+extern "C" int engram_device_attribute(int* value, int attribute, int device) {
+    if (value == nullptr) return static_cast<int>(cudaErrorInvalidValue);
+    if (device < 0) {  // the calling thread's current GPU
+        const cudaError_t err = cudaGetDevice(&device);
+        if (err != cudaSuccess) return static_cast<int>(err);
+    }
+    return static_cast<int>(cudaDeviceGetAttribute(value, static_cast<cudaDeviceAttr>(attribute), device));
+}
 extern "C" int engram_cuda_get_last_error(void) { return static_cast<int>(cudaGetLastError()); }
 
 extern "C" int engram_host_register(void* host, uint64_t size, unsigned int flags) {

@@ -18,16 +18,17 @@ from engram.devices import ensure_kernels
 from engram.errors import EngramError
 from engram.memory.mapping import empty_cpu
 from engram.ngram.layout import Layout
-from engram.ops import ngram_hash_reference
+from engram.ops import check_token_ids, ngram_hash_reference
 
 
 @dataclass(frozen=True)
 class HashState:
     """What a request carries between steps: its last N-1 compressed ids and how many of them the next
-    token may still read (0 for a fresh request: before the first token everything reads the fill)."""
+    token may still read (0 for a fresh request: before the first token everything reads the fill). Both
+    stay tensors on the ids' device, so a step on a GPU never waits for the host (no sync, capturable)."""
 
     history: torch.Tensor  # int64 [N-1], oldest first
-    readable: int
+    readable: torch.Tensor  # int64 [], in [0, N-1]
 
 
 class NgramHasher:
@@ -56,8 +57,11 @@ class NgramHasher:
     def context(self) -> int:
         return self.layout.max_ngram - 1
 
-    def new_state(self) -> HashState:
-        return HashState(torch.full((self.context,), self.fill_id, dtype=torch.int64), 0)
+    def new_state(self, device: torch.device | str = "cpu") -> HashState:
+        return HashState(
+            torch.full((self.context,), self.fill_id, dtype=torch.int64, device=device),
+            torch.zeros((), dtype=torch.int64, device=device),
+        )
 
     def hash(
         self,
@@ -79,35 +83,38 @@ class NgramHasher:
     ) -> tuple[torch.Tensor, HashState]:
         """Row ids for the new tokens, and the state to pass with the request's next tokens. `out`, an
         int64 [T, layers, C] buffer the caller keeps across steps, saves allocating (and faulting in)
-        a fresh output every call."""
-        ids = _as_ids(compressed_ids, self.layout.vocab)
+        a fresh output every call. On a GPU nothing here waits for the device: the blocking barriers stay
+        tensors, and token ids outside the vocabulary raise the kernels' error flag instead of an error
+        (engram.kernels.check_error_flags); on the CPU they raise at once."""
+        ids = _as_ids(compressed_ids)
         T, ctx = ids.numel(), self.context
-        state = self.new_state() if state is None else state
+        state = self.new_state(ids.device) if state is None else state
         ext = torch.cat([state.history.to(ids.device), ids])  # history occupies ext[0:ctx]
         position = torch.arange(ctx, ctx + T, dtype=torch.int64, device=ids.device)
-        start = torch.full((T,), ctx - state.readable, dtype=torch.int64, device=ids.device)
-        barrier_next = ctx - state.readable
+        barrier = ctx - state.readable.to(ids.device)  # the lowest index of ext any new token may read
+        start = barrier.expand(T)
         if dead is not None:
             dead = _as_mask(dead, T).to(ids.device)
             inclusive = torch.where(dead, position + 1, 0)
             start = torch.maximum(start, torch.cummax(inclusive, 0).values)
-            barrier_next = max(barrier_next, int(inclusive.max()) if T else 0)
+            barrier = torch.maximum(barrier, inclusive.max()) if T else barrier
         if self.eos_id is not None and T:
             after_eos = torch.where(ids == self.eos_id, position + 1, 0)
             exclusive = torch.cat([after_eos.new_zeros(1), torch.cummax(after_eos, 0).values[:-1]])
             start = torch.maximum(start, exclusive)
-            barrier_next = max(barrier_next, int(after_eos.max()))
+            barrier = torch.maximum(barrier, after_eos.max())
+        start = start.contiguous()
         ensure_kernels(ids.device)
         out = self._output(T, out, ids.device)
         tables = self._tables(ids.device)
         if self.backend == "torch":
+            check_token_ids(ids, self.layout.vocab)
             ngram_hash_reference(ext, start, *tables[:2], tables[3], self.fill_id, out)
         else:
-            torch.ops.engram.ngram_hash(ext, start, *tables, self.fill_id, out)
-        rows = out
+            torch.ops.engram.ngram_hash(ext, start, *tables, self.fill_id, self.layout.vocab, out)
         total = ctx + T
-        next_state = HashState(ext[total - ctx :].cpu(), max(0, min(ctx, total - barrier_next)))
-        return rows, next_state
+        next_state = HashState(ext[total - ctx :], (total - barrier).clamp(0, ctx))
+        return out, next_state
 
     def _tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """multipliers [L, N], primes, magic and offsets [L, C] on `device` (copied once per device)."""
@@ -132,17 +139,13 @@ class NgramHasher:
         return out
 
 
-def _as_ids(ids: torch.Tensor, vocab: int) -> torch.Tensor:
+def _as_ids(ids: torch.Tensor) -> torch.Tensor:
+    """Shape and dtype only: the values are checked by the hash op (ops.check_token_ids, or the GPU flag)."""
     if not isinstance(ids, torch.Tensor) or ids.dim() != 1:
         raise EngramError("token ids must be a 1-D tensor")
     if ids.dtype not in (torch.int64, torch.int32):
         raise EngramError(f"token ids must be int64 or int32, got {ids.dtype}")
-    ids = ids.to(torch.int64).contiguous()
-    # Out-of-range ids would overflow the multiply (the bound assumes id < vocab): refuse them.
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
-        bad = ids[(ids < 0) | (ids >= vocab)][0]
-        raise EngramError(f"compressed id {int(bad)} is outside [0, {vocab}); compress raw token ids first")
-    return ids
+    return ids.to(torch.int64).contiguous()
 
 
 def _as_mask(dead: torch.Tensor, length: int) -> torch.Tensor:

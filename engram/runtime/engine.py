@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
@@ -100,7 +100,8 @@ class EngramTables:
     groups: RankGroups
     shards: list[TableShard]
     layers: list[EngramEmbedding]
-    _pending: tuple[torch.cuda.Event, torch.device] | None = None  # behind the last step's GPU lookups
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # where lookups run
+    _pending: torch.cuda.Event | None = None  # behind the last eager step's GPU lookups
     _side: torch.cuda.Stream | None = None  # prefetch's stream
 
     @classmethod
@@ -135,10 +136,14 @@ class EngramTables:
             )
         rank = dist.get_rank()
         mine = plan.ranks[rank]
-        if platform == "cuda" and runtime is None and mine.placement != "device":
-            from engram.kernels import library_runtime
+        device = torch.device("cpu")
+        if platform == "cuda":
+            from engram.kernels import error_flag, library_runtime
 
-            runtime = library_runtime()  # host tables are pinned and read over UVA
+            device = torch.device("cuda", torch.cuda.current_device())
+            error_flag(device)  # now, not lazily inside a capture
+            if runtime is None and mine.placement != "device":
+                runtime = library_runtime()  # host tables are pinned and read over UVA
         groups = create_groups(plan, rank)
         checkpoint = checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint(checkpoint)
         shards = open_tables(
@@ -179,7 +184,7 @@ class EngramTables:
             for part, param in (("weight", layer.weight), ("scale", layer.scale)):
                 if param is not None:
                     param.weight_loader = shard_weight_loader(shard, f"{shard.name}.{part}", groups.shm)  # type: ignore[attr-defined]
-        return cls(plan, mine, groups, shards, layers)
+        return cls(plan, mine, groups, shards, layers, device)
 
     def lookup(self, rows: torch.Tensor) -> list[torch.Tensor]:
         """rows: [T, layers, C] from NgramHasher -> per layer [T, C, D]. With embedding_across_dp the
@@ -191,7 +196,7 @@ class EngramTables:
         if rows.is_cuda and not torch.cuda.is_current_stream_capturing():
             done = torch.cuda.Event()  # type: ignore[no-untyped-call]
             done.record()
-            self._pending = (done, rows.device)
+            self._pending = done
         return out
 
     def _lookups(self, rows: torch.Tensor) -> Iterator[torch.Tensor]:
@@ -230,15 +235,25 @@ class EngramTables:
 
     def check_errors(self) -> None:
         """Raise if a lookup since the last check was given a row id outside its table (on a GPU the kernels
-        only flag it). Waits for the last step's lookups to finish first, which they normally have by the
-        next step (the engine synchronised to sample), so this costs no sync in the steady state."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            from engram.kernels import check_error_flag
+        only flag it): eager lookups, prefetches, graph replays and direct EngramEmbedding calls alike. Waits
+        for the last eager step's lookups first, which have normally finished by the next step (the engine
+        synchronised to sample), so this costs no sync in the steady state; while a stream captures it
+        waits for nothing and reads the flags as they stand."""
+        if self.device.type != "cuda":
+            return
+        from engram.kernels import check_error_flags
 
-            check_error_flag(pending[1], after=pending[0])
+        capturing = torch.cuda.is_current_stream_capturing()
+        pending = self._pending
+        if not capturing:
+            self._pending = None
+        check_error_flags(after=None if capturing else pending)
 
     def release(self) -> None:
+        """Free the tables. On a GPU, waits for the work queued so far (a prefetch in flight reads them);
+        a CUDA graph captured over these tables must not be replayed after this."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         self.layers.clear()
         for shard in self.shards:
             shard.release()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import logging
 import os
 from dataclasses import dataclass
 
@@ -25,9 +26,10 @@ from engram import native
 from engram.errors import EngramError
 from engram.memory.mapping import PAGE, Mapping, madvise, map_readonly_file
 from engram.runtime.loader import Checkpoint, SafetensorsFile
-from engram.runtime.registration import CudaRuntime, register
+from engram.runtime.registration import ATTRIBUTE_READ_ONLY_REGISTER, CudaRuntime, read_only_supported, register
 from engram.runtime.storage import SCALE_BLOCK, SCALE_DTYPE, WEIGHT_DTYPES, ShardFormat, TableShard
 
+log = logging.getLogger("engram")
 TMPFS_MAGIC = 0x01021994
 HUGETLBFS_MAGIC = 0x958458F6
 
@@ -47,6 +49,7 @@ class MappedFile:
     mapping: Mapping
     in_memory_fs: bool  # tmpfs or hugetlbfs: pages never leave RAM, so the GPU may read them over UVA
     readahead: bool  # not in the page cache: fault-around is off and lookups ask for their pages first
+    uva: bool = False  # registered read-only: the GPU reads its pages directly
 
 
 def resident_share(mapping: Mapping, samples: int = RESIDENCY_SAMPLES) -> float:
@@ -117,6 +120,21 @@ def map_file(file: SafetensorsFile) -> MappedFile:
     return MappedFile(file, mapping, in_memory, cold)
 
 
+def uva_readable(mapped: MappedFile, runtime: CudaRuntime) -> bool:
+    """Register a file on an in-memory file system read-only, so the GPU reads its pages over UVA; where
+    the GPU cannot pin read-only memory, say so once and leave the file to the host-thread gather."""
+    if not read_only_supported(runtime):
+        log.warning(
+            "engram: this GPU cannot register read-only host memory (device attribute %d is 0): file-backed "
+            "tables in %s are gathered on host threads and copied, not read over UVA",
+            ATTRIBUTE_READ_ONLY_REGISTER,
+            mapped.file.path,
+        )
+        return False
+    register(mapped.mapping, runtime, read_only=True)
+    return True
+
+
 def file_shard(
     name: str, fmt: ShardFormat, row_start: int, table_rows: int, checkpoint: Checkpoint, runtime: CudaRuntime | None
 ) -> TableShard:
@@ -145,16 +163,17 @@ def file_shard(
         if mapped is None:
             mapped = checkpoint.mapped_files[file.path] = map_file(file)
             if runtime is not None and mapped.in_memory_fs:
-                register(mapped.mapping, runtime, read_only=True)
+                mapped.uva = uva_readable(mapped, runtime)
         row_bytes = width * dtype.itemsize
         offset = file.data_start + entry.begin + row_start * row_bytes
         views[part] = mapped.mapping.view(offset, (fmt.rows, width), dtype)
         files += [mapped] if mapped not in files else []
     in_memory = all(f.in_memory_fs for f in files)
+    uva = all(f.uva for f in files)
     readahead = any(f.readahead for f in files)
     note = "mapped from " + ", ".join(str(f.file.path) for f in files)
     note += (" (in-memory file system)" if in_memory else "") + (" (read ahead per lookup)" if readahead else "")
-    pointer = views["weight"].data_ptr() if runtime is not None and in_memory else None
+    pointer = views["weight"].data_ptr() if uva else None
     return TableShard(
         name, row_start, fmt, "file", views["weight"], views.get("scale"), None, pointer, note,
         files=tuple(f.mapping for f in files), readahead=readahead,

@@ -15,6 +15,10 @@ HOST_REGISTER_PORTABLE = 1
 HOST_REGISTER_MAPPED = 2
 HOST_REGISTER_READ_ONLY = 8  # cudaHostRegisterReadOnly
 MEMORY_TYPE_HOST = 1  # cudaMemoryTypeHost: page-locked host memory, readable by the GPU
+# cudaDevAttrHostRegisterReadOnlySupported: 1 where cudaHostRegisterReadOnly works. Many x86 hosts
+# report 0, and the flag then fails with cudaErrorNotSupported.
+ATTRIBUTE_READ_ONLY_REGISTER = 113
+ERROR_NOT_SUPPORTED = 801
 # Mappings this process registered and has not unregistered yet, (addr, length) -> the runtime that did:
 # a lookup checks its tables here (microseconds) before asking the driver.
 _live: dict[tuple[int, int], CudaRuntime] = {}
@@ -27,8 +31,18 @@ class CudaRuntime(Protocol):
     def host_unregister(self, addr: int) -> int: ...
     def host_get_device_pointer(self, addr: int) -> tuple[int, int]: ...
     def pointer_memory_type(self, addr: int) -> tuple[int, int]: ...
+    def device_attribute(self, attribute: int) -> tuple[int, int]: ...
     def get_last_error(self) -> int: ...
     def error_string(self, code: int) -> str: ...
+
+
+def read_only_supported(runtime: CudaRuntime) -> bool:
+    """Whether the current GPU can register read-only host memory (a PROT_READ file mapping)."""
+    code, value = runtime.device_attribute(ATTRIBUTE_READ_ONLY_REGISTER)
+    if code != 0:
+        runtime.get_last_error()  # clear it: a failed query must not surface in a later CUDA call
+        return False
+    return value == 1
 
 
 def register(mapping: Mapping, runtime: CudaRuntime, *, chunk_bytes: int = CHUNK_BYTES, read_only: bool = False) -> int:
@@ -48,9 +62,12 @@ def register(mapping: Mapping, runtime: CudaRuntime, *, chunk_bytes: int = CHUNK
     def fail(what: str, code: int) -> EngramError:
         runtime.get_last_error()  # clear the sticky error before anything else runs
         undo()
-        return EngramError(
-            f"{what} failed: {runtime.error_string(code)} (error {code}); check `ulimit -l` and free memory, or set cpu_offload=false"
+        fix = (
+            "this GPU or driver cannot register read-only host memory: serve file-backed tables from a checkpoint on disk (gathered on host threads), or drop file_backed"
+            if read_only and code == ERROR_NOT_SUPPORTED
+            else "check `ulimit -l` and free memory, or set cpu_offload=false"
         )
+        return EngramError(f"{what} failed: {runtime.error_string(code)} (error {code}); {fix}")
 
     for offset in range(0, mapping.length, chunk_bytes):
         size = min(chunk_bytes, mapping.length - offset)

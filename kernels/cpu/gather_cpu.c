@@ -24,23 +24,35 @@ __attribute__((constructor)) static void fill_e4m3_table(void) {
     for (int v = 0; v < 256; ++v) e4m3_table[v] = engram_e4m3_to_float((uint8_t)v);
 }
 
-/* As engram_dequant_row (the CUDA path), with the table. */
-static void dequant_row_cpu(const uint8_t* w, const uint8_t* s, int64_t dim, int out_kind, uint8_t* out) {
-    for (int64_t b = 0; b < dim; b += 32) {
-        const float factor = engram_e8m0_to_float(s[b >> 5]);
-        if (out_kind == ENGRAM_OUT_F32) {
-            for (int64_t i = b; i < b + 32; ++i) ((float*)out)[i] = e4m3_table[w[i]] * factor;
-        } else {
-            for (int64_t i = b; i < b + 32; ++i) ((uint16_t*)out)[i] = engram_float_to_bf16(e4m3_table[w[i]] * factor);
-        }
+/* VEC values of one block at w into out[i..i+VEC), loaded in one step as the CUDA gather loads them. */
+#define DEQUANT_STEP(VEC)                                                                                      \
+    do {                                                                                                       \
+        uint8_t v[VEC];                                                                                        \
+        memcpy(v, w + i, VEC);                                                                                 \
+        if (out_kind == ENGRAM_OUT_F32) {                                                                      \
+            for (int k = 0; k < VEC; ++k) ((float*)out)[i + k] = e4m3_table[v[k]] * factor;                    \
+        } else {                                                                                               \
+            for (int k = 0; k < VEC; ++k) ((uint16_t*)out)[i + k] = engram_float_to_bf16(e4m3_table[v[k]] * factor); \
+        }                                                                                                      \
+    } while (0)
+
+/* As engram_dequant_row (the CUDA path), with the table, in steps of `vec` bytes (engram_vector_bytes). */
+static void dequant_row_cpu(const uint8_t* w, const uint8_t* s, int64_t dim, int out_kind, int vec, uint8_t* out) {
+    for (int64_t i = 0; i < dim; i += vec) {
+        const float factor = engram_e8m0_to_float(s[i >> 5]);
+        if (vec == 16) DEQUANT_STEP(16);
+        else if (vec == 8) DEQUANT_STEP(8);
+        else DEQUANT_STEP(1);
     }
 }
+
+int engram_vector_bytes_cpu(const void* base, int64_t row_bytes) { return engram_vector_bytes((uintptr_t)base, row_bytes); }
 
 typedef struct {
     const uint8_t* weight;
     const uint8_t* scale;
     int64_t shard_rows, dim, row_bytes, row_start, out_bytes;
-    int out_kind;
+    int out_kind, vec;
 } table_t;
 
 static void prefetch_row(const table_t* t, int64_t id) {
@@ -58,7 +70,7 @@ static void read_row(const table_t* t, int64_t id, uint8_t* dst) {
     } else if (t->out_kind == ENGRAM_OUT_RAW) {
         memcpy(dst, t->weight + local * t->row_bytes, (size_t)t->row_bytes);
     } else {
-        dequant_row_cpu(t->weight + local * t->row_bytes, t->scale + local * (t->dim / 32), t->dim, t->out_kind, dst);
+        dequant_row_cpu(t->weight + local * t->row_bytes, t->scale + local * (t->dim / 32), t->dim, t->out_kind, t->vec, dst);
     }
 }
 
@@ -131,7 +143,8 @@ int engram_gather_cpu(const uint8_t* weight, const uint8_t* scale, int64_t shard
     const int range = check_range(ids, n, table_rows, bad_id, num_threads);
     if (range != ENGRAM_OK) return range;
     const table_t t = {weight, scale, shard_rows, dim, row_bytes, row_start,
-                       out_kind == ENGRAM_OUT_RAW ? row_bytes : dim * (out_kind == ENGRAM_OUT_F32 ? 4 : 2), out_kind};
+                       out_kind == ENGRAM_OUT_RAW ? row_bytes : dim * (out_kind == ENGRAM_OUT_F32 ? 4 : 2), out_kind,
+                       engram_vector_bytes((uintptr_t)weight, row_bytes)};
     if (order != NULL) {
         const int sorted = check_sorted(ids, order, leader, n);
         if (sorted != ENGRAM_OK) return sorted;

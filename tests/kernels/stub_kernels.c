@@ -20,8 +20,8 @@ int engram_gather_cuda(const void* w, const void* s, int64_t rows, int64_t dim, 
     (void)out; (void)kind; (void)flag; (void)max_blocks; (void)stream;
     return next_status;
 }
-int engram_check_ids_cuda(const int64_t* ids, int64_t n, int64_t table_rows, int* flag, void* stream) {
-    (void)ids; (void)n; (void)table_rows; (void)flag; (void)stream;
+int engram_check_ids_cuda(const int64_t* ids, int64_t n, int64_t lo, int64_t hi, int* flag, void* stream) {
+    (void)ids; (void)n; (void)lo; (void)hi; (void)flag; (void)stream;
     return next_status;
 }
 int engram_ngram_hash_cuda(const int64_t* e, const int64_t* st, int64_t t, int64_t c, const int64_t* m, const int64_t* p,
@@ -48,6 +48,14 @@ void stub_lie(int value) { lie = value; }
 int engram_pointer_memory_type(int* type, const void* pointer) {
     (void)pointer;
     *type = registered > 0 && !lie ? 1 : 0;
+    return 0;
+}
+/* Device attribute 113 (read-only host registration supported) answers stub_set_read_only's value. */
+static int read_only_supported = 1;
+void stub_set_read_only(int value) { read_only_supported = value; }
+int engram_device_attribute(int* value, int attribute, int device) {
+    (void)device;
+    *value = attribute == 113 ? read_only_supported : 0;
     return 0;
 }
 int engram_cuda_get_last_error(void) { int code = sticky; sticky = 0; return code; }

@@ -196,14 +196,14 @@ def test_cuda_gather_equals_cpu(dtype: str, placement: str, dedup: bool) -> None
         shard.weight.cpu(), None if shard.scale is None else shard.scale.cpu(), ids, 100, 500, out_dtype
     )
     assert torch.equal(got.cpu(), want)
-    kernels.check_error_flag("cuda", after=None)  # nothing flagged so far
+    kernels.check_error_flags()  # nothing flagged so far
     ids[0, 0] = 500  # outside the table: zeros and the pinned flag, no exception and no sync in the call
     bad = gather(shard.weight, shard.scale, ids.cuda(), 100, 500, out_dtype, dedup)
     torch.cuda.synchronize()
     assert not bad.cpu()[0, 0].any()
-    with pytest.raises(EngramError, match="a gather on cuda was given a row id outside its table"):
-        kernels.check_error_flag("cuda")
-    kernels.check_error_flag("cuda")  # cleared
+    with pytest.raises(EngramError, match="a gather on cuda:0 was given a row id outside its table"):
+        kernels.check_error_flags()
+    kernels.check_error_flags()  # cleared
 
 
 @pytest.mark.gpu
@@ -229,3 +229,12 @@ def test_block_cap_is_scoped() -> None:
         kernels.limit_blocks(-1),
     ):
         pass
+
+
+def test_the_read_only_registration_attribute_is_asked_of_the_library(stub: ctypes.CDLL) -> None:
+    stub.stub_set_read_only.argtypes = [ctypes.c_int]
+    runtime = kernels.LibraryRuntime(stub)
+    assert runtime.device_attribute(113) == (0, 1)
+    stub.stub_set_read_only(0)
+    assert runtime.device_attribute(113) == (0, 0)
+    stub.stub_set_read_only(1)

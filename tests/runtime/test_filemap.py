@@ -221,3 +221,25 @@ def test_released_shards_leave_the_shared_mapping_to_the_others(small_checkpoint
     again = open_tables(SMALL, checkpoint, "file", progress=False)
     for a, b in zip(again, second, strict=True):
         assert torch.equal(a.weight.view(torch.uint8), b.weight.view(torch.uint8))
+
+
+def test_a_gpu_without_read_only_registration_gathers_tmpfs_tables_on_host_threads(
+    small_checkpoint: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Where device attribute 113 is 0, a tmpfs checkpoint is not registered (cudaHostRegisterReadOnly
+    would fail with error 801) but served like one on disk, with a one-line warning."""
+    shm = Path(tempfile.mkdtemp(dir="/dev/shm"))
+    try:
+        for file in small_checkpoint.iterdir():
+            shutil.copy(file, shm / file.name)
+        runtime = FakeRuntime(read_only=0)
+        with caplog.at_level("WARNING", logger="engram"):
+            shards = open_tables(SMALL, Checkpoint(shm), "file", runtime=runtime, progress=False)
+        assert [s.device_pointer for s in shards] == [None, None]
+        assert not [call for call in runtime.calls if call[0] == "register"]
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warnings) == 1 and warnings[0].startswith(
+            "engram: this GPU cannot register read-only host memory (device attribute 113 is 0): file-backed tables in "
+        )
+    finally:
+        shutil.rmtree(shm)

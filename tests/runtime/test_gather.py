@@ -260,3 +260,50 @@ def test_shard_outside_its_table_and_conversions() -> None:
     )  # a real conversion, never a reinterpretation
     assert torch.equal(converted, gather_reference(weight, None, torch.tensor([2, -1]), 0, 4, torch.bfloat16))
     assert torch.equal(converted[0], weight[2].to(torch.bfloat16)) and not converted[1].any()
+
+
+@pytest.mark.parametrize("offset, width", [(0, 16), (8, 8), (4, 1), (1, 1)])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_fp8_tables_at_any_alignment_take_the_load_width_they_allow(
+    offset: int, width: int, out_dtype: torch.dtype
+) -> None:
+    """safetensors aligns tensor data to 8 bytes only: the gathers load 16, 8 or 1 bytes at a time as the
+    table's address allows (the CUDA gather's rule, engram_vector_bytes, which the CPU twin follows), and
+    every width gives the reference's rows."""
+    library = native.cpu_library()
+    assert library is not None
+    rows, dim = 300, 96
+    generator = torch.Generator().manual_seed(offset)
+    backing = torch.randint(0, 256, (rows * dim + 16,), dtype=torch.uint8, generator=generator)
+    weight = backing[offset : offset + rows * dim].view(torch.float8_e4m3fn).view(rows, dim)
+    scale = torch.randint(110, 140, (rows, dim // 32), dtype=torch.uint8, generator=generator).view(
+        torch.float8_e8m0fnu
+    )
+    assert weight.data_ptr() % 16 == offset
+    assert library.engram_vector_bytes_cpu(weight.data_ptr(), dim) == width
+    ids = torch.randint(-1, rows, (200,), generator=generator)
+    want = gather_reference(weight, scale, ids, 0, rows, out_dtype)
+    bits = torch.int16 if out_dtype == torch.bfloat16 else torch.int32
+    for dedup in (False, True):
+        got = gather(weight, scale, ids, 0, rows, out_dtype, dedup)
+        nan = torch.isnan(want)
+        assert torch.equal(torch.isnan(got), nan)
+        assert torch.equal(got[~nan].view(bits), want[~nan].view(bits))
+
+
+def test_the_ops_pass_torch_opcheck() -> None:
+    """Schemas, fake kernels, autograd registration and AOT dispatch of the low-level op declarations."""
+    from engram.presets import get_preset
+
+    weight = torch.randn(50, 32).to(torch.bfloat16)
+    ids = torch.randint(-1, 50, (7, 3), generator=torch.Generator().manual_seed(2))
+    out = torch.empty(7, 3, 32, dtype=torch.bfloat16)
+    torch.library.opcheck(gather, (weight, None, ids, 0, 50, torch.bfloat16))
+    torch.library.opcheck(gather_into, (weight, None, ids, 0, 50, out, True))
+    hasher = get_preset("deepseek-v4.1-flash").hasher()
+    tokens = torch.randint(0, hasher.layout.vocab, (9,), generator=torch.Generator().manual_seed(3))
+    ext = torch.cat([hasher.new_state().history, tokens])
+    start = torch.zeros(9, dtype=torch.int64)
+    rows = torch.empty((9, len(hasher.layout.layer_ids), hasher.layout.columns), dtype=torch.int64)
+    tables = hasher._tables(torch.device("cpu"))
+    torch.library.opcheck(torch.ops.engram.ngram_hash.default, (ext, start, *tables, 5, hasher.layout.vocab, rows))

@@ -9,7 +9,14 @@ import torch
 
 from engram.errors import EngramError
 from engram.memory.mapping import map_anonymous
-from engram.runtime.registration import CHUNK_BYTES, is_registered, register
+from engram.runtime.registration import (
+    ATTRIBUTE_READ_ONLY_REGISTER,
+    CHUNK_BYTES,
+    ERROR_NOT_SUPPORTED,
+    HOST_REGISTER_READ_ONLY,
+    is_registered,
+    register,
+)
 from engram.runtime.storage import ShardFormat, allocate
 
 
@@ -21,6 +28,7 @@ class FakeRuntime:
         device_base: int | None = None,
         gap: int = 0,
         lie: bool = False,
+        read_only: int = 1,
     ) -> None:
         self.calls: list[tuple] = []  # type: ignore[type-arg]
         self.registered: dict[int, int] = {}
@@ -30,9 +38,13 @@ class FakeRuntime:
         self.device_base = device_base
         self.gap = gap
         self.lie = lie  # registration "succeeds" but the driver does not know the memory
+        self.read_only = read_only  # device attribute 113: read-only registration supported
 
     def host_register(self, addr: int, size: int, flags: int) -> int:
         self.calls.append(("register", addr, size, flags))
+        if flags & HOST_REGISTER_READ_ONLY and not self.read_only:
+            self.sticky = ERROR_NOT_SUPPORTED
+            return ERROR_NOT_SUPPORTED
         if self.fail_register_at is not None and len(self.registered) == self.fail_register_at:
             self.sticky = 2
             return 2  # cudaErrorMemoryAllocation
@@ -55,13 +67,16 @@ class FakeRuntime:
         inside = any(start <= addr < start + size for start, size in self.registered.items())
         return 0, 1 if inside and not self.lie else 0
 
+    def device_attribute(self, attribute: int) -> tuple[int, int]:
+        return 0, self.read_only if attribute == ATTRIBUTE_READ_ONLY_REGISTER else 0
+
     def get_last_error(self) -> int:
         code, self.sticky = self.sticky, 0
         self.calls.append(("get_last_error", code))
         return code
 
     def error_string(self, code: int) -> str:
-        return {1: "invalid argument", 2: "out of memory"}.get(code, "unknown")
+        return {1: "invalid argument", 2: "out of memory", 801: "operation not supported"}.get(code, "unknown")
 
 
 def test_chunks_and_unregisters_on_release() -> None:
@@ -160,3 +175,18 @@ def test_host_tables_start_before_torch_initialises_cuda(monkeypatch: pytest.Mon
     with pytest.raises(EngramError, match=r"does not see the .* bytes .* as page-locked host memory"):
         allocate("t", ShardFormat(1000, 64, "fp8"), placement, runtime=liar)  # type: ignore[arg-type]
     assert liar.registered == {}
+
+
+def test_a_refused_read_only_registration_names_the_real_cause() -> None:
+    """cudaErrorNotSupported for a read-only registration is the GPU's limit, not `ulimit -l`."""
+    mapping = map_anonymous(1 << 20)
+    runtime = FakeRuntime(read_only=0)
+    with pytest.raises(EngramError) as raised:
+        register(mapping, runtime, read_only=True)
+    assert str(raised.value) == (
+        f"cudaHostRegister of {1 << 20:,} bytes at offset 0 failed: operation not supported (error 801); this GPU or "
+        "driver cannot register read-only host memory: serve file-backed tables from a checkpoint on disk "
+        "(gathered on host threads), or drop file_backed"
+    )
+    assert runtime.registered == {} and runtime.sticky == 0
+    mapping.release()
