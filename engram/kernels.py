@@ -190,7 +190,7 @@ def uva_probe(runtime: registration.CudaRuntime, device: torch.device | str = "c
 FLAG_ROW_ID, FLAG_TOKEN_ID = 0, 1
 FLAG_MESSAGES = (
     "a gather on {device} was given a row id outside its table (it read zeros instead)",
-    "the n-gram hash on {device} was given a compressed token id outside the vocabulary (it hashed the fill id instead); compress raw token ids first",
+    "the n-gram hash on {device} was given a compressed token id outside the vocabulary (its row ids are meaningless); compress raw token ids first",
 )
 # One flag per GPU index, made by error_flag and never freed: captured graphs keep writing to its address.
 _flags: dict[int, torch.Tensor] = {}

@@ -1,20 +1,26 @@
-"""The GPU acceptance test of the whole runtime, one command (a few minutes on an H200, the build included):
+"""The GPU acceptance test of the whole runtime, in stage groups (GROUPS) that --only/--skip select:
 
-1. build the CUDA kernels;
-2. every kernel against its CPU twin on fresh random data, into poisoned output buffers;
-3. `EngramTables.build(platform="cuda")` for every placement (device, pinned, huge pages, /dev/shm shared
-   by two processes on the one GPU, embedding_across_dp and TP 2 with two processes), from a checkpoint
-   written by `engram make-checkpoint`, each lookup compared bit for bit with the CPU reference, with a
-   CUDA-graph capture and replay at a decode shape and torch.compile(fullgraph=True) where the rank can;
-4. the benchmark table: gather GB/s of three row formats against the pinned H2D memcpy and the D2D copy;
-   V4.1 rows from pinned tables of 1, 8 and 32 GiB, uniform and real-text ids, decode (256 tokens) and
-   prefill (8,192 tokens), plain and sorted paths, as effective GB/s against the H2D memcpy; the host time
-   of one eager layer call; a decode step of stand-in compute with and without prefetched lookups beside
-   it; the device cache of hot rows (5% of a 32 GiB table) against the uncached lookup; hash tokens/s.
+- kernels: every kernel against its CPU twin on fresh random data, into poisoned output buffers; the op
+  paths (e8m0 scale bytes 0 and 0xFF, a grid capped by limit_blocks, the device cache, prefetch, the
+  pinned error flag raised by gathered and by `check` ids);
+- hash: the CUDA n-gram hash against the CPU, whole and chunked, and its token-id flag;
+- placements: `EngramTables.build(platform="cuda")` for every placement (device, pinned, huge pages,
+  /dev/shm shared by two processes on the one GPU, embedding_across_dp and TP 2 with two processes), from a
+  checkpoint written by `engram make-checkpoint`, each lookup compared bit for bit with the CPU reference,
+  with a CUDA-graph capture and replay at a decode shape and torch.compile(fullgraph=True) where the rank
+  can; file: the file-backed placements (checkpoint on disk, and on tmpfs read over UVA);
+- bench-*: gather GB/s of three row formats against the pinned H2D memcpy and the D2D copy; V4.1 rows
+  from pinned tables of 1, 8 and 32 GiB, uniform and real-text ids, decode (256 tokens, timed as CUDA-graph
+  replays) and prefill (8,192 tokens), plain and sorted; the device cache of hot rows; the host time of one
+  eager layer call; a decode step with prefetched lookups beside stand-in compute; hash tokens/s.
 
-Every stage is guarded: a failure is reported (ok/FAIL and the error) and the next stage still runs.
-Run: python scripts/gpu_check.py [--table-gib 8] [--json OUT]. Exit 0 when every stage passed, 1 when
-any failed, 2 without a CUDA device.
+The kernel build always runs first. Every stage is guarded: a failure is reported (ok/FAIL and the error)
+and the next stage still runs; with --json the report is rewritten after every stage, so a run cut short
+keeps what it measured. A GPU window is short (one command at most 10 minutes), so run it in two calls of
+under 4 minutes each (README, "On a GPU"):
+    python scripts/gpu_check.py --only kernels hash placements file --json OUT/gpu-checks.json
+    python scripts/gpu_check.py --only bench --json OUT/gpu-bench.json
+Exit 0 when every stage run passed, 1 when any failed, 2 without a CUDA device.
 """
 
 from __future__ import annotations
@@ -76,10 +82,42 @@ class Stage:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
+# Stage groups, in the order they run; --only/--skip take these names (or a prefix before "-": "bench").
+GROUPS = (
+    "kernels",
+    "hash",
+    "placements",
+    "file",
+    "bench-formats",
+    "bench-sorted",
+    "bench-cache",
+    "bench-host",
+    "bench-prefetch",
+    "bench-hash",
+)
+
+
+def selected_groups(only: list[str] | None, skip: list[str]) -> set[str]:
+    """The groups --only and --skip leave (a name selects itself and the groups it prefixes before "-")."""
+
+    def matching(names: list[str]) -> set[str]:
+        unknown = [n for n in names if not any(g == n or g.startswith(n + "-") for g in GROUPS)]
+        if unknown:
+            raise SystemExit(f"gpu_check: unknown stage group {', '.join(unknown)}; choose from {', '.join(GROUPS)}")
+        return {g for g in GROUPS for n in names if g == n or g.startswith(n + "-")}
+
+    return (matching(only) if only else set(GROUPS)) - matching(skip)
+
+
 @dataclass
 class Report:
     stages: list[Stage] = field(default_factory=list)
     bench: list[dict[str, Any]] = field(default_factory=list)
+    groups: set[str] = field(default_factory=lambda: set(GROUPS))
+    json_path: Path | None = None  # rewritten after every stage, so a run cut short keeps what it measured
+
+    def wants(self, *groups: str) -> bool:
+        return any(g in self.groups for g in groups)
 
     def run(self, name: str, fn: Callable[[], dict[str, Any] | None]) -> Stage:
         """Run one stage; any exception fails it (with its last line, and the traceback for a bug) and
@@ -96,18 +134,48 @@ class Report:
             flush=True,
         )
         self.stages.append(stage)
+        self.save()
         return stage
+
+    def save(self) -> None:
+        if self.json_path is not None:
+            partial = self.json_path.with_name(self.json_path.name + ".part")
+            partial.write_text(json.dumps(self.as_dict(), indent=2))
+            partial.replace(self.json_path)  # never a half-written report
 
     @property
     def ok(self) -> bool:
         return bool(self.stages) and all(s.ok for s in self.stages)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "stages": [asdict(s) for s in self.stages], "bench": self.bench}
+        return {
+            "ok": self.ok,
+            "groups": sorted(self.groups, key=GROUPS.index),
+            "stages": [asdict(s) for s in self.stages],
+            "bench": self.bench,
+        }
 
 
 def gpu_time(fn: Callable[[], object], repeat: int = 7) -> float:
-    """Median seconds of fn() on the current stream, after a warm-up."""
+    """Median seconds of fn() on the current stream, after a warm-up: one call between two events, right
+    for calls long enough that the GPU, not the host's launches, sets the pace (prefill, copies)."""
+    return _event_time(fn, 1, repeat)
+
+
+def graph_time(fn: Callable[[], object], calls: int = 32, repeat: int = 7) -> float:
+    """Median seconds of one fn() on the GPU alone: `calls` of them captured in one CUDA graph and timed
+    as replays, so a short call (a decode step) is not measured as the host's cost of launching it."""
+    fn()  # warm-up: lazy initialisation happens outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return _event_time(graph.replay, calls, repeat)
+
+
+def _event_time(fn: Callable[[], object], calls: int, repeat: int) -> float:
+    """Median seconds per call of fn() making `calls` calls, timed between two events after a warm-up."""
     fn()
     torch.cuda.synchronize()
     times = []
@@ -117,7 +185,7 @@ def gpu_time(fn: Callable[[], object], repeat: int = 7) -> float:
         fn()
         stop.record()
         stop.synchronize()
-        times.append(float(start.elapsed_time(stop)) / 1e3)
+        times.append(float(start.elapsed_time(stop)) / 1e3 / calls)
     return statistics.median(times)
 
 
@@ -221,6 +289,74 @@ def check_gather(
         shard.release()
 
 
+def raised(fn: Callable[[], object]) -> str:
+    """The EngramError fn() raised, or "" when it returned."""
+    try:
+        fn()
+    except EngramError as exc:
+        return str(exc)
+    return ""
+
+
+ROW_FLAG = "a gather on cuda:{} was given a row id outside its table (it read zeros instead)"
+
+
+def check_op_paths(runtime: kernels.LibraryRuntime) -> dict[str, Any]:
+    """Exact comparisons of what the raw kernel checks do not reach, through the ops on a pinned fp8 table:
+    e8m0 scale bytes 0 (2^-127) and 0xFF (NaN) against the reference; a grid capped by limit_blocks, the
+    device cache of hot rows and prefetched rows, each against the plain eager rows; and the pinned error
+    flag of the op path, raised by a bad id in the gathered ids and by one in the `check` ids only."""
+    from engram.runtime.cache import build_cache, cached_gather
+    from engram.runtime.engine import prefetch_on
+
+    rows, columns = 5000, 16
+    shard = make_shard("fp8", 256, rows, "pinned", runtime)
+    device = torch.cuda.current_device()
+    try:
+        fill_random(shard, seed=11)
+        assert shard.scale is not None
+        shard.scale.view(torch.uint8)[:40] = 0
+        shard.scale.view(torch.uint8)[40:80] = 0xFF
+        generator = torch.Generator().manual_seed(12)
+        ids = torch.randint(-1, rows, (256, columns), generator=generator)
+        ids[:5] = torch.arange(80).view(5, columns)  # the rows with extreme scales
+        want = gather_reference(shard.weight.cpu(), shard.scale.cpu(), ids, 0, rows, torch.bfloat16)
+        on_gpu = ids.cuda()
+        before = raised(kernels.check_error_flags)
+        plain = gather(shard.weight, shard.scale, on_gpu, 0, rows, torch.bfloat16)
+        with kernels.limit_blocks(1):
+            capped = gather(shard.weight, shard.scale, on_gpu, 0, rows, torch.bfloat16)
+        hot = torch.unique(ids[ids >= 0])[:1000]
+        cache = build_cache(shard, hot, hot.numel() * shard.format.row_bytes, "cuda")
+        assert cache is not None
+        cached = cached_gather(cache, shard.weight, shard.scale, on_gpu, 0, rows, torch.bfloat16)
+        layer = EngramEmbedding(shard, TableShardPlan("check", rows, "row", 0, rows, 0, columns), columns=columns)
+        eager = layer(on_gpu)
+        prefetched = prefetch_on(torch.cuda.Stream(), lambda: [layer(on_gpu)], sm_share=0.25).take(0)  # type: ignore[no-untyped-call]
+        torch.cuda.synchronize()
+        clean = raised(kernels.check_error_flags)
+        bad = on_gpu.clone()
+        bad[3, 7] = rows
+        gather(shard.weight, shard.scale, bad, 0, rows, torch.bfloat16)
+        torch.cuda.synchronize()
+        gathered_bad = raised(kernels.check_error_flags)
+        gather(shard.weight, shard.scale, on_gpu[:, :8], 0, rows, torch.bfloat16, False, bad)
+        torch.cuda.synchronize()
+        checked_bad = raised(kernels.check_error_flags)
+    finally:
+        shard.release()
+    results = {
+        "e8m0 scales 0 and 0xFF equal the reference": same_bits(plain, want),
+        "limit_blocks(1) equals the uncapped grid": same_bits(capped, plain),
+        "device cache equals uncached": same_bits(cached, plain),
+        "prefetched equals eager": same_bits(prefetched, eager) and same_bits(eager, plain),
+        "pinned flag clean after good ids": clean == "",
+        "pinned flag raised by a bad gathered id": gathered_bad == ROW_FLAG.format(device),
+        "pinned flag raised by a bad id in check only": checked_bad == ROW_FLAG.format(device),
+    }
+    return {"ok": all(results.values()), "flag_before_the_stage": before, **results}
+
+
 def check_hash(preset: str) -> dict[str, Any]:
     spec = get_preset(preset)
     hasher = spec.hasher()
@@ -233,7 +369,17 @@ def check_hash(preset: str) -> dict[str, Any]:
     chunked, state = hasher.hash_with_state(ids[:50_000].cuda(), dead[:50_000].cuda())
     rest, _ = hasher.hash_with_state(ids[50_000:].cuda(), dead[50_000:].cuda(), state)
     whole, pieces = same_bits(got, want), same_bits(torch.cat([chunked, rest]), want)
-    return {"ok": whole and pieces, "whole": whole, "chunked": pieces}
+    raised(kernels.check_error_flags)  # start clean
+    bad = ids[:100].cuda()
+    bad[3] = spec.vocab  # outside the vocabulary: flagged, no sync, no exception in the call
+    hasher.hash(bad)
+    torch.cuda.synchronize()
+    expected = (
+        f"the n-gram hash on cuda:{torch.cuda.current_device()} was given a compressed token id outside the "
+        "vocabulary (its row ids are meaningless); compress raw token ids first"
+    )
+    flagged = raised(kernels.check_error_flags) == expected
+    return {"ok": whole and pieces and flagged, "whole": whole, "chunked": pieces, "bad token flagged": flagged}
 
 
 def write_checkpoint_cli(preset: str, out: Path) -> Path:
@@ -295,6 +441,12 @@ def copy_ceilings() -> tuple[float, float]:
 
 
 SHAPES = {"decode": 256, "prefill": 8192}  # tokens of a step; V4.1 reads 24 columns a token per layer
+
+
+def step_time(shape: str, fn: Callable[[], object]) -> float:
+    """GPU seconds of one lookup: a decode step is timed as CUDA-graph replays (one eager call would
+    measure the host's launches, not the GPU), a prefill step eagerly."""
+    return graph_time(fn) if shape == "decode" else gpu_time(fn)
 
 
 def bench_formats(
@@ -379,7 +531,7 @@ def bench_sorted(
                 out = torch.empty((*ids.shape, spec.head_dim), dtype=torch.bfloat16, device="cuda")
                 for dedup in (False, True):
                     call = functools.partial(gather_into, shard.weight, shard.scale, ids, 0, rows, out, dedup)
-                    seconds = gpu_time(call)
+                    seconds = step_time(shape, call)
                     what = f"V4.1 {shape} {tokens}x24, {source}, {'sorted' if dedup else 'plain'}"
                     out_rows.append(
                         bench_row(
@@ -492,13 +644,14 @@ def bench_cache(
         for shape, tokens in SHAPES.items():
             for source, ids in id_batches(spec, rows, corpus, tokens).items():
                 dedup = use_sorted(ids.numel(), shard.weight, ids.device)
-                plain = gpu_time(
-                    functools.partial(gather, shard.weight, shard.scale, ids, 0, rows, torch.bfloat16, dedup)
+                plain = step_time(
+                    shape, functools.partial(gather, shard.weight, shard.scale, ids, 0, rows, torch.bfloat16, dedup)
                 )
-                cached = gpu_time(
+                cached = step_time(
+                    shape,
                     functools.partial(
                         cached_gather, cache, shard.weight, shard.scale, ids, 0, rows, torch.bfloat16, dedup
-                    )
+                    ),
                 )
                 hits = float(torch.isin(ids, cache.ids).float().mean())
                 moved = ids.numel() * shard.format.row_bytes
@@ -541,48 +694,68 @@ def print_bench(table: list[dict[str, Any]]) -> None:
 
 
 def run_all(report: Report, table_gib: float, sizes: list[float], preset: str, workdir: Path) -> None:
-    built: dict[str, Any] = {}
+    """Every selected stage group in order (the build always runs: nothing else can without it)."""
 
     def build() -> dict[str, Any]:
-        built["library"] = kernels.load(kernels.build())
-        built["runtime"] = kernels.LibraryRuntime(built["library"])
+        kernels.cuda_library()  # the library the ops use, and its runtime: its registrations are known
         return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda}
 
     if not report.run("build the CUDA kernels", build).ok:
         return  # nothing below runs without them
-    library, runtime = built["library"], built["runtime"]
-    for name, *_ in FORMATS:
-        for placement in ("pinned", "device"):
-            for dedup in (False, True):
-                label = f"gather {name} {placement}{', sorted' if dedup else ''}"
-                report.run(label, functools.partial(check_gather, library, runtime, name, placement, dedup))
-    for hashed in ("deepseek-v4.1-flash", "qwen4-exp-ple"):
-        report.run(f"ngram hash {hashed}", functools.partial(check_hash, hashed))
-    checkpoint = workdir / "checkpoint"
-    if report.run(
+    library, runtime = kernels.cuda_library(), kernels.library_runtime()
+    if report.wants("kernels"):
+        for name, *_ in FORMATS:
+            for placement in ("pinned", "device"):
+                for dedup in (False, True):
+                    label = f"gather {name} {placement}{', sorted' if dedup else ''}"
+                    report.run(label, functools.partial(check_gather, library, runtime, name, placement, dedup))
+        report.run(
+            "op paths: e8m0 extremes, block cap, device cache, prefetch, pinned flag", lambda: check_op_paths(runtime)
+        )
+    if report.wants("hash"):
+        for hashed in ("deepseek-v4.1-flash", "qwen4-exp-ple"):
+            report.run(f"ngram hash {hashed}", functools.partial(check_hash, hashed))
+    if report.wants("placements", "file"):
+        run_placements(report, preset, workdir / "checkpoint")
+    if report.wants(*(g for g in GROUPS if g.startswith("bench-"))):
+        run_benchmarks(report, library, runtime, table_gib, sizes)
+
+
+def run_placements(report: Report, preset: str, checkpoint: Path) -> None:
+    """EngramTables on cuda for every placement, from a checkpoint `engram make-checkpoint` wrote."""
+    if not report.run(
         f"engram make-checkpoint --preset {preset}", lambda: {"path": str(write_checkpoint_cli(preset, checkpoint))}
     ).ok:
+        return
+    if report.wants("placements"):
         for label, engram, tp, dp, extras in PLACEMENTS:
             report.run(
                 f"EngramTables on cuda: {label}",
                 functools.partial(check_placement, preset, checkpoint, engram, tp, dp, extras, "cuda"),
             )
-        # file_backed: a checkpoint on disk is gathered on host threads and copied over (a sync per
-        # lookup, so no graph); one on tmpfs is registered read-only and read over UVA like pinned tables.
-        on_tmpfs = Path(tempfile.mkdtemp(prefix="engram-gpu-check-", dir="/dev/shm"))
-        try:
-            shutil.copytree(checkpoint, on_tmpfs, dirs_exist_ok=True)
-            for label, where, extras in (
-                ("file-backed, DP 2, checkpoint on disk (host gather, staged copy)", checkpoint, ()),
-                ("file-backed, DP 2, checkpoint on tmpfs (UVA)", on_tmpfs, ("graph",)),
-            ):
-                report.run(
-                    f"EngramTables on cuda: {label}",
-                    functools.partial(check_placement, preset, where, {"file_backed": True}, 1, 2, extras, "cuda"),
-                )
-        finally:
-            shutil.rmtree(on_tmpfs, ignore_errors=True)
+    if not report.wants("file"):
+        return
+    # file_backed: a checkpoint on disk is gathered on host threads and copied over (a sync per lookup,
+    # so no graph); one on tmpfs is registered read-only and read over UVA like pinned tables (where the
+    # GPU supports read-only registration; elsewhere it is gathered on host threads too).
+    on_tmpfs = Path(tempfile.mkdtemp(prefix="engram-gpu-check-", dir="/dev/shm"))
+    try:
+        shutil.copytree(checkpoint, on_tmpfs, dirs_exist_ok=True)
+        for label, where, extras in (
+            ("file-backed, DP 2, checkpoint on disk (host gather, staged copy)", checkpoint, ()),
+            ("file-backed, DP 2, checkpoint on tmpfs (UVA)", on_tmpfs, ("graph",)),
+        ):
+            report.run(
+                f"EngramTables on cuda: {label}",
+                functools.partial(check_placement, preset, where, {"file_backed": True}, 1, 2, extras, "cuda"),
+            )
+    finally:
+        shutil.rmtree(on_tmpfs, ignore_errors=True)
 
+
+def run_benchmarks(
+    report: Report, library: ctypes.CDLL, runtime: kernels.LibraryRuntime, table_gib: float, sizes: list[float]
+) -> None:
     ceilings: dict[str, float] = {}
 
     def measure(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -593,30 +766,39 @@ def run_all(report: Report, table_gib: float, sizes: list[float], preset: str, w
         ceilings["H2D memcpy"], ceilings["D2D copy"] = copy_ceilings()
         return dict(ceilings)
 
-    if not report.run("bench: copy ceilings", copies).ok:
+    if (
+        report.wants("bench-formats", "bench-sorted", "bench-cache")
+        and not report.run("bench: copy ceilings", copies).ok
+    ):
         return
-    report.run("bench: row formats", lambda: measure(bench_formats(library, runtime, table_gib, ceilings)))
+    if report.wants("bench-formats"):
+        report.run("bench: row formats", lambda: measure(bench_formats(library, runtime, table_gib, ceilings)))
     corpus: list[Corpus] = []  # loaded once by its stage, read by the stages after it
 
     def real_text() -> dict[str, Any]:
         corpus.append(load_corpus())
         return {"tokens": corpus[0].tokens.numel(), "held_out_tokens": corpus[0].held_out.numel()}
 
-    report.run("bench: real-text corpus", real_text)
+    if report.wants("bench-sorted", "bench-cache"):
+        report.run("bench: real-text corpus", real_text)
 
     def measure_sorted(gib: float) -> dict[str, Any]:
         return measure(bench_sorted(runtime, gib, corpus[0].held_out if corpus else None, ceilings))
 
-    for gib in sizes:
-        report.run(f"bench: plain and sorted, {gib:g} GiB", functools.partial(measure_sorted, gib))
-    if corpus:
+    if report.wants("bench-sorted"):
+        for gib in sizes:
+            report.run(f"bench: plain and sorted, {gib:g} GiB", functools.partial(measure_sorted, gib))
+    if report.wants("bench-cache") and corpus:
         report.run(
             f"bench: device cache, {sizes[-1]:g} GiB",
             lambda: measure(bench_cache(runtime, sizes[-1], corpus[0].held_out, corpus[0].fit, ceilings)),
         )
-    report.run("bench: eager host time", lambda: measure(bench_host_time(runtime)))
-    report.run("bench: prefetch beside compute", lambda: measure(bench_prefetch(runtime, min(sizes[-1], 8.0))))
-    report.run("bench: ngram hash", lambda: measure(bench_hash()))
+    if report.wants("bench-host"):
+        report.run("bench: eager host time", lambda: measure(bench_host_time(runtime)))
+    if report.wants("bench-prefetch"):
+        report.run("bench: prefetch beside compute", lambda: measure(bench_prefetch(runtime, min(sizes[-1], 8.0))))
+    if report.wants("bench-hash"):
+        report.run("bench: ngram hash", lambda: measure(bench_hash()))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -630,20 +812,21 @@ def main(argv: list[str] | None = None) -> int:
         help="V4.1 table sizes of the plain/sorted rows",
     )
     parser.add_argument("--preset", default="demo", help="model of the placement stages (default demo, 262 MB)")
-    parser.add_argument("--json", metavar="OUT", help="also write the report to this file")
+    parser.add_argument("--only", nargs="+", metavar="GROUP", help=f"run only these stage groups: {', '.join(GROUPS)}")
+    parser.add_argument("--skip", nargs="+", default=[], metavar="GROUP", help="leave these stage groups out")
+    parser.add_argument("--json", metavar="OUT", help="also write the report here, rewritten after every stage")
     args = parser.parse_args(argv)
+    groups = selected_groups(args.only, args.skip)
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA device here; run it on a GPU machine", file=sys.stderr)
         return 2
     started = time.perf_counter()
-    report = Report()
+    report = Report(groups=groups, json_path=Path(args.json) if args.json else None)
     with tempfile.TemporaryDirectory(prefix="engram-gpu-check-") as workdir:
         run_all(report, args.table_gib, args.sorted_gib, args.preset, Path(workdir))
     print_bench(report.bench)
     failed = [s.name for s in report.stages if not s.ok]
     print(f"\n{len(report.stages) - len(failed)} passed, {len(failed)} failed in {time.perf_counter() - started:.0f} s")
-    if args.json:
-        Path(args.json).write_text(json.dumps(report.as_dict(), indent=2))
     return 0 if report.ok else 1
 
 

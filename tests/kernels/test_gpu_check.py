@@ -91,3 +91,45 @@ def test_placement_stage_on_the_cpu(gpu_check: ModuleType, tmp_path: Path, index
     assert result["device"] == "cpu" and result["backend"].startswith("gloo")
     assert result["checks"] == {"graph": ["needs a CUDA device"] * (tp * dp)}
     assert result["placement"] == ("shm" if engram.get("dp_shared_memory") else "host")
+
+
+def test_stage_groups_are_selected_by_name_or_prefix(gpu_check: ModuleType) -> None:
+    groups = gpu_check.GROUPS
+    assert gpu_check.selected_groups(None, []) == set(groups)
+    assert gpu_check.selected_groups(["kernels", "hash", "placements", "file"], []) == {
+        "kernels",
+        "hash",
+        "placements",
+        "file",
+    }
+    benches = {g for g in groups if g.startswith("bench-")}
+    assert gpu_check.selected_groups(["bench"], []) == benches and len(benches) == 6
+    assert gpu_check.selected_groups(["bench"], ["bench-cache"]) == benches - {"bench-cache"}
+    assert gpu_check.selected_groups(None, ["bench"]) == set(groups) - benches
+    with pytest.raises(SystemExit) as raised:
+        gpu_check.selected_groups(["kernel"], [])
+    assert str(raised.value) == f"gpu_check: unknown stage group kernel; choose from {', '.join(groups)}"
+
+
+def test_the_json_report_is_rewritten_after_every_stage(gpu_check: ModuleType, tmp_path: Path) -> None:
+    """A run cut short by the GPU window's limit keeps what it measured: the file holds every finished stage."""
+    out = tmp_path / "gpu.json"
+    report = gpu_check.Report(groups={"kernels"}, json_path=out)
+    seen: list[list[str]] = []
+
+    def second() -> dict[str, int]:
+        seen.append([s["name"] for s in json.loads(out.read_text())["stages"]])
+        return {"rows": 2}
+
+    report.run("first", lambda: {"rows": 1})
+    report.run("second", second)
+    assert seen == [["first"]]
+    document = json.loads(out.read_text())
+    assert [s["name"] for s in document["stages"]] == ["first", "second"] and document["groups"] == ["kernels"]
+    assert report.wants("kernels") and not report.wants("bench-cache", "hash")
+    assert not list(tmp_path.glob("*.part"))
+
+
+def test_without_a_gpu_the_script_says_so(gpu_check: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    assert gpu_check.main(["--only", "kernels"]) == 2
+    assert capsys.readouterr().err == "gpu_check: no CUDA device here; run it on a GPU machine\n"
