@@ -25,7 +25,9 @@ _libc.mmap.restype = ctypes.c_void_p
 _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_libc.fstatfs.argtypes = [ctypes.c_int, ctypes.c_void_p]
 MAP_FAILED = ctypes.c_void_p(-1).value
+MADV_DONTFORK = 10
 MADV_DONTDUMP = 16
 MADV_POPULATE_WRITE = 23
 
@@ -45,6 +47,24 @@ def _mmap(size: int, prot: int, flags: int, fd: int = -1) -> int:
 def _munmap(addr: int, size: int) -> None:
     if size and _libc.munmap(addr, size) != 0:
         raise OSError(ctypes.get_errno(), f"munmap failed: {os.strerror(ctypes.get_errno())}")
+
+
+HUGETLBFS_MAGIC = 0x958458F6
+
+
+def file_system(fd: int) -> tuple[int, int]:
+    """(f_type, f_bsize) of the file system holding open file `fd` (fstatfs), or (0, PAGE) if unknown."""
+    buf = (ctypes.c_long * 32)()  # struct statfs: f_type, then f_bsize, on Linux
+    if _libc.fstatfs(fd, buf) != 0:
+        return 0, PAGE
+    return buf[0] & 0xFFFFFFFF, int(buf[1])
+
+
+def file_granule(fd: int) -> int:
+    """The unit a mapping of `fd` is made and unmapped in: the huge page size on hugetlbfs (munmap of a
+    length that is not a multiple of it fails, and the mapping would leak until exit), else the page."""
+    kind, block = file_system(fd)
+    return max(PAGE, block) if kind == HUGETLBFS_MAGIC else PAGE
 
 
 def madvise(addr: int, size: int, advice: int) -> int:
@@ -123,6 +143,9 @@ def _unmap(addr: int, length: int, hooks: list[Callable[[], None]]) -> None:
     _munmap(addr, length)
 
 
+PINNED_KINDS = ("pinned", "hugepages")  # private mappings a GPU may register
+
+
 def map_anonymous(size: int, *, align: int = PAGE, kind: str = "host") -> Mapping:
     """A private anonymous mapping of `size` bytes, rounded up to `align`, starting `align`-aligned.
     Over-allocation for alignment is unmapped again, so exactly round_up(size, align) stays mapped."""
@@ -138,19 +161,21 @@ def map_anonymous(size: int, *, align: int = PAGE, kind: str = "host") -> Mappin
     # Tables of hundreds of GB have no place in a core dump; the distinct flag also keeps the kernel from
     # merging the mapping with the heap next to it, so smaps shows it on its own.
     madvise(start, length, MADV_DONTDUMP)
+    if kind in PINNED_KINDS:  # a fork would otherwise copy-on-write pages the GPU reads by address
+        madvise(start, length, MADV_DONTFORK)
     return Mapping(start, size, length, kind)
 
 
 def map_readonly_file(fd: int, size: int, path: str) -> Mapping:
     """The file read-only and shared: its pages are the page cache's, one copy for every process on the
     node that maps it. Reading past a shrunken end raises SIGBUS: read it only through guarded kernels."""
-    length = round_up(max(size, 1), PAGE)
+    length = round_up(max(size, 1), file_granule(fd))
     addr = _mmap(length, mmap.PROT_READ, mmap.MAP_SHARED, fd)
     madvise(addr, length, MADV_DONTDUMP)
     return Mapping(addr, size, length, "file", path=path)
 
 
 def map_shared_file(fd: int, size: int, path: str) -> Mapping:
-    length = round_up(max(size, 1), PAGE)
+    length = round_up(max(size, 1), file_granule(fd))
     addr = _mmap(length, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd)
     return Mapping(addr, size, length, "shm", path=path)

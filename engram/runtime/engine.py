@@ -221,8 +221,10 @@ class EngramTables:
         """Start every layer's lookup now (row ids depend only on the tokens, so all are known when the
         step starts) and return a handle; `take(layer)` hands each layer its rows. On a GPU the lookups
         run on a side stream, at most `sm_share` of the SMs wide (in thread blocks), so the model's compute
-        keeps the rest; the layer's stream waits on that layer's event only. Capturable in a CUDA graph
-        (the side stream forks from and joins the capturing stream). On the CPU they run at once."""
+        keeps the rest; the layer's stream waits on that layer's event only. The cap holds engram's gather
+        kernels only: the sort of the sorted form and the device cache's search and merge are torch ops,
+        which take what grid they take (short next to the gathers). Capturable in a CUDA graph (the side
+        stream forks from and joins the capturing stream). On the CPU they run at once."""
         if not 0 < sm_share <= 1:
             raise EngramError(f"sm_share must be in (0, 1], got {sm_share}")
         if not rows.is_cuda:

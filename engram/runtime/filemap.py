@@ -24,14 +24,13 @@ import torch
 
 from engram import native
 from engram.errors import EngramError
-from engram.memory.mapping import PAGE, Mapping, madvise, map_readonly_file
+from engram.memory.mapping import HUGETLBFS_MAGIC, PAGE, Mapping, madvise, map_readonly_file
 from engram.runtime.loader import Checkpoint, SafetensorsFile
 from engram.runtime.registration import ATTRIBUTE_READ_ONLY_REGISTER, CudaRuntime, read_only_supported, register
 from engram.runtime.storage import SCALE_BLOCK, SCALE_DTYPE, WEIGHT_DTYPES, ShardFormat, TableShard
 
 log = logging.getLogger("engram")
 TMPFS_MAGIC = 0x01021994
-HUGETLBFS_MAGIC = 0x958458F6
 
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)

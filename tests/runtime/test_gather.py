@@ -307,3 +307,12 @@ def test_the_ops_pass_torch_opcheck() -> None:
     rows = torch.empty((9, len(hasher.layout.layer_ids), hasher.layout.columns), dtype=torch.int64)
     tables = hasher._tables(torch.device("cpu"))
     torch.library.opcheck(torch.ops.engram.ngram_hash.default, (ext, start, *tables, 5, hasher.layout.vocab, rows))
+
+
+def test_fp8_nans_dequantise_to_a_quiet_nan_of_their_sign() -> None:
+    """engram's bf16 NaN keeps the sign (0x7FC0, 0xFFC0); torch writes 0x7FC0 (scalar, CUDA) or 0xFFFF (its
+    CPU vector path) for every NaN, so NaN rows are compared as NaN, never byte for byte."""
+    weight = torch.tensor([[0x7F] * 32, [0xFF] * 32], dtype=torch.uint8).view(torch.float8_e4m3fn)
+    scale = torch.full((2, 1), 127, dtype=torch.uint8).view(torch.float8_e8m0fnu)
+    rows = gather(weight, scale, torch.tensor([0, 1]), 0, 2, torch.bfloat16).view(torch.int16)
+    assert (rows[0] == 0x7FC0).all() and (rows[1] == -64).all()  # -64: 0xFFC0 as int16
