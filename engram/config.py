@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,13 +117,33 @@ def _check_arguments(source: Any, env: Any, overrides: Any) -> list[str]:
     for key in (variable for variables, _ in ENV_DEFAULTS.values() for variable in variables):
         if key in env and not isinstance(env[key], str):
             raise _argument_error("env", f"{key} must be a string; got {type(env[key]).__name__}")
-    if isinstance(overrides, (str, bytes)) or not isinstance(overrides, Iterable):
-        raise _argument_error("overrides", f"expected a list of 'FIELD=VALUE' strings; got {type(overrides).__name__}")
-    listed = list(overrides)
-    for item in listed:
-        if not isinstance(item, str):
-            raise _argument_error("overrides", f"each override is a 'FIELD=VALUE' string; got {type(item).__name__}")
+    return _listed(
+        overrides,
+        "overrides",
+        lambda item: isinstance(item, str),
+        "'FIELD=VALUE' strings",
+        "each override is a 'FIELD=VALUE' string",
+    )
+
+
+def _listed(value: Any, name: str, is_item: Callable[[Any], bool], items: str, each: str) -> list[Any]:
+    """`value` as a list, every element checked: a string where a list belongs, or an element of the wrong
+    type, is one ConfigError naming the argument."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise _argument_error(name, f"expected a list of {items}; got {type(value).__name__}")
+    listed = list(value)
+    for element in listed:
+        if not is_item(element):
+            raise _argument_error(name, f"{each}; got {type(element).__name__}")
     return listed
+
+
+def _is_override(item: Any) -> bool:
+    return isinstance(item, tuple) and len(item) == 3 and all(isinstance(part, str) for part in item)
+
+
+def _is_pointer(key: Any) -> bool:
+    return isinstance(key, tuple) and all(isinstance(part, str) for part in key)
 
 
 def _check_json_value(value: Any, name: str) -> None:
@@ -182,6 +202,18 @@ def load_deployment(
     deployment flags), `engram_json` objects and `overrides` on the engram section. Absent parts are
     not checked. Raises ConfigError listing every problem."""
     _check_arguments(source, os.environ if env is None else env, ())
+    engram_json = _listed(
+        engram_json, "engram_json", lambda item: isinstance(item, str), "JSON texts", "each item is a JSON object text"
+    )
+    overrides = _listed(
+        overrides,
+        "overrides",
+        _is_override,
+        "(flag, field, value) tuples",
+        "each override is a (flag, field, value) tuple of strings",
+    )
+    if flags is not None and not (isinstance(flags, Mapping) and all(_is_pointer(key) for key in flags)):
+        raise _argument_error("flags", "expected a mapping from pointers (tuples of strings) to values")
     try:
         document = read_deployment(source, engram_json=engram_json, overrides=overrides, flags=flags)
         return validate_deployment(document, env=env)

@@ -11,12 +11,18 @@ from typing import Any
 from engram.errors import EngramError
 
 
-def check_plot_path(path: str) -> None:
+def check_output_path(flag: str, path: str | Path, example: str) -> None:
+    """A file a command will write, checked before the work that produces it: not a directory, and in one
+    that exists (`example` names a file to suggest)."""
     target = Path(path)
     if target.is_dir():
-        raise EngramError(f"--plot {path} is a directory; name a file, e.g. {target / 'plan.png'}")
+        raise EngramError(f"{flag} {path} is a directory; name a file, e.g. {target / example}")
     if not target.parent.is_dir():
-        raise EngramError(f"--plot {path}: the directory {target.parent} does not exist; create it or choose another")
+        raise EngramError(f"{flag} {path}: the directory {target.parent} does not exist; create it or choose another")
+
+
+def check_plot_path(path: str) -> None:
+    check_output_path("--plot", path, "plan.png")
 
 
 @contextlib.contextmanager

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from engram.errors import EngramError
@@ -129,5 +130,5 @@ def write_profile(path: Path, spec: ModelSpec, profiles: list[TableProfile], rep
         tensors[f"{p.table}.hot_counts"] = p.hot_counts.contiguous()
     try:
         save_file(tensors, str(path), metadata={"engram_profile": json.dumps(report), "preset": spec.name})
-    except OSError as exc:
-        raise EngramError(f"cannot write the profile to {path}: {exc.strerror or exc}") from None
+    except (OSError, SafetensorError) as exc:
+        raise EngramError(f"cannot write the profile to {path}: {getattr(exc, 'strerror', None) or exc}") from None

@@ -45,6 +45,10 @@ def run_ngram(args: argparse.Namespace) -> int:
     if args.text is not None:
         if spec.tokenizer != "deepseek-v4":
             raise EngramError(f"preset {spec.name} has no bundled tokenizer; pass --ids")
+        try:
+            args.text.encode("utf-8")  # bytes the locale could not decode arrive as lone surrogates
+        except UnicodeEncodeError:
+            raise EngramError("--text is not valid UTF-8; pass UTF-8 text, or token ids with --ids") from None
         raw = deepseek_v4_tokenizer().encode(args.text, add_special_tokens=False).ids
     else:
         raw = None if args.compressed else args.ids

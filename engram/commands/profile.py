@@ -10,7 +10,7 @@ from typing import Any
 
 from engram.corpus import load_corpus
 from engram.errors import EngramError
-from engram.plotting import check_plot_path, figure
+from engram.plotting import check_output_path, check_plot_path, figure
 from engram.presets import PRESETS, get_preset
 from engram.profile import profile_tables, summary, write_profile
 
@@ -45,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
         raise EngramError("--cache-fraction values must be in (0, 1]")
     if args.plot:
         check_plot_path(args.plot)
+    if args.out:
+        check_output_path("--out", args.out, "hot.safetensors")
     corpus = load_corpus()
     fit, held = corpus.fit[: args.tokens], corpus.held_out[: args.held_out_tokens]
     table_bytes = spec.table_bytes // len(spec.table_names())

@@ -9,12 +9,15 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from engram.errors import EngramError
 from engram.ops import DEAD_ID, gather
+from engram.runtime.filemap import files_named_on_fault
+from engram.runtime.files import check_regular
 from engram.runtime.storage import SCALE_DTYPE, TableShard
 
 
@@ -29,10 +32,11 @@ class HotRows:
 
 def read_profile(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """The hot rows per table ('<table>.hot_rows', most frequent first) of an `engram profile --out` file."""
+    check_regular(Path(path), "the profile")
     try:
         with safe_open(str(path), "pt") as f:
             return {key.removesuffix(".hot_rows"): f.get_tensor(key) for key in f.keys() if key.endswith(".hot_rows")}  # noqa: SIM118
-    except (OSError, ValueError, RuntimeError) as exc:
+    except (OSError, ValueError, RuntimeError, SafetensorError) as exc:
         raise EngramError(
             f"cannot read the profile {path}: {str(exc)[:200]}; write one with `engram profile --out`"
         ) from None
@@ -52,8 +56,9 @@ def build_cache(shard: TableShard, hot: torch.Tensor, budget_bytes: int, device:
     chosen = torch.sort(owned[:count]).values
     if torch.unique(chosen).numel() != chosen.numel():
         raise EngramError(f"{shard.name}: the profile lists a row twice; write it again with `engram profile --out`")
-    weight = _rows(shard, shard.weight, chosen).to(device)
-    scale = None if shard.scale is None else _rows(shard, shard.scale, chosen).to(device)
+    with files_named_on_fault(shard):
+        weight = _rows(shard, shard.weight, chosen).to(device)
+        scale = None if shard.scale is None else _rows(shard, shard.scale, chosen).to(device)
     return HotRows(chosen.to(device), weight, scale)
 
 

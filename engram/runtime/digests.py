@@ -14,8 +14,10 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from engram.errors import EngramError
+from engram.runtime.files import read_text
 
 MANIFEST = "SHA256SUMS"
+MANIFEST_LIMIT = 1 << 20  # 1 MiB: about 10,000 files of a checkpoint
 CHUNK = 16 << 20
 
 
@@ -37,12 +39,9 @@ def write_manifest(directory: Path, files: Iterable[Path]) -> Path:
 
 def read_manifest(directory: Path) -> dict[str, str]:
     path = directory / MANIFEST
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise EngramError(
-            f"cannot verify {directory}: no readable {MANIFEST} there ({exc.strerror}); write one with `sha256sum * > {MANIFEST}`"
-        ) from None
+    if not path.exists():
+        raise EngramError(f"cannot verify {directory}: no {MANIFEST} there; write one with `sha256sum * > {MANIFEST}`")
+    text = read_text(path, "the manifest", MANIFEST_LIMIT)
     entries = {}
     for number, line in enumerate(text.splitlines(), 1):
         digest, _, name = line.partition("  ")

@@ -19,7 +19,7 @@ from engram.errors import EngramError
 from engram.ops import DEAD_ID, gather, gather_into, use_sorted
 from engram.runtime.cache import HotRows, cached_gather
 from engram.runtime.dist import Group
-from engram.runtime.filemap import check_files, read_ahead
+from engram.runtime.filemap import files_named_on_fault, read_ahead
 from engram.runtime.plan import TableShardPlan
 from engram.runtime.storage import TableShard
 
@@ -77,12 +77,10 @@ class EngramEmbedding(nn.Module):
     def lookup_gathered(self, ids: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Local gather and combine over the embedding group, for ids every member holds alike (this
         replica's, or with embedding_across_dp everyone's, as gather_replica_ids returns them)."""
-        try:
+        if self.shard is None:
             return self._lookup_gathered(ids, out)
-        except EngramError:
-            if self.shard is not None:
-                check_files(self.shard)  # a read faulted because a file shrank: say which
-            raise
+        with files_named_on_fault(self.shard):  # a read faulted because a file shrank: say which
+            return self._lookup_gathered(ids, out)
 
     def _lookup_gathered(self, ids: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
         ensure_kernels(ids.device)

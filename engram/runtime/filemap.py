@@ -14,10 +14,12 @@ for its rows' pages (MADV_WILLNEED), so the reads are in flight together rather 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -92,6 +94,18 @@ def check_files(shard: TableShard) -> None:
                 f"{mapping.path}: the checkpoint shrank from {mapping.size:,} to {size:,} bytes while its tables "
                 "were mapped; restore the file and restart the engine"
             )
+
+
+@contextlib.contextmanager
+def files_named_on_fault(shard: TableShard) -> Iterator[None]:
+    """Reads of `shard` inside: a read that faulted because a file behind a file-backed shard shrank is
+    raised as the error naming that file (check_files); any other error passes unchanged."""
+    try:
+        yield
+    except EngramError:
+        if shard.files:
+            check_files(shard)
+        raise
 
 
 def in_memory_fs(path: str) -> bool:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import os
 import pickle
-import stat
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from tqdm import tqdm
 from engram.errors import EngramError
 from engram.runtime.digests import verify_files
 from engram.runtime.dist import Group, barrier
+from engram.runtime.files import check_regular
 from engram.runtime.storage import SCALE_DTYPE, WEIGHT_DTYPES, TableShard
 
 SAFETENSORS_DTYPES = {
@@ -115,7 +115,7 @@ class SafetensorsFile:
     def _entry(self, name: str, spec: Any, data_len: int) -> TensorEntry:
         if not isinstance(spec, dict) or not {"dtype", "shape", "data_offsets"} <= spec.keys():
             raise self._error(f"tensor {name!r}: header entry needs dtype, shape and data_offsets")
-        dtype = SAFETENSORS_DTYPES.get(spec["dtype"])
+        dtype = SAFETENSORS_DTYPES.get(spec["dtype"]) if isinstance(spec["dtype"], str) else None
         if dtype is None:
             raise self._error(f"tensor {name!r}: unsupported dtype {spec['dtype']!r}")
         shape, offsets = spec["shape"], spec["data_offsets"]
@@ -250,15 +250,17 @@ def _pt_tensors(path: Path) -> dict[str, torch.Tensor]:
     return loaded
 
 
-def _check_regular(file: Path) -> None:
-    """Only regular files are read: a FIFO would block forever, a directory or a dangling link fail late."""
+def _is_safetensors(file: Path) -> bool:
+    """By its suffix, or for a file named otherwise, by its first bytes: an 8-byte header length, then the
+    header's '{' (a .pt file is a zip archive or a pickle)."""
+    if file.suffix in (".safetensors", ".pt", ".bin"):
+        return file.suffix == ".safetensors"
     try:
-        mode = file.stat().st_mode
+        with file.open("rb") as f:
+            head = f.read(9)
     except OSError as exc:
-        raise EngramError(f"checkpoint file {file} cannot be read: {exc.strerror} (a dangling link?)") from None
-    if not stat.S_ISREG(mode):
-        kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
-        raise EngramError(f"checkpoint file {file} is {kind}; it must be a regular file")
+        raise EngramError(f"checkpoint file {file} cannot be read: {exc.strerror}") from None
+    return len(head) == 9 and head[8:9] == b"{"
 
 
 def _same(tensor: torch.Tensor) -> torch.Tensor:
@@ -281,7 +283,7 @@ class Checkpoint:
         if not files:
             raise EngramError(f"checkpoint directory {root} holds no *.safetensors, *.pt or *.bin file")
         for file in files:
-            _check_regular(file)
+            check_regular(file, "checkpoint file")
         if verify:
             verify_files(files[0].parent, files)
         self.paths = files
@@ -290,7 +292,7 @@ class Checkpoint:
         self.files: dict[str, SafetensorsFile] = {}  # tensors that can be read with pread
         self.mapped_files: dict[Path, Any] = {}  # read-only mappings of file-backed tables (runtime.filemap)
         for file in files:
-            if file.suffix == ".safetensors":
+            if _is_safetensors(file):
                 st = SafetensorsFile(file)
                 for name, entry in st.entries.items():
                     self._add(name, file, entry.shape, entry.dtype, functools.partial(st.tensor, name))

@@ -52,3 +52,33 @@ def test_load_deployment_arguments() -> None:
     with pytest.raises(ConfigError, match=r"env: expected a mapping"):
         load_deployment({}, env="ENGRAM_CPU_OFFLOAD=1")  # type: ignore[arg-type]
     assert load_deployment({"engram": {"cpu_offload": False}}, env={}).engram.cpu_offload is False
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"engram_json": '{"cpu_offload": false}'}, "engram_json: expected a list of JSON texts; got str"),
+        ({"engram_json": [{"cpu_offload": False}]}, "engram_json: each item is a JSON object text; got dict"),
+        ({"engram_json": 5}, "engram_json: expected a list of JSON texts; got int"),
+        (
+            {"overrides": ["cpu_offload=false"]},
+            "overrides: each override is a (flag, field, value) tuple of strings; got str",
+        ),
+        (
+            {"overrides": [("--x", "cpu_offload")]},
+            "overrides: each override is a (flag, field, value) tuple of strings; got tuple",
+        ),
+        ({"overrides": "cpu_offload=false"}, "overrides: expected a list of (flag, field, value) tuples; got str"),
+        ({"flags": {"parallel": 2}}, "flags: expected a mapping from pointers (tuples of strings) to values"),
+        ({"flags": [("parallel",)]}, "flags: expected a mapping from pointers (tuples of strings) to values"),
+    ],
+)
+def test_load_deployment_list_arguments_are_typed(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_deployment({}, env={}, **kwargs)
+    assert [(p.path, p.rule, p.message) for p in exc.value.errors] == [("", "argument", message)]
+    flag = ("--engram-config.cpu_offload", "cpu_offload", "false")
+    assert (
+        load_deployment({}, env={}, engram_json=['{"file_backed": false}'], overrides=[flag]).engram.cpu_offload
+        is False
+    )

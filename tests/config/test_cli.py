@@ -239,3 +239,17 @@ def test_model_config_from_a_file(capsys: pytest.CaptureFixture[str], tmp_path: 
         and err
         == f"error: /model/hf_text_config: cannot read --model-config {str(tmp_path / 'missing.json')!r}: No such file or directory [source]\n"
     )
+
+
+def test_control_characters_from_the_input_are_printed_escaped(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A key can neither clear the screen nor forge a line of engram's own output."""
+    path = tmp_path / "hostile.json"
+    path.write_text(json.dumps({"engram": {"x\x1b[2J\nerror: all good\u202e": True}}))
+    assert main(["validate", str(path)]) == 2
+    assert capsys.readouterr().err == (
+        "error: /engram/x\\x1b[2J\\nerror: all good\\u202e: unknown field 'x\\x1b[2J\\nerror: all good\\u202e'; "
+        "known fields: cpu_offload, embedding_across_dp, dp_shared_memory, thp_packing, file_backed, "
+        "device_cache_bytes [unknown-field]\n"
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -88,3 +89,21 @@ def test_layout_qwen_text(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0
     assert "table ple.embed: 320,001,536 rows, 51,200,245,760 bytes" in out
     assert "primes 20000003..20000171 (16)" in out
+
+
+def test_ngram_text_that_is_not_utf8(capsys: pytest.CaptureFixture[str]) -> None:
+    """Bytes the locale could not decode reach argv as lone surrogates: a one-line error, no traceback."""
+    assert main(["ngram", "--preset", "deepseek-v4.1-flash", "--text", "ab\udcff\udcfe"]) == 2
+    assert capsys.readouterr().err == "error: --text is not valid UTF-8; pass UTF-8 text, or token ids with --ids\n"
+
+
+def test_profile_out_checked_before_the_work(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["profile", "--preset", "tiny", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (
+        f"error: --out {tmp_path} is a directory; name a file, e.g. {tmp_path / 'hot.safetensors'}\n"
+    )
+    missing = tmp_path / "no" / "hot.safetensors"
+    assert main(["profile", "--preset", "tiny", "--out", str(missing)]) == 2
+    assert capsys.readouterr().err == (
+        f"error: --out {missing}: the directory {missing.parent} does not exist; create it or choose another\n"
+    )

@@ -3,6 +3,7 @@ DEAD_ID, rows of other shards, ids outside the table), and built from an `engram
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +60,26 @@ def test_profile_errors(tmp_path: Path) -> None:
         caches_for([shard], {}, 1 << 20, "cpu")
     with pytest.raises(EngramError, match="lists a row twice"):
         build_cache(shard, torch.tensor([3, 3]), 1 << 20, "cpu")
-    with pytest.raises(EngramError, match="cannot read the profile"):
-        read_profile(tmp_path / "missing.safetensors")
+    missing = tmp_path / "missing.safetensors"
+    with pytest.raises(EngramError) as raised:
+        read_profile(missing)
+    assert str(raised.value) == f"the profile {missing} cannot be read: No such file or directory (a dangling link?)"
+
+
+def test_a_corrupt_profile_or_a_fifo_is_a_one_line_error(tmp_path: Path) -> None:
+    """A profile whose header is garbage raises EngramError (not safetensors' own error), and a FIFO is
+    refused before it is opened (opening it would wait for a writer forever)."""
+    corrupt = tmp_path / "corrupt.safetensors"
+    corrupt.write_bytes((40).to_bytes(8, "little") + b"{" + b"\xff" * 39)
+    with pytest.raises(EngramError) as raised:
+        read_profile(corrupt)
+    assert str(raised.value).startswith(f"cannot read the profile {corrupt}: ")
+    assert str(raised.value).endswith("; write one with `engram profile --out`")
+    fifo = tmp_path / "profile.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(EngramError) as raised:
+        read_profile(fifo)
+    assert str(raised.value) == f"the profile {fifo} is a FIFO; it must be a regular file"
 
 
 @pytest.mark.slow

@@ -216,8 +216,51 @@ def test_opt_in_sha256_verification(tmp_path: Path, capsys: pytest.CaptureFixtur
         f"error: {tmp_path / 'model.safetensors'}: sha256 differs from {tmp_path / 'SHA256SUMS'}: the file changed or is corrupt\n"
     )
     (tmp_path / "SHA256SUMS").unlink()
-    with pytest.raises(EngramError, match=r"no readable SHA256SUMS there .*sha256sum \* > SHA256SUMS"):
+    with pytest.raises(EngramError, match=r"no SHA256SUMS there; write one with `sha256sum \* > SHA256SUMS`"):
         Checkpoint(tmp_path, verify=True)
     (tmp_path / "SHA256SUMS").write_text("not a digest line\n")
     with pytest.raises(EngramError, match=r"SHA256SUMS:1: not a '<sha256>  <file>' line"):
         Checkpoint(tmp_path, verify=True)
+
+
+def test_a_header_whose_dtype_is_not_a_string(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    header = b'{"a.weight": {"dtype": ["F32"], "shape": [2, 2], "data_offsets": [0, 16]}}'
+    path = raw_safetensors(tmp_path / "m.safetensors", header, bytes(16))
+    assert main(["check-checkpoint", str(path)]) == 2
+    assert capsys.readouterr().err == f"error: {path}: tensor 'a.weight': unsupported dtype ['F32']\n"
+
+
+@pytest.mark.parametrize("manifest", ["binary", "fifo", "directory", "huge"])
+def test_a_manifest_that_is_no_text_file_is_a_one_line_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], manifest: str
+) -> None:
+    assert main(["make-checkpoint", "--preset", "tiny", "--out", str(tmp_path)]) == 0
+    path = tmp_path / "SHA256SUMS"
+    path.unlink()
+    expected = {
+        "binary": f"the manifest {path} is not UTF-8 text (byte 0); write it again",
+        "fifo": f"the manifest {path} is a FIFO; it must be a regular file",
+        "directory": f"the manifest {path} is a directory; it must be a regular file",
+        "huge": f"the manifest {path} is larger than 1,048,576 bytes; it cannot be the file engram expects",
+    }[manifest]
+    if manifest == "binary":
+        path.write_bytes(b"\xff\xfe digest")
+    elif manifest == "fifo":
+        os.mkfifo(path)  # reading it would wait for a writer forever
+    elif manifest == "directory":
+        path.mkdir()
+    else:
+        path.write_bytes(b"0" * ((1 << 20) + 1))
+    capsys.readouterr()
+    assert main(["check-checkpoint", str(tmp_path), "--verify"]) == 2
+    assert capsys.readouterr().err == f"error: {expected}\n"
+
+
+def test_a_safetensors_file_named_otherwise_is_read_as_safetensors(tmp_path: Path) -> None:
+    weights = {"a.weight": torch.arange(12, dtype=torch.float32).view(3, 4)}
+    save_file(weights, str(tmp_path / "model.weights"))
+    checkpoint = Checkpoint(tmp_path / "model.weights")
+    assert torch.equal(checkpoint.sources["a.weight"](), weights["a.weight"])
+    assert set(checkpoint.files) == {"a.weight"}  # read in place, as any safetensors file
+    torch.save(weights, tmp_path / "model.ckpt")
+    assert torch.equal(Checkpoint(tmp_path / "model.ckpt").sources["a.weight"](), weights["a.weight"])
