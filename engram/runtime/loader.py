@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import os
 import pickle
+import threading
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -250,6 +251,16 @@ def _pt_tensors(path: Path) -> dict[str, torch.Tensor]:
     return loaded
 
 
+class Progress(tqdm):  # type: ignore[misc]
+    """tqdm with a thread lock of its own. tqdm's default lock includes a multiprocessing RLock, which in a
+    spawned process (every replica) is a named POSIX semaphore, /dev/shm/sem.mp-*, removed only by
+    multiprocessing's resource tracker at exit: a process group killed with SIGKILL (tracker included)
+    left one per replica behind. A bar is only ever updated by the thread that made it."""
+
+
+Progress.set_lock(threading.RLock())
+
+
 def _is_safetensors(file: Path) -> bool:
     """By its suffix, or for a file named otherwise, by its first bytes: an 8-byte header length, then the
     header's '{' (a .pt file is a zip archive or a pickle)."""
@@ -388,7 +399,7 @@ def load_shards(
     total = sum(s.format.nbytes for s in shards) if writer else 0
     copied = 0
     bar_options = {"unit": "B", "unit_scale": True, "unit_divisor": 1024, "desc": "engram tables", "delay": 1.0}
-    with tqdm(total=total, disable=not (progress and writer), **bar_options) as bar:
+    with Progress(total=total, disable=not (progress and writer), **bar_options) as bar:
 
         def count(n: int) -> None:
             bar.update(n)

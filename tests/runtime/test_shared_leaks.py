@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -154,3 +155,55 @@ def test_an_unusable_shm_dir_is_one_line(tmp_path: Path, monkeypatch: pytest.Mon
             or "cannot create" in outcome.error
         )
         assert "ENGRAM_SHM_DIR" in outcome.error
+
+
+BAR_CHILD = """
+import multiprocessing as mp, sys, time
+
+def replica(kind):
+    if kind == "engram":
+        from engram.runtime.loader import Progress as bar
+    else:
+        from tqdm import tqdm as bar
+    with bar(total=1, disable=True):
+        print("ready", flush=True)
+        time.sleep(60)
+
+if __name__ == "__main__":
+    child = mp.get_context("spawn").Process(target=replica, args=(sys.argv[1],))
+    child.start()
+    child.join()
+"""
+
+
+def semaphores() -> set[str]:
+    return {f for f in os.listdir("/dev/shm") if f.startswith("sem.")}
+
+
+@pytest.mark.parametrize("kind, leaks", [("engram", False), ("tqdm", True)])
+def test_a_killed_replica_with_a_progress_bar_leaves_no_semaphore(tmp_path: Path, kind: str, leaks: bool) -> None:
+    """`kill -9` of a whole process group (multiprocessing's resource tracker included) while a spawned
+    replica holds a progress bar: tqdm's own lock leaves /dev/shm/sem.mp-* behind, the loader's does not."""
+    before = semaphores()
+    root = Path(__file__).resolve().parents[2]
+    script = tmp_path / "bar_child.py"
+    script.write_text(BAR_CHILD)
+    process = subprocess.Popen(
+        [sys.executable, str(script), kind],
+        stdout=subprocess.PIPE, text=True, start_new_session=True, cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None and process.stdout.readline() == "ready\n"
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+        time.sleep(0.5)  # the group's processes are gone once the kernel has reaped them
+        left = semaphores() - before
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+        process.stdout.close()  # type: ignore[union-attr]
+    for name in left:
+        os.unlink(f"/dev/shm/{name}")  # the baseline's leak, cleaned up
+    assert bool(left) is leaks, left
