@@ -1,6 +1,8 @@
 """How Zipfian are a model's n-gram ids on real text? Hash a corpus with the preset's real hasher and
-measure, per table and per n-gram order: the share of lookups the most frequent 0.1/1/5/10% of the
-order's rows take; the repeat rate within a batch (prefill and decode shapes); and the hit rate of a
+measure, per table and per n-gram order: how many distinct rows the sample touched, and the share of
+lookups the most frequent 0.1/1/5/10% of those take (over the rows touched, not the order's rows: a sample
+smaller than the table touches few of them, and the top 1% of a table's rows would then take every lookup
+whatever the text); the repeat rate within a batch (prefill and decode shapes); and the hit rate of a
 device cache of a given byte size whose hot set is chosen on one part of the corpus and measured on the
 held-out part, so the figure is honest. The hot rows per table, with their counts, go to a profile file
 (safetensors) that a device cache can be loaded from."""
@@ -30,6 +32,7 @@ class TableProfile:
     rows: int
     row_bytes: int
     top_share: dict[str, dict[str, float]] = field(default_factory=dict)  # order -> "top 1%" -> share
+    rows_seen: dict[str, int] = field(default_factory=dict)  # order -> distinct rows the fit sample touched
     repeat_rate: dict[str, float] = field(default_factory=dict)  # batch shape -> 1 - distinct / lookups
     hit_rate: dict[int, float] = field(default_factory=dict)  # cache bytes -> held-out hit rate
     hot_rows: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
@@ -43,12 +46,12 @@ def _ids(spec: ModelSpec, tokens: torch.Tensor) -> torch.Tensor:
     return rows
 
 
-def top_share(counts: torch.Tensor, rows: int, share: float) -> float:
-    """The share of lookups that the most frequent `share` of `rows` rows take (counts: of seen rows)."""
+def top_share(counts: torch.Tensor, share: float) -> float:
+    """The share of lookups that the most frequent `share` of the rows seen take (counts: one per row seen)."""
     total = int(counts.sum())
     if total == 0:
         return 0.0
-    k = max(1, int(rows * share))
+    k = max(1, int(counts.numel() * share))
     return float(torch.sort(counts, descending=True).values[:k].sum()) / total
 
 
@@ -86,11 +89,10 @@ def profile_tables(
         result = TableProfile(name, layout.table_rows[table], row_bytes)
         for n in range(2, layout.max_ngram + 1):
             columns = slice((n - 2) * heads, (n - 1) * heads)
-            rows_of_order = int(layout.primes[layers[0], n - 2].sum())
             _, order_counts = torch.unique(fit_rows[:, layers, columns].reshape(-1), return_counts=True)
+            result.rows_seen[str(n)] = order_counts.numel()
             result.top_share[str(n)] = {
-                f"top {share:.1%}".replace(".0%", "%"): top_share(order_counts, rows_of_order, share)
-                for share in TOP_SHARES
+                f"top {share:.1%}".replace(".0%", "%"): top_share(order_counts, share) for share in TOP_SHARES
             }
         for shape, batch in BATCHES.items():
             result.repeat_rate[shape] = repeat_rate(fit_rows[:, layers].reshape(fit_rows.shape[0], -1), batch)
@@ -112,6 +114,7 @@ def summary(spec: ModelSpec, profiles: list[TableProfile], fit_tokens: int, held
                 "table": p.table,
                 "rows": p.rows,
                 "row_bytes": p.row_bytes,
+                "rows_seen_by_order": p.rows_seen,
                 "top_share_by_order": p.top_share,
                 "repeat_rate": p.repeat_rate,
                 "hit_rate_by_cache_bytes": {str(k): v for k, v in p.hit_rate.items()},

@@ -66,16 +66,17 @@ def run(args: argparse.Namespace) -> int:
     )
     for table in report["tables"]:
         print(f"  {table['table']}: {table['rows']:,} rows of {table['row_bytes']} B")
-        for order, shares in table["top_share_by_order"].items():
-            print(
-                f"    {order}-grams: "
-                + ", ".join(f"the {k} of rows take {v:.1%} of lookups" for k, v in shares.items())
-            )
-        print("    repeats within a batch: " + ", ".join(f"{k} {v:.1%}" for k, v in table["repeat_rate"].items()))
         for size, rate in table["hit_rate_by_cache_bytes"].items():
             share = table["cache_share_of_table"][size]
             print(
                 f"    device cache of {int(size) / GIB:.2f} GiB ({share:.1%} of the table): {rate:.1%} of held-out lookups hit"
+            )
+        print("    repeats within a batch: " + ", ".join(f"{k} {v:.1%}" for k, v in table["repeat_rate"].items()))
+        for order, shares in table["top_share_by_order"].items():
+            tops = " / ".join(k.removeprefix("top ").removesuffix("%") for k in shares)
+            print(
+                f"    {order}-grams: {table['rows_seen_by_order'][order]:,} distinct rows seen; the hottest {tops}% "
+                f"of them take {' / '.join(f'{v:.1%}' for v in shares.values())} of lookups"
             )
     if args.out:
         print(f"profile: {args.out}")

@@ -7,6 +7,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from safetensors import safe_open
 
@@ -43,9 +44,9 @@ def test_profile_counts_and_rates_are_exact(tmp_path: Path) -> None:
         heads = TINY.layout.heads
         for n in range(2, TINY.max_ngram + 1):
             order = Counter(fit_rows[:, layer, (n - 2) * heads : (n - 1) * heads].reshape(-1).tolist())
-            rows = int(TINY.layout.primes[layer, n - 2].sum())
+            assert profile.rows_seen[str(n)] == len(order)  # shares are of the rows the sample touched
             for label, share in (("top 1%", 0.01), ("top 10%", 0.1)):
-                k = max(1, int(rows * share))
+                k = max(1, int(len(order) * share))
                 want = sum(sorted(order.values(), reverse=True)[:k]) / sum(order.values())
                 assert abs(profile.top_share[str(n)][label] - want) < 1e-9
         flat = fit_rows[:, layer]
@@ -61,8 +62,10 @@ def test_profile_counts_and_rates_are_exact(tmp_path: Path) -> None:
 
 
 def test_rate_helpers() -> None:
-    assert top_share(torch.tensor([5, 3, 1, 1]), rows=100, share=0.02) == 0.8
-    assert top_share(torch.tensor([], dtype=torch.int64), rows=10, share=0.5) == 0.0
+    assert top_share(torch.tensor([5, 3, 1, 1]), share=0.5) == 0.8
+    assert top_share(torch.tensor([5, 3, 1, 1]), share=0.02) == 0.5  # at least the hottest row
+    assert top_share(torch.tensor([1] * 200), share=0.01) == 0.01  # uniform text: 1% of rows, 1% of lookups
+    assert top_share(torch.tensor([], dtype=torch.int64), share=0.5) == 0.0
     assert repeat_rate(torch.tensor([[1, 1], [2, 3], [4, 4], [4, 4]]), 2) == (0.25 + 0.75) / 2
     assert hit_rate(torch.tensor([1, 2]), torch.tensor([1, 3, 2, 2])) == 0.75
 
@@ -80,3 +83,26 @@ def test_profile_command(tiny_profile: tuple[dict[str, Any], Path, Path], capsys
         capsys.readouterr().err
         == "error: --tokens must be at least 8192 (one prefill batch) and --held-out-tokens at least 256\n"
     )  # type: ignore[attr-defined]
+
+
+def test_profile_text_leads_with_the_held_out_hit_rates(
+    tiny_profile: tuple[dict[str, Any], Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Per table the held-out hit rates come first; concentration is over the rows the sample touched."""
+    from engram.cli import main
+
+    report = tiny_profile[0]
+    assert main(["profile", "--preset", "tiny", "--tokens", "8192", "--held-out-tokens", "2000"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for table in report["tables"]:
+        at = lines.index(f"  {table['table']}: {table['rows']:,} rows of {table['row_bytes']} B")
+        caches = len(table["hit_rate_by_cache_bytes"])
+        assert all(line.startswith("    device cache of ") for line in lines[at + 1 : at + 1 + caches])
+        for offset, (order, shares) in enumerate(table["top_share_by_order"].items()):
+            seen = table["rows_seen_by_order"][order]
+            assert 0 < seen <= table["rows"]
+            assert lines[at + 2 + caches + offset] == (
+                f"    {order}-grams: {seen:,} distinct rows seen; the hottest 0.1 / 1 / 5 / 10% of them take "
+                + " / ".join(f"{v:.1%}" for v in shares.values())
+                + " of lookups"
+            )
