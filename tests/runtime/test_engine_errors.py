@@ -106,3 +106,15 @@ def test_cpu_tables_never_touch_the_gpu_flags(flag: torch.Tensor) -> None:
     flag[0] = 1
     tables.check_errors()  # CPU lookups raise at once; the GPU's flag is not theirs
     assert flag[0] == 1
+
+
+def test_release_waits_for_the_gpu_before_unmapping(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prefetch in flight reads the tables: the GPU is synchronised before any shard is released."""
+    tables = gpu_tables()
+    events: list[str] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: events.append(f"synchronize {device}"))
+    shard = tables.shards[0]
+    release = shard.release
+    monkeypatch.setattr(shard, "release", lambda: (events.append("release"), release())[1])
+    tables.release()
+    assert events == ["synchronize cuda:0", "release"] and tables.layers == []
