@@ -4,7 +4,7 @@ custom-op dispatch, the argument checks and the id preparation. Beside it, in th
 aten op on the same ids (torch.index_select into a kept buffer, the floor of any op dispatch), and the two
 pieces the CUDA launch adds on top of the CPU path: the registered-memory check of a host table
 (registration.is_registered) and the 16-argument ctypes call (into a stub library with the same C ABI,
-tests/kernels/stub_kernels.c). Target: at most 30 us for the GPU call.
+tests/ops/stub_cuda.c). Target: at most 30 us for the GPU call.
 Run: python benchmarks/bench_host_time.py [--json]
 """
 
@@ -18,22 +18,22 @@ from pathlib import Path
 import torch
 from _timing import median_seconds, print_table
 
-from engram import kernels, ops
-from engram._build import build_library
+from engram.apps.presets import get_preset
+from engram.memory import registration
 from engram.memory.mapping import map_anonymous
-from engram.presets import get_preset
-from engram.runtime import registration
+from engram.ops import cuda, gather
+from engram.ops.build import build_library
 from engram.runtime.embedding import EngramEmbedding
+from engram.runtime.placement.storage import ShardFormat, allocate
 from engram.runtime.plan import TableShardPlan
-from engram.runtime.storage import ShardFormat, allocate
 
 TOKENS = 64
-STUB = Path(__file__).resolve().parent.parent / "tests" / "kernels" / "stub_kernels.c"
+STUB = Path(__file__).resolve().parent.parent / "tests" / "ops" / "stub_cuda.c"
 
 
 def stub_library() -> ctypes.CDLL:
     path = build_library("engram_stub", [STUB], "cc", ["-O1", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror"])
-    return kernels.load(path)
+    return cuda.load(path)
 
 
 class AlwaysRegistered:
@@ -75,13 +75,13 @@ def main() -> None:
     kept = torch.empty((flat.numel(), dim), dtype=torch.uint8)
     raw = shard.weight.view(torch.uint8)
 
-    real = ops.LAUNCHERS["cpu"]
-    ops.LAUNCHERS["cpu"] = lambda *a: None  # the kernel stubbed: host work only
+    real = gather.LAUNCHERS["cpu"]
+    gather.LAUNCHERS["cpu"] = lambda *a: None  # the kernel stubbed: host work only
     try:
         kept_us = median_seconds(lambda: layer(ids, out=out), number=2000) * 1e6
         fresh_us = median_seconds(lambda: layer(ids), number=2000) * 1e6
     finally:
-        ops.LAUNCHERS["cpu"] = real
+        gather.LAUNCHERS["cpu"] = real
     aten_us = median_seconds(lambda: torch.index_select(raw, 0, flat, out=kept), number=2000) * 1e6
 
     mapping = map_anonymous(1 << 20, kind="pinned")

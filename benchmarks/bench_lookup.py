@@ -6,7 +6,7 @@ each call, as they do in use (engram asks for huge pages for large outputs, whic
 
 Then the sorted, deduplicated gather against the plain one, both into kept buffers, from one fp8 table of
 V4.1 rows (256 B + 8 B of scales) of --sorted-table-gb (default 4 GiB), for uniform ids and for the n-gram
-ids of real text (engram.corpus: the Python standard library's code and docstrings and English man pages,
+ids of real text (engram.apps.corpus: the Python standard library's code and docstrings and English man pages,
 tokenized with the DeepSeek V4 tokenizer), at a decode shape (256 tokens x 24 heads) and a prefill shape
 (8,192 tokens x 24 heads).
 Run: python benchmarks/bench_lookup.py [--json] [--skip-plain]
@@ -21,12 +21,12 @@ import json
 import torch
 from _timing import median_seconds, print_table
 
-from engram.corpus import load_corpus, text_rows
+from engram.apps.corpus import load_corpus, text_rows
+from engram.apps.presets import scaled_preset
 from engram.ops import gather_into
-from engram.presets import scaled_preset
 from engram.runtime.embedding import EngramEmbedding
+from engram.runtime.placement.storage import ShardFormat, allocate
 from engram.runtime.plan import TableShardPlan
-from engram.runtime.storage import ShardFormat, allocate
 
 COLUMNS = 16
 

@@ -11,8 +11,8 @@ import numpy as np
 import torch
 from _timing import median_seconds, print_table
 
+from engram.apps.presets import get_preset
 from engram.ngram.layout import Layout
-from engram.presets import get_preset
 
 
 def numpy_demo(layout: Layout, x: np.ndarray, pad: int) -> np.ndarray:

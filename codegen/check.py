@@ -12,7 +12,7 @@ import jsonschema
 from codegen.index import SchemaIndex
 from codegen.load import SchemaError
 from codegen.validators import is_rule
-from engram._regex import is_pattern
+from engram.validation.patterns import is_pattern
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 # Every keyword of the 2020-12 core, applicator, unevaluated, validation, meta-data, format-annotation

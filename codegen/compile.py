@@ -194,7 +194,7 @@ def _attr_rules(struct: str, schema: dict[str, Any]) -> str:
     """Rules of one struct evaluated on its resolved instance: every field is present, so the
     JSON presence tests fall away and each rule is a few attribute reads (the fast path)."""
     lines = [
-        f"def check_{struct}_rules(c: {struct}, path: str, out: list[Problem]) -> None:",
+        f"def check_{struct}_rules(c: Any, path: str, out: list[Problem]) -> None:",
         f'    """The if/then rules of {struct}, on a resolved instance."""',
     ]
     for sub in schema["allOf"]:

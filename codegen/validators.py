@@ -19,7 +19,7 @@ from urllib.parse import urldefrag
 
 from codegen.index import SchemaIndex, escape, unescape
 from codegen.load import SchemaError
-from engram._formats import CHECKS as FORMAT_CHECKS
+from engram.validation.formats import CHECKS as FORMAT_CHECKS
 
 TYPE_TESTS = {
     "object": "isinstance(v, dict)",
@@ -41,7 +41,7 @@ TYPE_NAMES = {
 }
 # Helpers the generated code may call, and where they live.
 HELPERS = {
-    "engram._json": (
+    "engram.validation.json_values": (
         "_at",
         "_details",
         "_escape",
@@ -53,8 +53,8 @@ HELPERS = {
         "_shown",
         "_unique",
     ),
-    "engram._regex": ("compile_pattern",),
-    "engram._formats": ("format_check",),
+    "engram.validation.patterns": ("compile_pattern",),
+    "engram.validation.formats": ("format_check",),
 }
 
 

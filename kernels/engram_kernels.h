@@ -1,5 +1,5 @@
 /* The C ABI of engram's kernels: raw pointers, sizes, an explicit stream for the CUDA entry points, and an
- * error code back (never an exception or an abort). Python loads it with ctypes (engram/kernels.py). */
+ * error code back (never an exception or an abort). Python loads it with ctypes (engram/ops/cuda.py). */
 #ifndef ENGRAM_KERNELS_H
 #define ENGRAM_KERNELS_H
 
@@ -74,7 +74,7 @@ int engram_ngram_hash_cuda(const int64_t* ext, const int64_t* start, int64_t tok
                            const int64_t* offsets, int64_t layers, int64_t max_ngram, int64_t heads, int64_t fill,
                            int64_t* out, void* stream);
 
-/* Host registration for UVA (engram/runtime/registration.py), each returning the cudaError_t. */
+/* Host registration for UVA (engram/memory/registration.py), each returning the cudaError_t. */
 int engram_host_register(void* host, uint64_t size, unsigned int flags);
 int engram_host_unregister(void* host);
 int engram_host_get_device_pointer(void** device, void* host);

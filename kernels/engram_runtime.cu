@@ -1,5 +1,5 @@
 // The CUDA runtime calls the Python side needs, behind the C ABI: launch error bookkeeping, and host
-// registration for UVA (engram/runtime/registration.py checks every code these return).
+// registration for UVA (engram/memory/registration.py checks every code these return).
 #include <cuda_runtime.h>
 
 #include "engram_kernels.h"

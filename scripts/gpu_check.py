@@ -43,15 +43,14 @@ from typing import Any
 
 import torch
 
-from engram import kernels
+from engram.apps.corpus import Corpus, load_corpus, text_rows
+from engram.apps.presets import get_preset, scaled_preset
 from engram.config import validate_deployment
-from engram.corpus import Corpus, load_corpus, text_rows
 from engram.errors import EngramError
-from engram.ops import gather, gather_into, gather_reference, kernel_ids, use_sorted
-from engram.presets import get_preset, scaled_preset
+from engram.ops import cuda, gather, gather_into, gather_reference, kernel_ids, use_sorted
 from engram.runtime.embedding import EngramEmbedding
+from engram.runtime.placement.storage import Placement, ShardFormat, TableShard, allocate
 from engram.runtime.plan import TableShardPlan
-from engram.runtime.storage import Placement, ShardFormat, TableShard, allocate
 
 POISON = 0xA5
 # (name, table dtype, dim, output dtype): the row formats of the checks and the benchmark
@@ -206,7 +205,7 @@ def fill_random(shard: TableShard, seed: int) -> None:
 
 
 def make_shard(
-    dtype: str, dim: int, rows: int, placement: Placement, runtime: kernels.LibraryRuntime, row_start: int = 0
+    dtype: str, dim: int, rows: int, placement: Placement, runtime: cuda.LibraryRuntime, row_start: int = 0
 ) -> TableShard:
     return allocate(
         "check",
@@ -227,10 +226,10 @@ def launch_gather(
     flag: torch.Tensor,
     dedup: bool = False,
 ) -> None:
-    """The kernel through its C ABI (kernels.gather_cuda), with a flag of the check's own, past the op's
+    """The kernel through its C ABI (cuda.gather_cuda), with a flag of the check's own, past the op's
     argument checks."""
     flat, order, leader = kernel_ids(ids, dedup)
-    kernels.gather_cuda(library, shard.weight, shard.scale, flat, order, leader, shard.row_start, table_rows, out, flag)
+    cuda.gather_cuda(library, shard.weight, shard.scale, flat, order, leader, shard.row_start, table_rows, out, flag)
 
 
 BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -249,7 +248,7 @@ def same_bits(got: torch.Tensor, want: torch.Tensor) -> bool:
 
 
 def check_gather(
-    library: ctypes.CDLL, runtime: kernels.LibraryRuntime, name: str, placement: Placement, dedup: bool = False
+    library: ctypes.CDLL, runtime: cuda.LibraryRuntime, name: str, placement: Placement, dedup: bool = False
 ) -> dict[str, Any]:
     _, dtype, dim, out_dtype = next(f for f in FORMATS if f[0] == name)
     rows, row_start, table_rows = 5000, 1000, 8000
@@ -301,7 +300,7 @@ def raised(fn: Callable[[], object]) -> str:
 ROW_FLAG = "a gather on cuda:{} was given a row id outside its table (it read zeros instead)"
 
 
-def check_op_paths(runtime: kernels.LibraryRuntime) -> dict[str, Any]:
+def check_op_paths(runtime: cuda.LibraryRuntime) -> dict[str, Any]:
     """Exact comparisons of what the raw kernel checks do not reach, through the ops on a pinned fp8 table:
     e8m0 scale bytes 0 (2^-127) and 0xFF (NaN) against the reference; a grid capped by limit_blocks, the
     device cache of hot rows and prefetched rows, each against the plain eager rows; and the pinned error
@@ -322,9 +321,9 @@ def check_op_paths(runtime: kernels.LibraryRuntime) -> dict[str, Any]:
         ids[:5] = torch.arange(80).view(5, columns)  # the rows with extreme scales
         want = gather_reference(shard.weight.cpu(), shard.scale.cpu(), ids, 0, rows, torch.bfloat16)
         on_gpu = ids.cuda()
-        before = raised(kernels.check_error_flags)
+        before = raised(cuda.check_error_flags)
         plain = gather(shard.weight, shard.scale, on_gpu, 0, rows, torch.bfloat16)
-        with kernels.limit_blocks(1):
+        with cuda.limit_blocks(1):
             capped = gather(shard.weight, shard.scale, on_gpu, 0, rows, torch.bfloat16)
         hot = torch.unique(ids[ids >= 0])[:1000]
         cache = build_cache(shard, hot, hot.numel() * shard.format.row_bytes, "cuda")
@@ -334,15 +333,15 @@ def check_op_paths(runtime: kernels.LibraryRuntime) -> dict[str, Any]:
         eager = layer(on_gpu)
         prefetched = prefetch_on(torch.cuda.Stream(), lambda: [layer(on_gpu)], sm_share=0.25).take(0)  # type: ignore[no-untyped-call]
         torch.cuda.synchronize()
-        clean = raised(kernels.check_error_flags)
+        clean = raised(cuda.check_error_flags)
         bad = on_gpu.clone()
         bad[3, 7] = rows
         gather(shard.weight, shard.scale, bad, 0, rows, torch.bfloat16)
         torch.cuda.synchronize()
-        gathered_bad = raised(kernels.check_error_flags)
+        gathered_bad = raised(cuda.check_error_flags)
         gather(shard.weight, shard.scale, on_gpu[:, :8], 0, rows, torch.bfloat16, False, bad)
         torch.cuda.synchronize()
-        checked_bad = raised(kernels.check_error_flags)
+        checked_bad = raised(cuda.check_error_flags)
     finally:
         shard.release()
     results = {
@@ -369,7 +368,7 @@ def check_hash(preset: str) -> dict[str, Any]:
     chunked, state = hasher.hash_with_state(ids[:50_000].cuda(), dead[:50_000].cuda())
     rest, _ = hasher.hash_with_state(ids[50_000:].cuda(), dead[50_000:].cuda(), state)
     whole, pieces = same_bits(got, want), same_bits(torch.cat([chunked, rest]), want)
-    raised(kernels.check_error_flags)  # start clean
+    raised(cuda.check_error_flags)  # start clean
     bad = ids[:100].cuda()
     bad[3] = spec.vocab  # outside the vocabulary: flagged, no sync, no exception in the call
     hasher.hash(bad)
@@ -378,7 +377,7 @@ def check_hash(preset: str) -> dict[str, Any]:
         f"the n-gram hash on cuda:{torch.cuda.current_device()} was given a compressed token id outside the "
         "vocabulary (its row ids are meaningless); compress raw token ids first"
     )
-    flagged = raised(kernels.check_error_flags) == expected
+    flagged = raised(cuda.check_error_flags) == expected
     return {"ok": whole and pieces and flagged, "whole": whole, "chunked": pieces, "bad token flagged": flagged}
 
 
@@ -398,7 +397,7 @@ def check_placement(
 ) -> dict[str, Any]:
     """The demo's replicas on `device` with this placement: lookups equal the CPU reference bit for bit,
     and every extra check passes (or says why this rank cannot run it, e.g. graphs with collectives)."""
-    from engram.demo import run_demo  # imports the launcher; the kernel-only stages do not need it
+    from engram.apps.demo import run_demo  # imports the launcher; the kernel-only stages do not need it
 
     deployment = validate_deployment(
         {
@@ -450,7 +449,7 @@ def step_time(shape: str, fn: Callable[[], object]) -> float:
 
 
 def bench_formats(
-    library: ctypes.CDLL, runtime: kernels.LibraryRuntime, table_gib: float, ceilings: dict[str, float]
+    library: ctypes.CDLL, runtime: cuda.LibraryRuntime, table_gib: float, ceilings: dict[str, float]
 ) -> list[dict[str, Any]]:
     """The kernels' raw reach: 1M uniform lookups of three row formats, pinned host and device tables."""
     rows_out: list[dict[str, Any]] = []
@@ -500,7 +499,7 @@ def bench_row(
 
 
 def v41_table(
-    table_gib: float, runtime: kernels.LibraryRuntime, placement: Placement = "pinned"
+    table_gib: float, runtime: cuda.LibraryRuntime, placement: Placement = "pinned"
 ) -> tuple[Any, TableShard]:
     """Layer 0's table of V4.1 scaled to `table_gib` (fp8 rows of 256 + 8 bytes of scales), random."""
     spec = scaled_preset("deepseek-v4.1-flash", int(2 * table_gib * 2**30))
@@ -518,7 +517,7 @@ def id_batches(spec: Any, rows: int, corpus: torch.Tensor | None, tokens: int) -
 
 
 def bench_sorted(
-    runtime: kernels.LibraryRuntime, table_gib: float, corpus: torch.Tensor | None, ceilings: dict[str, float]
+    runtime: cuda.LibraryRuntime, table_gib: float, corpus: torch.Tensor | None, ceilings: dict[str, float]
 ) -> list[dict[str, Any]]:
     """Effective GB/s (row bytes delivered / time) of the plain and the sorted gather through the op (the
     sort included), V4.1 rows, uniform and real-text ids, decode and prefill shapes."""
@@ -549,7 +548,7 @@ def bench_sorted(
         torch.cuda.empty_cache()
 
 
-def bench_host_time(runtime: kernels.LibraryRuntime) -> list[dict[str, Any]]:
+def bench_host_time(runtime: cuda.LibraryRuntime) -> list[dict[str, Any]]:
     """Host time of one eager layer call at 64 tokens (no sync in the call: the GPU runs behind), and
     the same step replayed from a CUDA graph."""
     spec, shard = v41_table(1.0, runtime)
@@ -578,7 +577,7 @@ def bench_host_time(runtime: kernels.LibraryRuntime) -> list[dict[str, Any]]:
         shard.release()
 
 
-def bench_prefetch(runtime: kernels.LibraryRuntime, table_gib: float) -> list[dict[str, Any]]:
+def bench_prefetch(runtime: cuda.LibraryRuntime, table_gib: float) -> list[dict[str, Any]]:
     """A decode step of a stand-in model (per layer a bf16 matmul of about a millisecond) with and without
     the step's V4.1 lookups (2 layers, 256 tokens) prefetched beside it: the target is at most 1.05x."""
     from engram.runtime.engine import prefetch_on
@@ -620,7 +619,7 @@ def bench_prefetch(runtime: kernels.LibraryRuntime, table_gib: float) -> list[di
 
 
 def bench_cache(
-    runtime: kernels.LibraryRuntime,
+    runtime: cuda.LibraryRuntime,
     table_gib: float,
     corpus: torch.Tensor,
     fit: torch.Tensor,
@@ -630,7 +629,7 @@ def bench_cache(
     uncached lookup, on held-out real text and on uniform ids, decode and prefill shapes; effective GB/s
     (row bytes delivered / time) against the H2D memcpy. Targets: >= 1.5x the memcpy on real text if the
     hit rates allow; at most 5% slower than uncached on uniform ids."""
-    from engram.profile import profile_tables
+    from engram.apps.profile import profile_tables
     from engram.runtime.cache import build_cache, cached_gather
 
     spec, shard = v41_table(table_gib, runtime)
@@ -697,12 +696,12 @@ def run_all(report: Report, table_gib: float, sizes: list[float], preset: str, w
     """Every selected stage group in order (the build always runs: nothing else can without it)."""
 
     def build() -> dict[str, Any]:
-        kernels.cuda_library()  # the library the ops use, and its runtime: its registrations are known
+        cuda.cuda_library()  # the library the ops use, and its runtime: its registrations are known
         return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda}
 
     if not report.run("build the CUDA kernels", build).ok:
         return  # nothing below runs without them
-    library, runtime = kernels.cuda_library(), kernels.library_runtime()
+    library, runtime = cuda.cuda_library(), cuda.library_runtime()
     if report.wants("kernels"):
         for name, *_ in FORMATS:
             for placement in ("pinned", "device"):
@@ -754,7 +753,7 @@ def run_placements(report: Report, preset: str, checkpoint: Path) -> None:
 
 
 def run_benchmarks(
-    report: Report, library: ctypes.CDLL, runtime: kernels.LibraryRuntime, table_gib: float, sizes: list[float]
+    report: Report, library: ctypes.CDLL, runtime: cuda.LibraryRuntime, table_gib: float, sizes: list[float]
 ) -> None:
     ceilings: dict[str, float] = {}
 

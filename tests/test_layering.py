@@ -1,5 +1,6 @@
-"""The package's floors: engram/memory imports nothing above it, ops never imports the CUDA kernels, and
-the host-memory check knows no generated struct (the import circles the probe found stay gone)."""
+"""The house by layers: every import of every engram module (at the top of a file or inside a function)
+points to its own layer or one below it, as ../shared/DESIGN.md draws them, and no modules import each
+other in a circle. The order is written once, here."""
 
 from __future__ import annotations
 
@@ -8,27 +9,110 @@ from pathlib import Path
 
 ENGRAM = Path(__file__).resolve().parents[1] / "engram"
 
+# Bottom up; a module belongs to the first layer one of whose prefixes it starts with.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("errors", ("engram.errors",)),
+    ("memory", ("engram.memory",)),
+    ("ops", ("engram.ops",)),
+    ("validation", ("engram.validation",)),
+    ("_generated", ("engram._generated",)),
+    ("config", ("engram.config",)),
+    ("ngram", ("engram.ngram",)),
+    ("runtime", ("engram.runtime",)),
+    ("integrations", ("engram.integrations",)),
+    ("apps", ("engram.apps",)),
+    ("commands", ("engram.commands", "engram.cli", "engram.__main__")),
+]
 
-def imported(path: Path) -> set[str]:
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ENGRAM.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in ENGRAM.rglob("*.py")}
+
+
+def layer_of(module: str) -> int:
+    for index, (_, prefixes) in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return index
+    raise AssertionError(f"{module} belongs to no layer: add its package to LAYERS")
+
+
+def imports_of(module: str) -> set[str]:
+    """The engram modules `module` imports: `from X import Y` counts as X.Y where that is a module."""
     out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            out.add(node.module)
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("engram"):
+            named = {f"{node.module}.{alias.name}" for alias in node.names} & MODULES.keys()
+            out |= named or {node.module}
+            if len(named) < len(node.names):
+                out.add(node.module)  # names that are not modules come from the module itself
         elif isinstance(node, ast.Import):
-            out.update(alias.name for alias in node.names)
-    return out
+            out |= {alias.name for alias in node.names if alias.name.startswith("engram")}
+    return out - {module}
 
 
-def test_the_memory_floor_imports_nothing_above_it() -> None:
-    above = {
-        module
-        for path in (ENGRAM / "memory").glob("*.py")
-        for module in imported(path)
-        if module.startswith("engram") and not module.startswith(("engram.memory", "engram.errors"))
+def test_every_module_has_a_layer() -> None:
+    unplaced = []
+    for module in MODULES:
+        if module == "engram":
+            continue  # the package's own docstring: it imports nothing
+        try:
+            layer_of(module)
+        except AssertionError:
+            unplaced.append(module)
+    assert unplaced == []
+    assert imports_of("engram") == set()
+
+
+def upward(graph: dict[str, set[str]]) -> list[str]:
+    """Every import in `graph` (module -> modules it imports) that points to a higher layer."""
+    return sorted(
+        f"{module} ({LAYERS[layer_of(module)][0]}) imports {target} ({LAYERS[layer_of(target)][0]})"
+        for module, targets in graph.items()
+        for target in targets
+        if layer_of(target) > layer_of(module)
+    )
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every circle a depth-first walk of `graph` meets, as the path that closes it."""
+    found: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(graph.get(module, ())):
+            if state.get(target) == 1:
+                found.append([*path[path.index(target) :], target])
+            elif target not in state:
+                visit(target, [*path, target])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    return found
+
+
+GRAPH = {m: imports_of(m) & MODULES.keys() - {"engram"} for m in MODULES if m != "engram"}
+
+
+def test_imports_point_down() -> None:
+    assert upward(GRAPH) == []
+
+
+def test_no_import_circles() -> None:
+    assert circles(GRAPH) == []
+
+
+def test_the_checks_find_an_upward_import_and_a_circle() -> None:
+    made_up = {
+        "engram.memory.mapping": {"engram.runtime.engine"},
+        "engram.runtime.engine": {"engram.runtime.cache"},
+        "engram.runtime.cache": {"engram.runtime.engine"},
     }
-    assert above == set()
-
-
-def test_no_import_circles_between_ops_and_kernels_or_host_and_structs() -> None:
-    assert "engram.kernels" not in imported(ENGRAM / "ops.py")
-    assert not any(m.startswith("engram._generated") for m in imported(ENGRAM / "memory" / "host.py"))
+    assert upward(made_up) == ["engram.memory.mapping (memory) imports engram.runtime.engine (runtime)"]
+    assert circles(made_up) == [["engram.runtime.engine", "engram.runtime.cache", "engram.runtime.engine"]]

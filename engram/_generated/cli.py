@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import NamedTuple
 
-from engram._argparse import EngramConfigAction
+from engram.validation.arguments import EngramConfigAction
 
 
 class Flag(NamedTuple):

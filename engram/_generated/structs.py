@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from engram._env import env_bool
+from engram.validation.env import env_bool
 from engram._generated.validators import check_document, check_EngramConfig_rules
 from engram.errors import ConfigError, Problem
 

@@ -6,13 +6,11 @@ with out=None a check is a predicate that stops at the first violation."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from engram._json import _at, _details, _escape, _got, _is_integer, _is_number, _shown, _unique
+from engram.validation.json_values import _at, _details, _escape, _got, _is_integer, _is_number, _shown, _unique
 from engram.errors import Problem
 
-if TYPE_CHECKING:
-    from engram._generated.structs import EngramConfig
 
 __all__ = ["check_document", "check_EngramConfig_rules"]
 
@@ -2290,7 +2288,7 @@ def _s0(v: Any, path: str, out: list[Problem] | None) -> bool:
 check_document = _s0
 
 
-def check_EngramConfig_rules(c: EngramConfig, path: str, out: list[Problem]) -> None:
+def check_EngramConfig_rules(c: Any, path: str, out: list[Problem]) -> None:
     """The if/then rules of EngramConfig, on a resolved instance."""
     if (c.dp_shared_memory is True) and not (c.cpu_offload is True):
         out.append(

@@ -6,10 +6,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from engram.apps.presets import PRESETS, get_preset
 from engram.errors import EngramError
-from engram.presets import PRESETS, get_preset
-from engram.runtime.checkpoint import write_checkpoint
-from engram.runtime.loader import Checkpoint
+from engram.runtime.checkpoints.loader import Checkpoint
+from engram.runtime.checkpoints.writer import write_checkpoint
 
 
 def register(subparsers: Any) -> None:

@@ -8,9 +8,9 @@ from typing import Any
 
 import msgspec
 
+from engram.apps.demo import default_device, run_demo
+from engram.apps.presets import PRESETS, get_preset
 from engram.config import add_engram_args, document_from_args, validate_deployment
-from engram.demo import default_device, run_demo
-from engram.presets import PRESETS, get_preset
 
 MIB = 1 << 20
 

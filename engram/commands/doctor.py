@@ -6,11 +6,11 @@ import argparse
 import json
 from typing import Any
 
+from engram.apps.doctor import run_checks
+from engram.apps.presets import PRESETS
 from engram.commands.plan import build_plan
 from engram.config import add_deployment_args, add_engram_args, document_from_args, validate_deployment
-from engram.doctor import run_checks
-from engram.presets import PRESETS
-from engram.runtime.shm import reclaim_stale, shm_dir
+from engram.runtime.placement.shm import reclaim_stale, shm_dir
 
 
 def register(subparsers: Any) -> None:

@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
+from engram.apps.presets import PRESETS, get_preset
 from engram.errors import EngramError
 from engram.ngram.vocab import deepseek_v4_tokenizer
-from engram.presets import PRESETS, get_preset
 
 
 def register(subparsers: Any) -> None:

@@ -9,11 +9,11 @@ from typing import Any
 
 import msgspec
 
+from engram.apps.planning import host_bytes_by_dp, summary
+from engram.apps.plotting import check_plot_path, figure
+from engram.apps.presets import PRESETS, get_preset
 from engram.config import add_deployment_args, add_engram_args, document_from_args, validate_deployment
 from engram.memory.host import read_host_limits
-from engram.planning import host_bytes_by_dp, summary
-from engram.plotting import check_plot_path, figure
-from engram.presets import PRESETS, get_preset
 from engram.runtime.plan import DeploymentPlan, plan_deployment
 
 GIB = 1 << 30

@@ -1,5 +1,5 @@
 """`engram profile`: how often n-gram ids repeat on real text, and what a device cache of hot rows would
-hit on held-out text (engram.profile)."""
+hit on held-out text (engram.apps.profile)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from engram.corpus import load_corpus
+from engram.apps.corpus import load_corpus
+from engram.apps.plotting import check_output_path, check_plot_path, figure
+from engram.apps.presets import PRESETS, get_preset
+from engram.apps.profile import profile_tables, summary, write_profile
 from engram.errors import EngramError
-from engram.plotting import check_output_path, check_plot_path, figure
-from engram.presets import PRESETS, get_preset
-from engram.profile import profile_tables, summary, write_profile
 
 GIB = 1 << 30
 

@@ -1,2 +1,3 @@
-"""The low floor: memory mappings that hold tables (mapping), what they cost (smaps), and what a node
-can hold (host). Everything above (ops, ngram, runtime, config) may import these; they import none of it."""
+"""The low floor: memory mappings that hold tables (mapping), what they cost (smaps), what a node can hold
+(host), and their registration with the GPU (registration). Everything above may import these; they
+import nothing of engram but errors."""

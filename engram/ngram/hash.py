@@ -13,12 +13,11 @@ from dataclasses import dataclass
 
 import torch
 
-from engram import native
-from engram.devices import ensure_kernels
 from engram.errors import EngramError
 from engram.memory.mapping import empty_cpu
 from engram.ngram.layout import Layout
-from engram.ops import check_token_ids, ngram_hash_reference
+from engram.ops import check_token_ids, cpu, ngram_hash_reference
+from engram.ops.devices import ensure_kernels
 
 
 @dataclass(frozen=True)
@@ -50,7 +49,7 @@ class NgramHasher:
         )
         self.backend = backend
         self._on_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-        if backend == "native" and native.cpu_library() is None:
+        if backend == "native" and cpu.cpu_library() is None:
             raise EngramError("the native CPU kernels could not be built; see the log, or use backend='torch'")
 
     @property
@@ -85,7 +84,7 @@ class NgramHasher:
         int64 [T, layers, C] buffer the caller keeps across steps, saves allocating (and faulting in)
         a fresh output every call. On a GPU nothing here waits for the device: the blocking barriers stay
         tensors, and token ids outside the vocabulary raise the kernels' error flag instead of an error
-        (engram.kernels.check_error_flags); on the CPU they raise at once."""
+        (engram.ops.cuda.check_error_flags); on the CPU they raise at once."""
         ids = _as_ids(compressed_ids)
         T, ctx = ids.numel(), self.context
         state = self.new_state(ids.device) if state is None else state

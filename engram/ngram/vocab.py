@@ -13,8 +13,8 @@ import numpy as np
 import torch
 from tokenizers import Regex, Tokenizer, normalizers
 
-from engram._build import cache_dir, save_cached
 from engram.errors import EngramError
+from engram.ops.build import cache_dir, save_cached
 
 # Bump when the key rules change, so cached tables are rebuilt.
 VOCAB_VERSION = 1

@@ -16,9 +16,9 @@ from safetensors import SafetensorError, safe_open
 
 from engram.errors import EngramError
 from engram.ops import DEAD_ID, gather
-from engram.runtime.filemap import files_named_on_fault
-from engram.runtime.files import check_regular
-from engram.runtime.storage import SCALE_DTYPE, TableShard
+from engram.runtime.checkpoints.files import check_regular
+from engram.runtime.placement.filemap import files_named_on_fault
+from engram.runtime.placement.storage import SCALE_DTYPE, TableShard
 
 
 @dataclass(frozen=True)

@@ -14,14 +14,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from engram.devices import ensure_kernels
 from engram.errors import EngramError
 from engram.ops import DEAD_ID, gather, gather_into, use_sorted
+from engram.ops.devices import ensure_kernels
 from engram.runtime.cache import HotRows, cached_gather
 from engram.runtime.dist import Group
-from engram.runtime.filemap import files_named_on_fault, read_ahead
+from engram.runtime.placement.filemap import files_named_on_fault, read_ahead
+from engram.runtime.placement.storage import TableShard
 from engram.runtime.plan import TableShardPlan
-from engram.runtime.storage import TableShard
 
 
 class EngramEmbedding(nn.Module):

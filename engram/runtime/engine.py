@@ -15,15 +15,15 @@ import torch.distributed as dist
 from engram.config import EngramConfig, ParallelConfig
 from engram.errors import EngramError
 from engram.memory.host import HostLimits
+from engram.memory.registration import CudaRuntime
 from engram.ngram.spec import ModelSpec
 from engram.runtime.cache import caches_for, read_profile
+from engram.runtime.checkpoints.loader import Checkpoint, shard_weight_loader
 from engram.runtime.dist import Group, new_group, timeout_s
 from engram.runtime.embedding import EngramEmbedding, gather_replica_ids
-from engram.runtime.loader import Checkpoint, shard_weight_loader
 from engram.runtime.nodes import align_to_nodes
+from engram.runtime.placement.storage import TableShard
 from engram.runtime.plan import DeploymentPlan, RankPlan, plan_deployment
-from engram.runtime.registration import CudaRuntime
-from engram.runtime.storage import TableShard
 from engram.runtime.tables import open_tables
 
 log = logging.getLogger("engram")
@@ -78,7 +78,7 @@ class Prefetched:
 def prefetch_on(side: torch.cuda.Stream, lookups: Callable[[], Iterable[torch.Tensor]], sm_share: float) -> Prefetched:
     """Run `lookups()` (one output per layer) on the `side` stream, after what the current stream has
     queued so far, at most `sm_share` of the SMs wide, with an event behind each layer's output."""
-    from engram.kernels import limit_blocks
+    from engram.ops.cuda import limit_blocks
 
     side.wait_stream(torch.cuda.current_stream(side.device))  # the ids were written on the main stream
     blocks = max(1, round(sm_share * torch.cuda.get_device_properties(side.device).multi_processor_count))
@@ -138,7 +138,7 @@ class EngramTables:
         mine = plan.ranks[rank]
         device = torch.device("cpu")
         if platform == "cuda":
-            from engram.kernels import error_flag, library_runtime
+            from engram.ops.cuda import error_flag, library_runtime
 
             device = torch.device("cuda", torch.cuda.current_device())
             error_flag(device)  # now, not lazily inside a capture
@@ -243,7 +243,7 @@ class EngramTables:
         waits for nothing and reads the flags as they stand."""
         if self.device.type != "cuda":
             return
-        from engram.kernels import check_error_flags
+        from engram.ops.cuda import check_error_flags
 
         capturing = torch.cuda.is_current_stream_capturing()
         pending = self._pending

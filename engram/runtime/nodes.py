@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from engram.config import EngramConfig, ParallelConfig
 from engram.runtime.dist import all_gather_json, new_group
-from engram.runtime.shm import node_of_this_process
+from engram.runtime.placement.node import node_of_this_process
 
 log = logging.getLogger("engram")
 

@@ -15,7 +15,7 @@ from typing import Literal
 from engram.config import EngramConfig, ParallelConfig
 from engram.errors import EngramError
 from engram.ngram.spec import ModelSpec
-from engram.runtime.storage import Placement, ShardFormat, placement_for
+from engram.runtime.placement.storage import Placement, ShardFormat, placement_for
 
 ShardKind = Literal["head", "row"]
 MAX_WORLD = 1 << 17  # TP x DP ranks: above the largest clusters; plans stay linear in the world size

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from engram.memory.registration import CudaRuntime
 from engram.memory.smaps import pss
 from engram.ngram.spec import ModelSpec
+from engram.runtime.checkpoints.loader import Checkpoint, load_shards
 from engram.runtime.dist import Group
-from engram.runtime.filemap import file_shard
-from engram.runtime.loader import Checkpoint, load_shards
+from engram.runtime.placement.filemap import file_shard
+from engram.runtime.placement.storage import Placement, ShardFormat, TableShard, allocate
 from engram.runtime.plan import TableShardPlan, table_shards
-from engram.runtime.registration import CudaRuntime
-from engram.runtime.storage import Placement, ShardFormat, TableShard, allocate
 
 
 def whole_tables(spec: ModelSpec) -> tuple[TableShardPlan, ...]:

@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
+from engram.apps.presets import get_preset
 from engram.cli import main
-from engram.presets import get_preset
-from engram.runtime.shm import shm_dir
+from engram.runtime.placement.shm import shm_dir
 
 TINY = get_preset("tiny").table_bytes
 

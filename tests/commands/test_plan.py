@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from engram.apps.presets import get_preset
 from engram.cli import main
-from engram.presets import get_preset
 
 V41_TABLE = 202_758_032_400
 
@@ -189,8 +189,8 @@ def test_plans_grow_linearly_with_the_world() -> None:
     """TP 512 x DP 64: groups are ranges or one shared tuple, never a tuple per rank of the group."""
     import tracemalloc
 
+    from engram.apps.presets import get_preset
     from engram.config import ParallelConfig, load_config
-    from engram.presets import get_preset
     from engram.runtime.plan import plan_deployment
 
     tracemalloc.start()
@@ -219,8 +219,8 @@ def test_the_device_cache_counts_in_device_bytes(capsys: pytest.CaptureFixture[s
 
 
 def test_doctor_checks_the_gpu_bytes_against_the_gpu() -> None:
+    from engram.apps.doctor import check_gpu_memory
     from engram.config import ParallelConfig, load_config
-    from engram.doctor import check_gpu_memory
     from engram.runtime.plan import plan_deployment
 
     plan = plan_deployment(

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from engram._json import _json_equal, _unique
 from engram.cli import main
+from engram.validation.json_values import _json_equal, _unique
 
 DEEPSEEK_FIELDS = {
     "engram_max_ngram_size": 3,

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import torch
 
+from engram.apps.presets import PRESETS, get_preset
 from engram.config import ModelConfig, load_config
 from engram.errors import EngramError
 from engram.ngram.hash import NgramHasher
 from engram.ngram.layout import deepseek_layout, qwen_layout
 from engram.ngram.spec import ModelSpec
 from engram.ngram.vocab import compressed_lookup, deepseek_v4_tokenizer_file
-from engram.presets import PRESETS, get_preset
 
 BACKENDS = ["native", "torch"]
 

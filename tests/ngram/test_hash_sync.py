@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engram.presets import get_preset
+from engram.apps.presets import get_preset
 
 
 @pytest.mark.parametrize("preset", ["deepseek-v4.1-flash", "qwen4-exp-ple"])

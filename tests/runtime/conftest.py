@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from engram.ngram.spec import ModelSpec
-from engram.runtime.checkpoint import write_checkpoint
-from engram.runtime.loader import Checkpoint
-from engram.runtime.storage import ShardFormat, TableShard, allocate
+from engram.runtime.checkpoints.loader import Checkpoint
+from engram.runtime.checkpoints.writer import write_checkpoint
+from engram.runtime.placement.storage import ShardFormat, TableShard, allocate
 
 # Two fp8 tables of about 7 MB each: large enough for page-level memory accounting, quick to load.
 SMALL = ModelSpec(

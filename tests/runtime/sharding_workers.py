@@ -16,9 +16,9 @@ from engram.config import ConfigError, EngramConfig, ParallelConfig, load_config
 from engram.errors import EngramError
 from engram.ngram.spec import ModelSpec
 from engram.ops import DEAD_ID
+from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.embedding import EngramEmbedding
 from engram.runtime.engine import EngramTables
-from engram.runtime.loader import Checkpoint
 from engram.runtime.tables import open_tables, whole_tables
 from tests.runtime.specs import SPECS
 
@@ -231,7 +231,7 @@ def build_on_nodes(rank: int, world: int, nodes: list[str], local: int, checkpoi
 
 def cached_lookup(rank: int, world: int, checkpoint: str, profile: str) -> dict[str, Any]:
     """TP 2 tables of the tiny preset with a 4 KiB device cache per rank, against the uncached lookup."""
-    from engram.presets import get_preset
+    from engram.apps.presets import get_preset
 
     spec = get_preset("tiny")
     parallel = ParallelConfig(tensor_parallel_size=world)
@@ -239,7 +239,7 @@ def cached_lookup(rank: int, world: int, checkpoint: str, profile: str) -> dict[
         spec, load_config({"device_cache_bytes": 4096}, env={}), parallel, checkpoint, progress=False, profile=profile
     )
     plain = EngramTables.build(spec, load_config({}, env={}), parallel, checkpoint, progress=False)
-    from engram.corpus import load_corpus
+    from engram.apps.corpus import load_corpus
 
     tokens = load_corpus().held_out[:500]
     rows = spec.hasher().hash(spec.compress(tokens))

@@ -87,8 +87,8 @@ def test_tables_with_a_device_cache_from_engram_profile(
     tmp_path: Path, tiny_profile: tuple[dict[str, Any], Path, Path]
 ) -> None:
     """engram profile --out, then EngramTables with device_cache_bytes: equal to the uncached lookup."""
-    from engram.presets import get_preset
-    from engram.runtime.checkpoint import write_checkpoint
+    from engram.apps.presets import get_preset
+    from engram.runtime.checkpoints.writer import write_checkpoint
 
     profile = tiny_profile[1]
     checkpoint = tmp_path / "ckpt"

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engram import kernels
 from engram.errors import EngramError
+from engram.ops import cuda
 from engram.runtime.embedding import EngramEmbedding
 from engram.runtime.engine import EngramTables, RankGroups
 from engram.runtime.plan import TableShardPlan
@@ -47,8 +47,8 @@ def gpu_tables() -> EngramTables:
 @pytest.fixture
 def flag(monkeypatch: pytest.MonkeyPatch) -> torch.Tensor:
     """cuda:0's error flag, as plain host memory (pinning needs a GPU)."""
-    flag = torch.zeros(len(kernels.FLAG_MESSAGES), dtype=torch.int32)
-    monkeypatch.setattr(kernels, "_flags", {0: flag})
+    flag = torch.zeros(len(cuda.FLAG_MESSAGES), dtype=torch.int32)
+    monkeypatch.setattr(cuda, "_flags", {0: flag})
     return flag
 
 
@@ -72,7 +72,7 @@ def test_a_lookup_captured_after_an_eager_one_does_not_wait_on_the_eager_event(
     assert eager_event.waited == 1 and tables._pending is None
 
 
-@pytest.mark.parametrize("slot", [kernels.FLAG_ROW_ID, kernels.FLAG_TOKEN_ID])
+@pytest.mark.parametrize("slot", [cuda.FLAG_ROW_ID, cuda.FLAG_TOKEN_ID])
 def test_a_flag_raised_by_a_replay_prefetch_or_direct_call_is_reported_with_nothing_pending(
     monkeypatch: pytest.MonkeyPatch, flag: torch.Tensor, slot: int
 ) -> None:
@@ -81,7 +81,7 @@ def test_a_flag_raised_by_a_replay_prefetch_or_direct_call_is_reported_with_noth
     tables.check_errors()  # nothing flagged: quiet
     flag[slot] = 1  # what a kernel writes for a bad id, with no eager lookup behind it
     assert tables._pending is None
-    expected = kernels.FLAG_MESSAGES[slot].format(device="cuda:0")
+    expected = cuda.FLAG_MESSAGES[slot].format(device="cuda:0")
     with pytest.raises(EngramError) as raised:
         tables.check_errors()
     assert str(raised.value) == expected
@@ -95,7 +95,7 @@ def test_a_flag_raised_during_capture_is_read_without_waiting(
     tables = gpu_tables()
     tables._pending = CaptureForbidsWaiting()  # type: ignore[assignment]
     capturing(monkeypatch, True)
-    flag[kernels.FLAG_ROW_ID] = 1
+    flag[cuda.FLAG_ROW_ID] = 1
     with pytest.raises(EngramError, match=r"^a gather on cuda:0 was given a row id outside its table"):
         tables.lookup(torch.zeros((1, 1, COLUMNS), dtype=torch.int64))
 

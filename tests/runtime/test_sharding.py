@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from engram.apps.presets import get_preset
 from engram.config import ParallelConfig, load_config
 from engram.errors import EngramError
-from engram.presets import get_preset
-from engram.runtime.checkpoint import write_checkpoint
+from engram.runtime.checkpoints.writer import write_checkpoint
 from engram.runtime.launch import free_port, run_local, values
 from engram.runtime.plan import head_range, plan_deployment, row_range, table_shards
 from tests.runtime import sharding_workers

@@ -12,9 +12,9 @@ import torch
 
 from engram.ngram.spec import ModelSpec
 from engram.runtime import dist as edist
-from engram.runtime.loader import Checkpoint
-from engram.runtime.shm import shm_dir
-from engram.runtime.storage import Placement, ShardFormat, TableShard, allocate
+from engram.runtime.checkpoints.loader import Checkpoint
+from engram.runtime.placement.shm import shm_dir
+from engram.runtime.placement.storage import Placement, ShardFormat, TableShard, allocate
 from engram.runtime.tables import open_tables, tables_pss
 
 
@@ -76,7 +76,7 @@ def meet(rank: int, world: int) -> int:
 def share_then_wait(rank: int, world: int, size: int, peer_delay: float) -> int:
     """A shared table of `size` bytes through shm.create_shared; peers arrive `peer_delay` s late, which
     holds the leader between creating the table and the fence (the instant a crash used to leak it)."""
-    from engram.runtime.shm import create_shared
+    from engram.runtime.placement.shm import create_shared
 
     group = edist.new_group(list(range(world)), "engram shared tables (test)")
     if rank:

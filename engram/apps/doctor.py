@@ -1,0 +1,216 @@
+"""Is this machine ready to serve Engram tables? Each check says pass, warn or fail, and how to fix it."""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from engram.apps.planning import per_node, per_rank
+from engram.errors import EngramError
+from engram.memory.host import read_host_limits
+from engram.memory.registration import CudaRuntime
+from engram.ops import cpu
+from engram.runtime.placement.hugepages import thp_mode
+from engram.runtime.placement.shm import node_identity, shm_dir
+from engram.runtime.plan import DeploymentPlan
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # pass, warn or fail
+    detail: str
+    fix: str = ""
+
+    def as_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
+
+
+def check_shm(plan: DeploymentPlan | None) -> Check:
+    directory = shm_dir()
+    if not directory.is_dir():
+        return Check(
+            "shm", "fail", f"{directory} does not exist", "mount a tmpfs there, or point ENGRAM_SHM_DIR at one"
+        )
+    stats = os.statvfs(directory)
+    total, free = stats.f_blocks * stats.f_frsize, stats.f_bavail * stats.f_frsize
+    detail = f"{directory}: {_gib(total)} in all, {_gib(free)} free"
+    if plan is None:
+        return Check("shm", "pass", detail)
+    fix = "docker run --shm-size=<size> or --ipc=host; or a larger ENGRAM_SHM_DIR"
+    return _against_plan("shm", detail, _most_per_node(plan, "shm_bytes"), free, "needs", fix)
+
+
+def check_thp() -> Check:
+    mode = thp_mode()
+    if mode in ("always", "madvise"):
+        return Check("transparent huge pages", "pass", f"mode {mode}: thp_packing can back tables with huge pages")
+    return Check(
+        "transparent huge pages",
+        "warn",
+        f"mode {mode}: thp_packing falls back to ordinary pages",
+        "echo madvise > /sys/kernel/mm/transparent_hugepage/enabled",
+    )
+
+
+def check_memlock() -> Check:
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    if soft == resource.RLIM_INFINITY:
+        return Check("memlock limit", "pass", "unlimited")
+    if os.geteuid() == 0:
+        return Check("memlock limit", "pass", f"{_gib(soft)}, but root may pin more (CAP_IPC_LOCK)")
+    return Check(
+        "memlock limit",
+        "warn",
+        f"{_gib(soft)}: pinning host tables larger than this fails",
+        "ulimit -l unlimited (docker: --ulimit memlock=-1)",
+    )
+
+
+def check_memory(plan: DeploymentPlan | None) -> Check:
+    limits = read_host_limits()
+    cgroup = (
+        "no container memory limit"
+        if limits.cgroup_bytes is None
+        else f"container memory limit {_gib(limits.cgroup_bytes)}"
+    )
+    detail = f"RAM {_gib(limits.physical_bytes)}, {cgroup}"
+    if plan is None:
+        return Check("host memory", "pass", detail)
+    fix = "--engram-config '{\"cpu_offload\": false}', dp_shared_memory or embedding_across_dp"
+    return _against_plan("host memory", detail, _most_per_node(plan, "host_bytes"), limits.available, "pins", fix)
+
+
+def _most_per_node(plan: DeploymentPlan, key: str) -> int:
+    return max((node[key] for node in per_node(plan)), default=0)
+
+
+def _against_plan(
+    name: str, detail: str, needed: int, available: int, verb: str, fix: str, per: str = "per node"
+) -> Check:
+    """pass when the plan's largest node (or GPU) fits in what this machine has, else fail with the fix."""
+    detail = f"{detail}; the plan {verb} {_gib(needed)} {per}"
+    return Check(name, "pass", detail) if needed <= available else Check(name, "fail", detail, fix)
+
+
+def check_node() -> Check:
+    try:
+        ipc = os.readlink("/proc/self/ns/ipc")
+    except OSError:
+        ipc = "unknown"
+    identity = node_identity(shm_dir()) if shm_dir().is_dir() else {"boot_id": "unknown"}
+    return Check(
+        "node identity",
+        "pass",
+        f"boot id {identity['boot_id']}, IPC namespace {ipc}: replicas that share tables must show the same values",
+    )
+
+
+def check_cuda() -> list[Check]:
+    if not torch.cuda.is_available():
+        return [
+            Check(
+                "CUDA",
+                "warn",
+                "no CUDA device: the CPU reference backend only",
+                "run on a GPU node with the NVIDIA driver and a CUDA build of torch",
+            ),
+            Check(
+                "UVA",
+                "warn",
+                "no CUDA device: host tables cannot be read over UVA here",
+                "UVA comes with CUDA: run on a GPU node",
+            ),
+        ]
+    name = torch.cuda.get_device_name()
+    return [
+        Check("CUDA", "pass", f"{torch.cuda.device_count()} device(s), {name}, CUDA {torch.version.cuda}"),
+        check_uva(),
+    ]
+
+
+UVA_FIX = "raise the memlock limit (ulimit -l unlimited; docker: --ulimit memlock=-1), update the NVIDIA driver, or keep the tables on the GPU (cpu_offload=false)"
+
+
+def check_uva(runtime: CudaRuntime | None = None, device: str = "cuda") -> Check:
+    """Really register a small host buffer and read it on the GPU through UVA (cuda.uva_probe)."""
+    from engram.ops import cuda  # builds the CUDA kernels on first use
+
+    try:
+        return Check("UVA", "pass", cuda.uva_probe(runtime or cuda.LibraryRuntime(cuda.cuda_library()), device))
+    except EngramError as exc:
+        return Check("UVA", "fail", str(exc), UVA_FIX)
+
+
+def check_nvcc() -> Check:
+    nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+    if nvcc is None:
+        return Check(
+            "nvcc",
+            "warn",
+            "not found: the CUDA kernels cannot be built",
+            "install the CUDA toolkit, or put nvcc on PATH",
+        )
+    try:
+        version = (
+            subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60, check=False)
+            .stdout.strip()
+            .splitlines()[-1]
+        )
+    except (OSError, subprocess.TimeoutExpired, IndexError):
+        return Check("nvcc", "warn", f"{nvcc} does not run", "reinstall the CUDA toolkit")
+    return Check("nvcc", "pass", f"{nvcc}: {version}")
+
+
+def check_native() -> Check:
+    if cpu.cpu_library() is None:
+        return Check(
+            "native CPU kernels",
+            "warn",
+            "not built: lookups and hashing use plain torch (slower)",
+            "install a C compiler (cc) with OpenMP",
+        )
+    return Check("native CPU kernels", "pass", "built (kernels/cpu, OpenMP)")
+
+
+def check_gpu_memory(plan: DeploymentPlan, total_bytes: int | None) -> Check:
+    """The plan's largest per-rank device bytes (device tables, or the hot-row cache of host tables)
+    against one GPU's memory; `total_bytes` None: no GPU here to check against."""
+    needed = max((row["device_bytes"] for row in per_rank(plan)), default=0)
+    detail = f"the plan puts {_gib(needed)} of tables or cache on each GPU"
+    if total_bytes is None:
+        return Check(
+            "GPU memory",
+            "warn" if needed else "pass",
+            f"{detail}; no CUDA device here to check it against",
+            "run engram doctor on the GPU node" if needed else "",
+        )
+    fix = "a smaller device_cache_bytes, cpu_offload=true, or more tensor parallelism"
+    return _against_plan("GPU memory", f"{_gib(total_bytes)} per GPU", needed, total_bytes, "puts", fix, "per GPU")
+
+
+def run_checks(plan: DeploymentPlan | None = None) -> list[Check]:
+    gpu_bytes = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
+    return [
+        *([check_gpu_memory(plan, gpu_bytes)] if plan is not None else []),
+        check_shm(plan),
+        check_thp(),
+        check_memlock(),
+        check_memory(plan),
+        check_node(),
+        *check_cuda(),
+        check_nvcc(),
+        check_native(),
+    ]

@@ -1,0 +1,91 @@
+"""Build a shared library from kernels/ once per source hash and load it with ctypes.
+
+The cache key covers the sources, every header beside them, the command line and the compiler's
+version, so an edit or a new toolchain rebuilds and nothing stale is ever loaded. Builds write to a
+temporary name and rename, so processes that build at the same time never see half a file."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+from engram.errors import EngramError
+
+KERNELS = Path(__file__).resolve().parents[2] / "kernels"
+BUILD_TIMEOUT_S = 600
+
+
+def cache_dir() -> Path:
+    root = Path(os.environ.get("ENGRAM_CACHE_DIR") or Path.home() / ".cache" / "engram")
+    return root / "build"
+
+
+def save_cached(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Write a cache file atomically (a temporary name, then a rename: readers never see half a file),
+    best effort: a read-only or full cache only costs a rebuild next time."""
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+        tmp = None
+    except OSError:
+        pass
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def source_digest(sources: list[Path], command: list[str], version: str) -> str:
+    digest = hashlib.sha256()
+    headers = sorted({h for s in sources for h in s.parent.glob("*.h*")} | set(KERNELS.glob("*.h*")))
+    for path in [*sources, *headers]:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    digest.update("\0".join(command).encode() + version.encode())
+    return digest.hexdigest()
+
+
+def compiler_version(compiler: str) -> str:
+    try:
+        done = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise EngramError(f"cannot run {compiler!r}: {exc}; install it or put it on PATH") from None
+    if done.returncode != 0:
+        raise EngramError(f"{compiler} --version failed: {done.stderr.strip()}")
+    return done.stdout
+
+
+def build_library(name: str, sources: list[Path], compiler: str, flags: list[str]) -> Path:
+    """Path of the built library `lib{name}-{digest}.so`, compiling it if the cache lacks it."""
+    command = [compiler, *flags]
+    key = source_digest(sources, command, compiler_version(compiler))[:20]
+    target = cache_dir() / f"lib{name}-{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}-", suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run(
+            [*command, "-o", tmp, *map(str, sources)],
+            capture_output=True,
+            text=True,
+            timeout=BUILD_TIMEOUT_S,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise EngramError(f"building {name} failed ({' '.join(command)}):\n{done.stderr.strip()}")
+        os.replace(tmp, target)
+    except subprocess.TimeoutExpired:
+        raise EngramError(f"building {name} took longer than {BUILD_TIMEOUT_S} s") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target

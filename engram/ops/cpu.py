@@ -1,0 +1,156 @@
+"""The CPU twins of the kernels (kernels/cpu/*.c), built with the system C compiler and called through
+the same C ABI as the CUDA kernels. They are the fast CPU path and the reference the GPU is checked
+against; engram falls back to plain torch where no C compiler exists."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import os
+
+import torch
+
+from engram.errors import EngramError
+from engram.ops.build import KERNELS, build_library
+from engram.ops.checks import DEAD_ID, OUT_KINDS, check_ids, check_token_ids
+from engram.ops.ids import kernel_ids
+from engram.ops.reference import gather_reference, ngram_hash_reference
+
+log = logging.getLogger(__name__)
+
+STATUS = {
+    0: "ok",
+    1: "invalid argument",
+    2: "id outside the table",
+    3: "CUDA error",
+    4: "a table read faulted: the memory behind the table is gone (a file-backed table's file shrank)",
+}
+_I64P = ctypes.POINTER(ctypes.c_int64)
+_VP = ctypes.c_void_p
+SIGNATURES: dict[str, list[type]] = {
+    "engram_ngram_hash_cpu": [
+        _I64P, _I64P, ctypes.c_int64, ctypes.c_int64, _I64P, _I64P, _I64P, _I64P,
+        ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, _I64P, ctypes.c_int,
+    ],
+    "engram_vector_bytes_cpu": [_VP, ctypes.c_int64],
+    "engram_readahead_cpu": [_VP, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, _I64P, ctypes.c_int64],
+    "engram_gather_cpu": [
+        _VP, _VP, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+        _I64P, _I64P, _I64P, ctypes.c_int64, _VP, ctypes.c_int, _I64P, ctypes.c_int,
+    ],
+}  # fmt: skip
+
+
+def bind(library: ctypes.CDLL, signatures: dict[str, list[type]]) -> ctypes.CDLL:
+    """Declare argument and return types, so ctypes checks every call instead of guessing."""
+    for name, argtypes in signatures.items():
+        function = getattr(library, name)
+        function.argtypes = argtypes
+        function.restype = ctypes.c_int
+    return library
+
+
+def check(status: int, what: str) -> None:
+    if status != 0:
+        raise EngramError(f"{what} failed: {STATUS.get(status, f'status {status}')}")
+
+
+@functools.cache
+def cpu_library() -> ctypes.CDLL | None:
+    """The CPU twin library, or None (logged once) where it cannot be built."""
+    if os.environ.get("ENGRAM_NATIVE", "1") == "0":
+        return None
+    sources = sorted((KERNELS / "cpu").glob("*.c"))
+    flags = ["-O3", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-Wall", "-Wextra", "-Werror"]
+    try:
+        path = build_library("engram_cpu", sources, os.environ.get("CC", "cc"), flags)
+        return bind(ctypes.CDLL(str(path)), SIGNATURES)
+    except (EngramError, OSError) as exc:
+        log.warning("engram: CPU kernels unavailable, using plain torch: %s", exc)
+        return None
+
+
+def ptr(tensor: torch.Tensor) -> ctypes._Pointer[ctypes.c_int64]:
+    if not tensor.is_contiguous() or tensor.dtype != torch.int64 or tensor.device.type != "cpu":
+        raise EngramError("internal: kernels take contiguous int64 CPU tensors")
+    return ctypes.cast(tensor.data_ptr(), _I64P)
+
+
+# Below this many items a kernel runs on one thread: waking a thread team costs more than it saves, and
+# replicas sharing a machine would spin against each other.
+PARALLEL_MIN = 16384
+
+
+def threads_for(items: int) -> int:
+    return torch.get_num_threads() if items >= PARALLEL_MIN else 1
+
+
+def launch_gather(
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    ids: torch.Tensor,
+    row_start: int,
+    table_rows: int,
+    out: torch.Tensor,
+    dedup: bool,
+    check_also: torch.Tensor | None,
+) -> None:
+    """The native CPU kernel, or plain torch where it did not build."""
+    if check_also is not None:
+        check_ids(check_also, table_rows)
+    library = cpu_library()
+    if library is None:
+        out.copy_(gather_reference(weight, scale, ids, row_start, table_rows, out.dtype))
+        return
+    flat, order, leader = kernel_ids(ids, dedup)
+    bad = ctypes.c_int64(0)
+    status = library.engram_gather_cpu(
+        weight.data_ptr() or None, scale.data_ptr() if scale is not None else None, weight.shape[0], weight.shape[1],
+        weight.shape[1] * weight.element_size(), row_start, table_rows, ptr(flat),
+        None if order is None else ptr(order), None if leader is None else ptr(leader), flat.numel(),
+        out.data_ptr() or None, 0 if scale is None else OUT_KINDS[out.dtype], ctypes.byref(bad), threads_for(flat.numel()),
+    )  # fmt: skip
+    if status == 2:
+        raise EngramError(f"row id {bad.value} is outside the table's {table_rows} rows (DEAD_ID is {DEAD_ID})")
+    check(status, "engram_gather_cpu")
+
+
+def _hash_native(
+    ext: torch.Tensor,
+    start: torch.Tensor,
+    multipliers: torch.Tensor,
+    primes: torch.Tensor,
+    magic: torch.Tensor,
+    offsets: torch.Tensor,
+    fill: int,
+    out: torch.Tensor,
+) -> bool:
+    library = cpu_library()
+    if library is None:
+        return False
+    layers, max_ngram = multipliers.shape
+    status = library.engram_ngram_hash_cpu(
+        ptr(ext), ptr(start), start.numel(), ext.numel() - start.numel(), ptr(multipliers),
+        ptr(primes), ptr(magic), ptr(offsets), layers, max_ngram, primes.shape[1] // (max_ngram - 1),
+        fill, ptr(out), threads_for(start.numel() * layers),
+    )  # fmt: skip
+    check(status, "engram_ngram_hash_cpu")
+    return True
+
+
+def launch_hash(
+    ext: torch.Tensor,
+    start: torch.Tensor,
+    multipliers: torch.Tensor,
+    primes: torch.Tensor,
+    magic: torch.Tensor,
+    offsets: torch.Tensor,
+    fill: int,
+    vocab: int,
+    out: torch.Tensor,
+) -> None:
+    """The CPU kernel, or plain torch where it did not build; token ids outside the vocabulary raise."""
+    check_token_ids(ext[ext.numel() - start.numel() :], vocab)
+    if not _hash_native(ext, start, multipliers, primes, magic, offsets, fill, out):
+        ngram_hash_reference(ext, start, multipliers, primes, offsets, fill, out)

@@ -1,0 +1,347 @@
+"""The CUDA kernels (kernels/*.cu): built with nvcc into a cache keyed by the sources' hash, loaded with
+ctypes through the C ABI of kernels/engram_kernels.h, and entered in engram.ops' launch tables as the CUDA
+kernels of engram::gather, engram::gather_into and engram::ngram_hash. Also the CUDA runtime that pins host
+tables (registration.py).
+
+Nothing in a launch allocates device memory behind torch's back or synchronises, so the ops can be
+captured in CUDA graphs, and nothing synchronises: in eager mode as under capture, the kernel reads zeros
+for an id outside its table and raises a flag in pinned host memory, which the engine reads once a step
+without a sync (check_error_flags, EngramTables.check_errors)."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import ctypes
+import functools
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from engram.errors import EngramError
+from engram.memory import registration
+from engram.memory.mapping import map_anonymous
+from engram.ops import DEAD_ID, HASHERS, LAUNCHERS, OUT_KINDS, cpu, gather, kernel_ids
+from engram.ops.build import KERNELS, build_library
+
+_VP, _I64, _I64P = ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)
+SIGNATURES: dict[str, list[type]] = {
+    "engram_gather_cuda": [
+        _VP,
+        _VP,
+        _I64,
+        _I64,
+        _I64,
+        _I64,
+        _I64,
+        _VP,
+        _VP,
+        _VP,
+        _I64,
+        _VP,
+        ctypes.c_int,
+        _VP,
+        ctypes.c_int,
+        _VP,
+    ],
+    "engram_check_ids_cuda": [_VP, _I64, _I64, _I64, _VP, _VP],
+    "engram_ngram_hash_cuda": [_VP, _VP, _I64, _I64, _VP, _VP, _VP, _VP, _I64, _I64, _I64, _I64, _VP, _VP],
+    "engram_host_register": [_VP, ctypes.c_uint64, ctypes.c_uint],
+    "engram_host_unregister": [_VP],
+    "engram_host_get_device_pointer": [ctypes.POINTER(ctypes.c_void_p), _VP],
+    "engram_pointer_memory_type": [ctypes.POINTER(ctypes.c_int), _VP],
+    "engram_device_attribute": [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int],
+    "engram_cuda_get_last_error": [],
+    "engram_cuda_last_error": [],
+}
+# Always built; newer ones are added when the toolkit knows them (Hopper is sm_90, the H200 too).
+BASE_ARCHS = ("80", "90")
+EXTRA_ARCHS = ("100", "120")
+
+
+def gencode_flags(nvcc: str = "nvcc") -> list[str]:
+    try:
+        listed = subprocess.run(
+            [nvcc, "--list-gpu-arch"], capture_output=True, text=True, timeout=60, check=False
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        listed = ""
+    known = set(re.findall(r"compute_(\d+)", listed))
+    archs = [*BASE_ARCHS, *(a for a in EXTRA_ARCHS if a in known)]
+    flags = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
+    return [*flags, f"-gencode=arch=compute_{archs[-1]},code=compute_{archs[-1]}"]  # PTX for newer GPUs
+
+
+def build(nvcc: str | None = None) -> Path:
+    """Compile every .cu with warnings as errors; returns the cached library's path."""
+    compiler = nvcc or shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    flags = [
+        "-O3",
+        "-std=c++17",
+        "-shared",
+        "-Werror",
+        "all-warnings",
+        "-Xcompiler",
+        "-Wall,-Wextra,-Werror,-fPIC",
+        *gencode_flags(compiler),
+    ]
+    return build_library("engram_cuda", sorted(KERNELS.glob("*.cu")), compiler, flags)
+
+
+def load(path: Path) -> ctypes.CDLL:
+    """Open a kernel library and declare its C ABI (a stub with the same symbols loads the same way)."""
+    try:
+        library = ctypes.CDLL(str(path))
+    except OSError as exc:
+        raise EngramError(f"cannot load the CUDA kernels from {path}: {exc}") from None
+    cpu.bind(library, SIGNATURES)
+    library.engram_cuda_error_string.argtypes = [ctypes.c_int]
+    library.engram_cuda_error_string.restype = ctypes.c_char_p
+    return library
+
+
+@functools.cache
+def cuda_library() -> ctypes.CDLL:
+    return load(build())
+
+
+def check(library: ctypes.CDLL, status: int, what: str) -> None:
+    """Raise for a non-zero status, naming the CUDA error behind ENGRAM_ERR_CUDA."""
+    if status == 3:
+        code = library.engram_cuda_last_error()
+        text = library.engram_cuda_error_string(code).decode(errors="replace")
+        raise EngramError(f"{what} failed: CUDA error {code} ({text})")
+    cpu.check(status, what)
+
+
+class LibraryRuntime:
+    """registration.CudaRuntime over the kernel library's wrappers of cudaHostRegister and friends."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self.library = library
+
+    def host_register(self, addr: int, size: int, flags: int) -> int:
+        return int(self.library.engram_host_register(addr, size, flags))
+
+    def host_unregister(self, addr: int) -> int:
+        return int(self.library.engram_host_unregister(addr))
+
+    def host_get_device_pointer(self, addr: int) -> tuple[int, int]:
+        pointer = ctypes.c_void_p(0)
+        code = int(self.library.engram_host_get_device_pointer(ctypes.byref(pointer), addr))
+        return code, int(pointer.value or 0)
+
+    def pointer_memory_type(self, addr: int) -> tuple[int, int]:
+        kind = ctypes.c_int(0)
+        code = int(self.library.engram_pointer_memory_type(ctypes.byref(kind), addr))
+        return code, int(kind.value)
+
+    def device_attribute(self, attribute: int) -> tuple[int, int]:
+        value = ctypes.c_int(0)
+        code = int(self.library.engram_device_attribute(ctypes.byref(value), attribute, -1))  # -1: current GPU
+        return code, int(value.value)
+
+    def get_last_error(self) -> int:
+        return int(self.library.engram_cuda_get_last_error())
+
+    def error_string(self, code: int) -> str:
+        return str(self.library.engram_cuda_error_string(code).decode(errors="replace"))
+
+
+def check_readable(runtime: registration.CudaRuntime, *tables: torch.Tensor | None) -> None:
+    """Host tables must be registered for the GPU to read them (the driver's word, not torch's)."""
+    for name, table in zip(("weight", "scale"), tables, strict=False):
+        if table is None or table.device.type != "cpu" or not table.numel():
+            continue
+        if not registration.is_registered(runtime, table.data_ptr(), table.numel() * table.element_size()):
+            raise EngramError(
+                f"the {name} table is in host memory the CUDA driver does not report as registered: the GPU cannot read it (allocate it through engram.runtime.placement.storage, or keep it on the device)"
+            )
+
+
+PROBE_ROWS, PROBE_ROW_BYTES = 4096, 256  # 1 MiB
+
+
+def uva_probe(runtime: registration.CudaRuntime, device: torch.device | str = "cuda") -> str:
+    """Register 1 MiB of host memory and gather scattered rows of it on `device` through its UVA address:
+    what every host table placement relies on. Returns what was read; raises EngramError naming the
+    step that failed."""
+    mapping = map_anonymous(PROBE_ROWS * PROBE_ROW_BYTES, kind="pinned")
+    table = mapping.view(0, (PROBE_ROWS, PROBE_ROW_BYTES), torch.uint8)
+    try:
+        table.copy_(torch.randint(0, 256, table.shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(7)))
+        registration.register(mapping, runtime)
+        ids = torch.randperm(PROBE_ROWS, generator=torch.Generator().manual_seed(8))[:1024]
+        read = gather(table, None, ids.to(device), 0, PROBE_ROWS, torch.uint8).cpu()
+        if not torch.equal(read, table[ids]):
+            raise EngramError("rows read from the GPU through UVA differ from host memory")
+        return f"registered {mapping.length >> 20} MiB of host memory and read {ids.numel()} scattered rows of it on {device} through UVA, bit for bit"
+    finally:
+        del table
+        mapping.release()
+
+
+# What each slot of a device's error flag reports; the kernels set a slot to 1 and the host clears it.
+FLAG_ROW_ID, FLAG_TOKEN_ID = 0, 1
+FLAG_MESSAGES = (
+    "a gather on {device} was given a row id outside its table (it read zeros instead)",
+    "the n-gram hash on {device} was given a compressed token id outside the vocabulary (its row ids are meaningless); compress raw token ids first",
+)
+# One flag per GPU index, made by error_flag and never freed: captured graphs keep writing to its address.
+_flags: dict[int, torch.Tensor] = {}
+
+
+def _index(device: torch.device | str) -> int:
+    device = torch.device(device)
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def error_flag(device: torch.device | str) -> torch.Tensor:
+    """Where the kernels on `device` report bad input: int32 slots (FLAG_ROW_ID, FLAG_TOKEN_ID) in pinned
+    host memory, which the kernels write through its UVA address (a plain store: a slot only goes from 0 to
+    1) and the host reads without synchronising. The address is fixed, so captured graphs report there
+    too. Make it before any capture (EngramTables.build does): pinning memory is no capturable step."""
+    index = _index(device)
+    if index not in _flags:
+        _flags[index] = torch.zeros(len(FLAG_MESSAGES), dtype=torch.int32, pin_memory=True)
+    return _flags[index]
+
+
+def check_error_flags(*, after: torch.cuda.Event | None = None) -> None:
+    """Raise (and clear the flag) if a kernel on any GPU of this process was given bad input since the last
+    check: eager calls, prefetches and graph replays alike. The flags cover the work finished so far:
+    `after`, an event recorded behind the work to cover, is waited for first, except while a stream
+    captures (waiting is not permitted then: the flags are read as they stand)."""
+    if after is not None and not torch.cuda.is_current_stream_capturing():
+        after.synchronize()
+    for index, flag in _flags.items():
+        raised = [slot for slot in range(len(FLAG_MESSAGES)) if int(flag[slot])]
+        if raised:
+            flag.zero_()
+            raise EngramError(FLAG_MESSAGES[raised[0]].format(device=f"cuda:{index}"))
+
+
+_max_blocks: contextvars.ContextVar[int] = contextvars.ContextVar("engram_max_blocks", default=0)
+
+
+@contextlib.contextmanager
+def limit_blocks(blocks: int) -> Iterator[None]:
+    """Gathers launched inside use at most `blocks` thread blocks (0: no cap): a lookup running beside
+    the model's compute (EngramTables.prefetch) then leaves it the rest of the GPU."""
+    if blocks < 0:
+        raise EngramError(f"a block cap must be at least 0 (0: no cap), got {blocks}")
+    token = _max_blocks.set(blocks)
+    try:
+        yield
+    finally:
+        _max_blocks.reset(token)
+
+
+@functools.cache
+def library_runtime() -> LibraryRuntime:
+    return LibraryRuntime(cuda_library())
+
+
+def _stream(device: torch.device) -> int:
+    return int(torch.cuda.current_stream(device).cuda_stream)
+
+
+def launch_cuda(
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    ids: torch.Tensor,
+    row_start: int,
+    table_rows: int,
+    out: torch.Tensor,
+    dedup: bool,
+    check_also: torch.Tensor | None,
+) -> None:
+    """The CUDA kernel on the ids' device and its current stream, arguments already checked
+    (ops.run_gather). Nothing here synchronises: ids outside the table read zeros and raise the device's
+    error flag, which the engine reads once a step (EngramTables.check_errors)."""
+    check_readable(library_runtime(), weight, scale)
+    library = cuda_library()
+    flag = error_flag(ids.device)
+    with torch.cuda.device(ids.device):  # the launch goes to the ids' GPU, whichever is current
+        if check_also is not None:
+            more = check_also.reshape(-1).to(torch.int64).contiguous()
+            status = library.engram_check_ids_cuda(
+                more.data_ptr() or None,
+                more.numel(),
+                DEAD_ID,
+                table_rows,
+                flag_slot(flag, FLAG_ROW_ID),
+                _stream(ids.device),
+            )
+            check(library, status, "engram_check_ids_cuda")
+        flat, order, leader = kernel_ids(ids, dedup)
+        gather_cuda(library, weight, scale, flat, order, leader, row_start, table_rows, out, flag, _max_blocks.get())
+
+
+LAUNCHERS["cuda"] = launch_cuda
+
+
+def flag_slot(flag: torch.Tensor, slot: int) -> int:
+    """The address of one slot of an error flag (error_flag), as the kernels take it."""
+    return flag.data_ptr() + slot * flag.element_size()
+
+
+def gather_cuda(
+    library: ctypes.CDLL,
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    ids: torch.Tensor,
+    order: torch.Tensor | None,
+    leader: torch.Tensor | None,
+    row_start: int,
+    table_rows: int,
+    out: torch.Tensor,
+    flag: torch.Tensor,
+    max_blocks: int = 0,
+) -> None:
+    """engram_gather_cuda on the current stream, for ids as ops.kernel_ids gives them: the one place that
+    spells out the C ABI call (the op and scripts/gpu_check.py's raw kernel checks both use it)."""
+    status = library.engram_gather_cuda(
+        weight.data_ptr() or None, scale.data_ptr() if scale is not None and scale.numel() else None, weight.shape[0], weight.shape[1],
+        weight.shape[1] * weight.element_size(), row_start, table_rows, ids.data_ptr() or None,
+        None if order is None else order.data_ptr(), None if leader is None else leader.data_ptr(), ids.numel(),
+        out.data_ptr() or None, 0 if scale is None else OUT_KINDS[out.dtype], flag.data_ptr(), max_blocks,
+        _stream(ids.device),
+    )  # fmt: skip
+    check(library, status, "engram_gather_cuda")
+
+
+def hash_cuda(
+    ext: torch.Tensor,
+    start: torch.Tensor,
+    multipliers: torch.Tensor,
+    primes: torch.Tensor,
+    magic: torch.Tensor,
+    offsets: torch.Tensor,
+    fill: int,
+    vocab: int,
+    out: torch.Tensor,
+) -> None:
+    """The hash on the ids' GPU; new token ids outside [0, vocab) raise the flag's FLAG_TOKEN_ID slot (no sync)."""
+    library = cuda_library()
+    layers, max_ngram = multipliers.shape
+    tokens, context = start.numel(), ext.numel() - start.numel()
+    with torch.cuda.device(ext.device):
+        stream = _stream(ext.device)
+        new = ext.data_ptr() + context * ext.element_size() if tokens else None
+        flag = flag_slot(error_flag(ext.device), FLAG_TOKEN_ID)
+        check(library, library.engram_check_ids_cuda(new, tokens, 0, vocab, flag, stream), "engram_check_ids_cuda")
+        status = library.engram_ngram_hash_cuda(
+            ext.data_ptr(), start.data_ptr(), tokens, context, multipliers.data_ptr(), primes.data_ptr(), magic.data_ptr(),
+            offsets.data_ptr(), layers, max_ngram, primes.shape[1] // (max_ngram - 1), fill, out.data_ptr(), stream,
+        )  # fmt: skip
+        check(library, status, "engram_ngram_hash_cuda")
+
+
+HASHERS["cuda"] = hash_cuda
+
+__all__ = ["DEAD_ID", "LibraryRuntime", "build", "check_error_flags", "cuda_library", "error_flag", "load", "uva_probe"]

@@ -1,0 +1,70 @@
+"""The ops in plain torch: the oracle every kernel is tested against, and the fallback where the native
+CPU twins cannot be built."""
+
+from __future__ import annotations
+
+import torch
+
+from engram.ops.checks import SCALE_BLOCK, check_gather_args, check_ids
+
+
+def gather_reference(
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    ids: torch.Tensor,
+    row_start: int,
+    table_rows: int,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """The gather in plain torch: what every kernel is tested against, and the fallback."""
+    check_gather_args(weight, scale, ids, row_start, table_rows, out_dtype)
+    check_ids(ids, table_rows)
+    flat = ids.reshape(-1).to(torch.int64)
+    local = flat - row_start
+    owned = (flat >= 0) & (local >= 0) & (local < weight.shape[0])
+    index = torch.where(owned, local, 0)
+    rows = weight.index_select(0, index) if weight.shape[0] else weight.new_zeros((flat.numel(), weight.shape[1]))
+    if scale is not None:
+        scales = (
+            scale.index_select(0, index) if scale.shape[0] else scale.new_zeros((flat.numel(), scale.shape[1]))
+        ).float()
+        blocks = weight.shape[1] // SCALE_BLOCK
+        values = (
+            (rows.float().view(flat.numel(), blocks, SCALE_BLOCK) * scales[:, :, None])
+            .view(flat.numel(), weight.shape[1])
+            .to(out_dtype)
+        )
+    else:
+        values = rows.to(out_dtype)
+    values[~owned] = 0
+    return values.view(*ids.shape, weight.shape[1])
+
+
+def ngram_hash_reference(
+    ext: torch.Tensor,
+    start: torch.Tensor,
+    multipliers: torch.Tensor,
+    primes: torch.Tensor,
+    offsets: torch.Tensor,
+    fill: int,
+    out: torch.Tensor,
+) -> None:
+    """The hash in plain torch ops over the whole batch (the reference, and the fallback). ext: [ctx + T]
+    history then new ids; start: [T] lowest readable index of ext per token; multipliers [L, N]; primes,
+    offsets [L, C]; out [T, L, C]."""
+    tokens = start.numel()
+    layers, max_ngram = multipliers.shape
+    heads = primes.shape[1] // (max_ngram - 1)
+    position = torch.arange(ext.numel() - tokens, ext.numel(), dtype=torch.int64, device=ext.device)
+    by_order = out.view(tokens, layers, max_ngram - 1, heads)
+    primes, offsets = primes.view(layers, max_ngram - 1, heads), offsets.view(layers, max_ngram - 1, heads)
+    mix = None
+    for k in range(max_ngram):
+        at = position - k
+        word = torch.where(at >= start, ext[at], fill)
+        term = word[:, None] * multipliers[None, :, k]  # [T, L]; < 2^63 by the multiplier bound
+        mix = term if mix is None else mix ^ term
+        if k >= 1:
+            by_order[:, :, k - 1, :] = (
+                torch.remainder(mix[:, :, None], primes[None, :, k - 1, :]) + offsets[None, :, k - 1, :]
+            )

@@ -1,0 +1,417 @@
+"""Checkpoint loading into table shards through per-parameter weight loaders `(param, loaded_tensor)`.
+
+safetensors files are never mapped (a file truncated under a mapping kills the reader with SIGBUS): a
+shard's rows are read with pread straight into the table, or through a staging buffer for a GPU table,
+so a file that shrinks gives a clear error. Headers are validated before any byte is copied: every
+tensor's shape, dtype and byte range, and the ranges tiling the data region exactly (as the safetensors
+library requires: no overlap, no gap). `.pt` files load with weights_only=True (pickled objects other
+than tensors are refused); every record's CRC-32 is verified and every tensor's storage must hold its
+shape, since torch.load(mmap=True) checks neither. Only regular files are opened (never a FIFO).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import pickle
+import threading
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import torch
+from tqdm import tqdm
+
+from engram.errors import EngramError
+from engram.runtime.checkpoints.digests import verify_files
+from engram.runtime.checkpoints.files import check_regular
+from engram.runtime.dist import Group, barrier
+from engram.runtime.placement.storage import SCALE_DTYPE, WEIGHT_DTYPES, TableShard
+
+SAFETENSORS_DTYPES = {
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E8M0": torch.float8_e8m0fnu,
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "F32": torch.float32,
+    "F64": torch.float64,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+MAX_HEADER = 100 << 20
+COPY_CHUNK = 64 << 20
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+
+class SafetensorsFile:
+    """A validated safetensors file whose tensors are views of a private (copy-on-write) file mapping."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise self._error(f"only {size} bytes: too short for a safetensors header")
+            header_len = int.from_bytes(head, "little")
+            if header_len > MAX_HEADER or 8 + header_len > size:
+                raise self._error(
+                    f"header length {header_len:,} does not fit a {size:,}-byte file (truncated or not safetensors)"
+                )
+            raw = f.read(header_len)
+        try:
+            header = msgspec.json.decode(raw)
+        except msgspec.DecodeError as exc:
+            raise self._error(f"header is not valid JSON: {str(exc)[:200]}") from None
+        except RecursionError:
+            raise self._error("header nests too deeply to be a safetensors header") from None
+        if not isinstance(header, dict):
+            raise self._error("header is not a JSON object")
+        self.data_start = 8 + header_len
+        data_len = size - self.data_start
+        self.entries = {
+            name: self._entry(name, spec, data_len) for name, spec in header.items() if name != "__metadata__"
+        }
+        self._check_tiling(data_len)
+        info = os.stat(path)
+        self.identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+
+    def _check_tiling(self, data_len: int) -> None:
+        """The tensors' byte ranges, in order, must cover the data region exactly: overlapping tensors
+        would load as each other's bytes, and the official library refuses such a file too."""
+        at = 0
+        for name, entry in sorted(self.entries.items(), key=lambda item: (item[1].begin, item[1].end)):
+            if entry.begin != at:
+                kind = (
+                    "overlaps the tensor before it"
+                    if entry.begin < at
+                    else f"leaves bytes {at:,}..{entry.begin:,} unclaimed"
+                )
+                raise self._error(
+                    f"tensor {name!r} at data_offsets [{entry.begin}, {entry.end}] {kind}: invalid offsets"
+                )
+            at = entry.end
+        if at != data_len:
+            raise self._error(
+                f"the tensors end at data byte {at:,} but the data region holds {data_len:,}: invalid offsets"
+            )
+
+    def _error(self, message: str) -> EngramError:
+        return EngramError(f"{self.path}: {message}")
+
+    def _entry(self, name: str, spec: Any, data_len: int) -> TensorEntry:
+        if not isinstance(spec, dict) or not {"dtype", "shape", "data_offsets"} <= spec.keys():
+            raise self._error(f"tensor {name!r}: header entry needs dtype, shape and data_offsets")
+        dtype = SAFETENSORS_DTYPES.get(spec["dtype"]) if isinstance(spec["dtype"], str) else None
+        if dtype is None:
+            raise self._error(f"tensor {name!r}: unsupported dtype {spec['dtype']!r}")
+        shape, offsets = spec["shape"], spec["data_offsets"]
+        if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
+            raise self._error(f"tensor {name!r}: bad shape {shape!r}")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
+            raise self._error(f"tensor {name!r}: bad data_offsets {offsets!r}")
+        begin, end = offsets
+        count = 1
+        for d in shape:
+            count *= d
+        if not 0 <= begin <= end or end - begin != count * dtype.itemsize:
+            raise self._error(f"tensor {name!r}: data_offsets {offsets} do not hold {shape} x {spec['dtype']}")
+        if end > data_len:
+            raise self._error(
+                f"truncated: tensor {name!r} ends at byte {self.data_start + end:,} but the file has {self.data_start + data_len:,}"
+            )
+        return TensorEntry(dtype, tuple(shape), begin, end)
+
+    def read_rows(
+        self, name: str, start: int, out: torch.Tensor, on_bytes: Callable[[int], None] | None = None
+    ) -> None:
+        """Rows [start, start + len(out)) of tensor `name` into `out` with pread: straight into a
+        contiguous CPU tensor (the page cache is copied once), through a staging buffer otherwise (a GPU
+        table). A file that shrank or was replaced since it was opened is an error, never a signal."""
+        entry = self.entries[name]
+        if out.dtype != entry.dtype or tuple(out.shape[1:]) != entry.shape[1:]:
+            raise self._error(
+                f"tensor {name!r} is {entry.dtype} {list(entry.shape)}; cannot read it into {out.dtype} {list(out.shape)}"
+            )
+        row_bytes = out[:1].numel() * out.element_size() if out.dim() else out.element_size()
+        offset = self.data_start + entry.begin + start * row_bytes
+        if offset + out.numel() * out.element_size() > self.data_start + entry.end:
+            raise self._error(
+                f"rows [{start}, {start + len(out)}) lie outside tensor {name!r} of {entry.shape[0]} rows"
+            )
+        if not out.is_contiguous():
+            raise self._error(f"tensor {name!r}: rows are read into contiguous tensors only")
+        flat = out.view(torch.uint8).view(-1)
+        direct = out.device.type == "cpu"
+        staging = flat if direct else torch.empty(min(COPY_CHUNK, flat.numel()), dtype=torch.uint8)
+        with self.path.open("rb", buffering=0) as f:
+            info = os.fstat(f.fileno())
+            if (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns) != self.identity:
+                raise self._error("the file changed since it was opened (replaced, truncated or rewritten); load again")
+            done = 0
+            while done < flat.numel():
+                piece = min(COPY_CHUNK, flat.numel() - done)
+                target = staging[done : done + piece] if direct else staging[:piece]
+                if _pread_full(f.fileno(), target, offset + done) < piece:
+                    raise self._error(f"tensor {name!r} ended early: the file shrank while loading")
+                if not direct:
+                    flat[done : done + piece].copy_(target)
+                done += piece
+                if on_bytes is not None:
+                    on_bytes(piece)
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """The whole tensor, read into private memory (never a view of a mapping of the file)."""
+        entry = self.entries[name]
+        out = torch.empty(entry.shape, dtype=entry.dtype)
+        if out.numel():
+            self.read_rows(name, 0, out if out.dim() else out.view(1))
+        return out
+
+
+def _pread_full(fd: int, target: torch.Tensor, offset: int) -> int:
+    """Bytes read into `target` (contiguous uint8) at `offset`; fewer only at the end of the file."""
+    view = memoryview(target.numpy())  # type: ignore[arg-type]
+    done = 0
+    while done < len(view):
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n == 0:
+            break
+        done += n
+    return done
+
+
+def _pt_records(path: Path) -> list[int]:
+    """The byte sizes of the tensor data records, in file order, after every record's CRC-32 is checked
+    (the zip format carries one: a flipped byte would otherwise load as a different row)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+            records = sorted(
+                (info.header_offset, info.file_size)
+                for info in archive.infolist()
+                if info.filename.split("/")[-2:-1] == ["data"]
+            )
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+        raise EngramError(f"{path}: not a readable .pt checkpoint (truncated or corrupt): {str(exc)[:200]}") from None
+    if bad is not None:
+        raise EngramError(f"{path}: record {bad!r} fails its CRC-32 check: the file is corrupt")
+    return [size for _, size in records]
+
+
+def _check_pt_tensors(path: Path, loaded: dict[str, torch.Tensor], records: list[int]) -> None:
+    """Dense CPU tensors whose storages are exactly their records: torch.load(mmap=True) takes a storage's
+    size from the pickle, not from its record, so a short record would read past it. The file is mapped
+    whole, so storages in address order are the records in file order."""
+    for name, tensor in loaded.items():
+        if tensor.layout != torch.strided or tensor.device.type != "cpu":
+            raise EngramError(
+                f"{path}: tensor {name!r} is {tensor.layout} on {tensor.device}; a checkpoint holds dense CPU tensors"
+            )
+    storages = sorted({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in loaded.values()}.items())
+    sizes = [nbytes for _, nbytes in storages]
+    if sizes != records:
+        raise EngramError(
+            f"{path}: the tensors' storages ({len(sizes)}, {sum(sizes):,} bytes) do not match the data records ({len(records)}, {sum(records):,} bytes): the file is corrupt"
+        )
+
+
+def _pt_tensors(path: Path) -> dict[str, torch.Tensor]:
+    records = _pt_records(path)
+    try:
+        loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise EngramError(
+            f"{path}: holds pickled objects other than tensors, refused (weights_only): {first}"
+        ) from None
+    except (RuntimeError, zipfile.BadZipFile, EOFError, ValueError, NotImplementedError, OSError) as exc:
+        raise EngramError(
+            f"{path}: not a readable .pt checkpoint (truncated or corrupt): {str(exc).strip().splitlines()[0]}"
+        ) from None
+    if not isinstance(loaded, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in loaded.items()
+    ):
+        raise EngramError(f"{path}: a .pt checkpoint must hold a dict of name -> tensor")
+    _check_pt_tensors(path, loaded, records)
+    return loaded
+
+
+class Progress(tqdm):  # type: ignore[misc]
+    """tqdm with a thread lock of its own. tqdm's default lock includes a multiprocessing RLock, which in a
+    spawned process (every replica) is a named POSIX semaphore, /dev/shm/sem.mp-*, removed only by
+    multiprocessing's resource tracker at exit: a process group killed with SIGKILL (tracker included)
+    left one per replica behind. A bar is only ever updated by the thread that made it."""
+
+
+Progress.set_lock(threading.RLock())
+
+
+def _is_safetensors(file: Path) -> bool:
+    """By its suffix, or for a file named otherwise, by its first bytes: an 8-byte header length, then the
+    header's '{' (a .pt file is a zip archive or a pickle)."""
+    if file.suffix in (".safetensors", ".pt", ".bin"):
+        return file.suffix == ".safetensors"
+    try:
+        with file.open("rb") as f:
+            head = f.read(9)
+    except OSError as exc:
+        raise EngramError(f"checkpoint file {file} cannot be read: {exc.strerror}") from None
+    return len(head) == 9 and head[8:9] == b"{"
+
+
+def _same(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
+class Checkpoint:
+    """Every tensor of a checkpoint file or directory (*.safetensors, *.pt, *.bin), opened lazily."""
+
+    def __init__(self, path: str | os.PathLike[str], *, verify: bool = False) -> None:
+        """`verify`: check every file's sha256 against the SHA256SUMS beside it first (digests.py says
+        what each format detects without it)."""
+        root = Path(path)
+        if root.is_dir():
+            files = sorted(p for p in root.iterdir() if p.suffix in (".safetensors", ".pt", ".bin"))
+        elif root.exists() or root.is_symlink():
+            files = [root]
+        else:
+            raise EngramError(f"checkpoint {root} does not exist")
+        if not files:
+            raise EngramError(f"checkpoint directory {root} holds no *.safetensors, *.pt or *.bin file")
+        for file in files:
+            check_regular(file, "checkpoint file")
+        if verify:
+            verify_files(files[0].parent, files)
+        self.paths = files
+        self.sources: dict[str, Callable[[], torch.Tensor]] = {}
+        self.shapes: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+        self.files: dict[str, SafetensorsFile] = {}  # tensors that can be read with pread
+        self.mapped_files: dict[Path, Any] = {}  # read-only mappings of file-backed tables (runtime.filemap)
+        for file in files:
+            if _is_safetensors(file):
+                st = SafetensorsFile(file)
+                for name, entry in st.entries.items():
+                    self._add(name, file, entry.shape, entry.dtype, functools.partial(st.tensor, name))
+                    self.files[name] = st
+            else:
+                for name, tensor in _pt_tensors(file).items():
+                    self._add(name, file, tuple(tensor.shape), tensor.dtype, functools.partial(_same, tensor))
+
+    def _add(
+        self, name: str, file: Path, shape: tuple[int, ...], dtype: torch.dtype, get: Callable[[], torch.Tensor]
+    ) -> None:
+        if name in self.sources:
+            raise EngramError(f"tensor {name!r} appears twice in the checkpoint (again in {file})")
+        self.sources[name] = get
+        self.shapes[name] = (shape, dtype)
+
+
+def expected_tensors(shard: TableShard, table_rows: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    fmt = shard.format
+    out: dict[str, tuple[tuple[int, ...], torch.dtype]] = {
+        f"{shard.name}.weight": ((table_rows, fmt.dim), WEIGHT_DTYPES[fmt.dtype])
+    }
+    if fmt.scaled:
+        out[f"{shard.name}.scale"] = ((table_rows, fmt.dim // 32), SCALE_DTYPE)
+    return out
+
+
+def shard_weight_loader(
+    shard: TableShard,
+    tensor: str,
+    group: Group | None,
+    on_bytes: Callable[[int], None] | None = None,
+    source: SafetensorsFile | None = None,
+) -> Callable[[torch.Tensor, torch.Tensor | None], None]:
+    """The weight loader of a shard's parameters: narrow the checkpoint tensor to the owned rows and copy.
+    With a shared table only the group's leader copies, and every rank meets at a barrier after each
+    call, so when the last call returns the table is complete everywhere. With `source`, the file the
+    tensor lives in, and no tensor given (loaded=None), the owned rows are read from the file (pread)."""
+
+    def load(param: torch.Tensor, loaded: torch.Tensor | None) -> None:
+        if shard.placement == "file":
+            return  # the rows are served from the checkpoint's own read-only pages: nothing to copy
+        if group is None or group.rank == 0:
+            if loaded is None:
+                if source is None:
+                    raise EngramError(f"{tensor}: no tensor given and no file to read it from")
+                source.read_rows(tensor, shard.row_start, param.data, on_bytes)
+            else:
+                _copy_rows(loaded[shard.row_start : shard.row_stop], param, on_bytes)
+        if group is not None:
+            barrier(group, f"load {tensor}")
+
+    return load
+
+
+def _copy_rows(rows: torch.Tensor, param: torch.Tensor, on_bytes: Callable[[int], None] | None) -> None:
+    step = max(1, COPY_CHUNK // max(1, rows[:1].numel() * rows.element_size()))
+    for start in range(0, rows.shape[0], step):
+        part = rows[start : start + step]
+        param.data[start : start + step].copy_(part)
+        if on_bytes is not None:
+            on_bytes(part.numel() * part.element_size())
+
+
+def load_shards(
+    shards: list[TableShard],
+    table_rows: dict[str, int],
+    checkpoint: Checkpoint,
+    *,
+    group: Group | None = None,
+    progress: bool = True,
+    on_bytes: Callable[[int], None] | None = None,
+) -> int:
+    """Load every shard from `checkpoint`; returns the bytes copied here. Shapes and dtypes of every
+    tensor are checked against the tables before the first byte moves. A progress bar (bytes, rate,
+    time left) appears for loads that take over a second; `on_bytes` hears of every chunk copied."""
+    wanted: dict[str, tuple[TableShard, str]] = {}
+    problems = []
+    for shard in shards:
+        for name, (shape, dtype) in expected_tensors(shard, table_rows[shard.name]).items():
+            wanted[name] = (shard, name.rsplit(".", 1)[1])
+            if name not in checkpoint.shapes:
+                problems.append(f"{name} is missing")
+                continue
+            got_shape, got_dtype = checkpoint.shapes[name]
+            if got_shape != shape:
+                problems.append(f"{name} has shape {list(got_shape)}, the model needs {list(shape)}")
+            elif got_dtype != dtype:
+                problems.append(f"{name} has dtype {got_dtype}, the model needs {dtype}")
+    if problems:
+        raise EngramError("checkpoint does not match the model: " + "; ".join(problems))
+    writer = group is None or group.rank == 0
+    total = sum(s.format.nbytes for s in shards) if writer else 0
+    copied = 0
+    bar_options = {"unit": "B", "unit_scale": True, "unit_divisor": 1024, "desc": "engram tables", "delay": 1.0}
+    with Progress(total=total, disable=not (progress and writer), **bar_options) as bar:
+
+        def count(n: int) -> None:
+            bar.update(n)
+            if on_bytes is not None:
+                on_bytes(n)
+
+        for name in sorted(wanted):  # the same calls in the same order on every rank
+            shard, part = wanted[name]
+            param = shard.weight if part == "weight" else shard.scale
+            assert param is not None
+            source = checkpoint.files.get(name)
+            loaded = None if source is not None else checkpoint.sources[name]()  # safetensors: read from the file
+            shard_weight_loader(shard, name, group, count, source)(param, loaded)
+            copied += param.numel() * param.element_size() if writer else 0
+    return copied

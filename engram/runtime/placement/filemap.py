@@ -1,0 +1,193 @@
+"""File-backed tables: each shard is a view of a read-only shared mapping of the safetensors file that
+holds it, in the file's own dtype and layout (fp8 rows and their ue8m0 scales are separate tensors).
+Nothing is copied at start-up, every process on the node shares the page cache's pages, and tables may
+exceed RAM (the kernel pages rows in and out).
+
+Safety: every header and tensor byte range is validated against the file size before the mapping is
+made (SafetensorsFile), the file's identity is kept, and rows are read only by the guarded CPU kernel
+(kernels/cpu/guard_cpu.h), so a file truncated while mapped is an error naming it, never SIGBUS. A file
+replaced by rename keeps serving the old, complete pages (the mapping holds the old inode).
+
+A file found mostly out of the page cache when mapped (more tables than RAM, a cold disk) is read with
+MADV_RANDOM, so a fault does not drag in neighbouring pages nobody asked for, and every lookup first asks
+for its rows' pages (MADV_WILLNEED), so the reads are in flight together rather than one fault at a time."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from engram.errors import EngramError
+from engram.memory.mapping import HUGETLBFS_MAGIC, PAGE, Mapping, madvise, map_readonly_file
+from engram.memory.registration import ATTRIBUTE_READ_ONLY_REGISTER, CudaRuntime, read_only_supported, register
+from engram.ops import cpu
+from engram.runtime.checkpoints.loader import Checkpoint, SafetensorsFile
+from engram.runtime.placement.storage import SCALE_BLOCK, SCALE_DTYPE, WEIGHT_DTYPES, ShardFormat, TableShard
+
+log = logging.getLogger("engram")
+TMPFS_MAGIC = 0x01021994
+
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
+
+
+MADV_RANDOM = 1
+RESIDENCY_SAMPLES = 1024
+COLD = 0.9  # below this share of sampled pages in the page cache, a file is read ahead
+
+
+@dataclass(eq=False)
+class MappedFile:
+    file: SafetensorsFile
+    mapping: Mapping
+    in_memory_fs: bool  # tmpfs or hugetlbfs: pages never leave RAM, so the GPU may read them over UVA
+    readahead: bool  # not in the page cache: fault-around is off and lookups ask for their pages first
+    uva: bool = False  # registered read-only: the GPU reads its pages directly
+
+
+def resident_share(mapping: Mapping, samples: int = RESIDENCY_SAMPLES) -> float:
+    """The share of an evenly spaced sample of the mapping's pages that are in the page cache (mincore)."""
+    pages = mapping.length // PAGE
+    if pages == 0:
+        return 1.0
+    step = max(1, pages // samples)
+    vec = ctypes.c_ubyte()
+    picked = range(0, pages, step)
+    resident = 0
+    for page in picked:
+        if _libc.mincore(ctypes.c_void_p(mapping.addr + page * PAGE), PAGE, ctypes.byref(vec)) == 0:
+            resident += vec.value & 1
+    return resident / len(picked)
+
+
+def read_ahead(shard: TableShard, ids: torch.Tensor) -> None:
+    """Start reading the pages of these rows of a file-backed shard (weights and scales) at once."""
+    library = cpu.cpu_library()
+    flat = ids.reshape(-1).to(torch.int64).cpu().contiguous()
+    for part in (shard.weight, shard.scale):
+        if part is not None and library is not None and flat.numel():
+            row_bytes = part.shape[1] * part.element_size()
+            status = library.engram_readahead_cpu(
+                part.data_ptr(), part.shape[0], row_bytes, shard.row_start, cpu.ptr(flat), flat.numel()
+            )
+            cpu.check(status, "engram_readahead_cpu")
+
+
+def check_files(shard: TableShard) -> None:
+    """Raise, naming the file, when a file behind a file-backed shard shrank since it was mapped (a read
+    past its new end faulted; the guarded kernel turned that into an error)."""
+    for mapping in shard.files:
+        try:
+            size = os.stat(mapping.path or "").st_size
+        except OSError as exc:
+            raise EngramError(f"{mapping.path}: the file-backed checkpoint cannot be read any more: {exc}") from None
+        if size < mapping.size:
+            raise EngramError(
+                f"{mapping.path}: the checkpoint shrank from {mapping.size:,} to {size:,} bytes while its tables "
+                "were mapped; restore the file and restart the engine"
+            )
+
+
+@contextlib.contextmanager
+def files_named_on_fault(shard: TableShard) -> Iterator[None]:
+    """Reads of `shard` inside: a read that faulted because a file behind a file-backed shard shrank is
+    raised as the error naming that file (check_files); any other error passes unchanged."""
+    try:
+        yield
+    except EngramError:
+        if shard.files:
+            check_files(shard)
+        raise
+
+
+def in_memory_fs(path: str) -> bool:
+    """Whether `path` lies on tmpfs or hugetlbfs, whose pages stay in memory (and may be pinned for UVA)."""
+    buf = (ctypes.c_long * 32)()  # struct statfs; f_type is its first field on Linux
+    if _libc.statfs(path.encode(), buf) != 0:
+        return False
+    return (buf[0] & 0xFFFFFFFF) in (TMPFS_MAGIC, HUGETLBFS_MAGIC)
+
+
+def map_file(file: SafetensorsFile) -> MappedFile:
+    """One read-only mapping of a validated file, after checking it is still the file that was validated."""
+    fd = os.open(file.path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns) != file.identity:
+            raise EngramError(f"{file.path}: the file changed between validation and mapping; start again")
+        mapping = map_readonly_file(fd, info.st_size, str(file.path))
+    finally:
+        os.close(fd)  # the mapping keeps the inode alive
+    in_memory = in_memory_fs(str(file.path))
+    cold = not in_memory and resident_share(mapping) < COLD
+    if cold:  # random rows: the kernel's read-around would fetch pages nobody asked for
+        madvise(mapping.addr, mapping.length, MADV_RANDOM)
+    return MappedFile(file, mapping, in_memory, cold)
+
+
+def uva_readable(mapped: MappedFile, runtime: CudaRuntime) -> bool:
+    """Register a file on an in-memory file system read-only, so the GPU reads its pages over UVA; where
+    the GPU cannot pin read-only memory, say so once and leave the file to the host-thread gather."""
+    if not read_only_supported(runtime):
+        log.warning(
+            "engram: this GPU cannot register read-only host memory (device attribute %d is 0): file-backed "
+            "tables in %s are gathered on host threads and copied, not read over UVA",
+            ATTRIBUTE_READ_ONLY_REGISTER,
+            mapped.file.path,
+        )
+        return False
+    register(mapped.mapping, runtime, read_only=True)
+    return True
+
+
+def file_shard(
+    name: str, fmt: ShardFormat, row_start: int, table_rows: int, checkpoint: Checkpoint, runtime: CudaRuntime | None
+) -> TableShard:
+    """Rows [row_start, row_start + fmt.rows) of table `name`, viewed in place in the checkpoint's file.
+    With a CUDA runtime, a file on tmpfs or hugetlbfs is registered (read-only) for UVA, so the GPU gathers
+    from the page cache's own pages; any other file is gathered on host threads (EngramEmbedding)."""
+    if cpu.cpu_library() is None:
+        raise EngramError("file_backed tables are read only by the guarded native kernels; install a C compiler (cc)")
+    views = {}
+    files: list[MappedFile] = []
+    parts = {"weight": (fmt.dim, WEIGHT_DTYPES[fmt.dtype])}
+    if fmt.scaled:
+        parts["scale"] = (fmt.dim // SCALE_BLOCK, SCALE_DTYPE)
+    for part, (width, dtype) in parts.items():
+        tensor = f"{name}.{part}"
+        file = checkpoint.files.get(tensor)
+        if file is None:
+            where = "is missing" if tensor not in checkpoint.shapes else "is not in a safetensors file"
+            raise EngramError(f"file_backed tables are served from safetensors checkpoints; {tensor} {where}")
+        entry = file.entries[tensor]
+        if entry.shape != (table_rows, width) or entry.dtype != dtype:
+            raise EngramError(
+                f"checkpoint does not match the model: {tensor} is {entry.dtype} {list(entry.shape)}, the model needs {dtype} {[table_rows, width]}"
+            )
+        mapped = checkpoint.mapped_files.get(file.path)
+        if mapped is None:
+            mapped = checkpoint.mapped_files[file.path] = map_file(file)
+            if runtime is not None and mapped.in_memory_fs:
+                mapped.uva = uva_readable(mapped, runtime)
+        row_bytes = width * dtype.itemsize
+        offset = file.data_start + entry.begin + row_start * row_bytes
+        views[part] = mapped.mapping.view(offset, (fmt.rows, width), dtype)
+        files += [mapped] if mapped not in files else []
+    in_memory = all(f.in_memory_fs for f in files)
+    uva = all(f.uva for f in files)
+    readahead = any(f.readahead for f in files)
+    note = "mapped from " + ", ".join(str(f.file.path) for f in files)
+    note += (" (in-memory file system)" if in_memory else "") + (" (read ahead per lookup)" if readahead else "")
+    pointer = views["weight"].data_ptr() if uva else None
+    return TableShard(
+        name, row_start, fmt, "file", views["weight"], views.get("scale"), None, pointer, note,
+        files=tuple(f.mapping for f in files), readahead=readahead,
+    )  # fmt: skip

@@ -1,0 +1,153 @@
+"""Storage for one table shard: rows [row_start, row_start + rows) of one table, where the config says.
+
+| placement | when                              | memory                                                  |
+|-----------|-----------------------------------|---------------------------------------------------------|
+| device    | cpu_offload=false                 | a plain tensor on the GPU (on the CPU platform: in RAM) |
+| pinned    | cpu_offload=true on a GPU         | exact-size anonymous mapping, cudaHostRegister'ed, UVA  |
+| hugepages | thp_packing=true                  | PMD-aligned mapping on transparent huge pages           |
+| shm       | dp_shared_memory=true             | one /dev/shm file per shard, mapped by every replica    |
+| host      | cpu_offload=true on the CPU       | exact-size anonymous mapping (the CPU reference)        |
+| file      | file_backed=true                  | the checkpoint's own pages, mapped read-only (filemap)  |
+
+Weights and, for fp8, the ue8m0 block-32 scales share one mapping; the scales start 128-byte aligned."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from engram.config import EngramConfig
+from engram.errors import EngramError
+from engram.memory.mapping import Mapping, map_anonymous, round_up
+from engram.memory.registration import CudaRuntime, register
+from engram.runtime.dist import Group
+from engram.runtime.placement import shm
+from engram.runtime.placement.hugepages import map_huge
+
+Placement = Literal["device", "pinned", "hugepages", "shm", "host", "file"]
+SCALE_BLOCK = 32
+ALIGN = 128
+WEIGHT_DTYPES = {"fp8": torch.float8_e4m3fn, "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+SCALE_DTYPE = torch.float8_e8m0fnu
+
+
+def placement_for(config: EngramConfig, platform: str) -> Placement:
+    if not config.cpu_offload:
+        return "device"
+    if config.file_backed:
+        return "file"
+    if config.dp_shared_memory:
+        return "shm"
+    if config.thp_packing:
+        return "hugepages"
+    return "pinned" if platform in ("cuda", "rocm") else "host"
+
+
+@dataclass(frozen=True)
+class ShardFormat:
+    """Shape and bytes of a shard: `rows` rows of `dim` values in `dtype` (plus scales for fp8)."""
+
+    rows: int
+    dim: int
+    dtype: str
+
+    def __post_init__(self) -> None:
+        if self.dtype not in WEIGHT_DTYPES:
+            raise EngramError(f"table dtype must be one of {', '.join(WEIGHT_DTYPES)}, got {self.dtype!r}")
+        if self.dtype == "fp8" and self.dim % SCALE_BLOCK:
+            raise EngramError(f"fp8 rows need a dim divisible by {SCALE_BLOCK} (one scale per block), got {self.dim}")
+
+    @property
+    def scaled(self) -> bool:
+        return self.dtype == "fp8"
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.rows * self.dim * WEIGHT_DTYPES[self.dtype].itemsize
+
+    @property
+    def scale_offset(self) -> int:
+        return round_up(self.weight_bytes, ALIGN)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the shard occupies: weights, alignment, scales."""
+        return self.scale_offset + self.rows * (self.dim // SCALE_BLOCK) if self.scaled else self.weight_bytes
+
+    @property
+    def row_bytes(self) -> int:
+        return self.dim * WEIGHT_DTYPES[self.dtype].itemsize + (self.dim // SCALE_BLOCK if self.scaled else 0)
+
+
+@dataclass(eq=False)
+class TableShard:
+    name: str
+    row_start: int
+    format: ShardFormat
+    placement: Placement
+    weight: torch.Tensor
+    scale: torch.Tensor | None
+    mapping: Mapping | None = None  # the memory this shard owns (none for device and file-backed shards)
+    device_pointer: int | None = None  # UVA pointer of a registered host shard
+    note: str = ""
+    # File-backed shards: the mappings of the files their weight and scale live in (often one), shared
+    # with every other shard of those files, and whether any was out of the page cache when mapped.
+    files: tuple[Mapping, ...] = ()
+    readahead: bool = False
+
+    @property
+    def rows(self) -> int:
+        return self.format.rows
+
+    @property
+    def row_stop(self) -> int:
+        return self.row_start + self.format.rows
+
+    def release(self) -> bool:
+        """Free the shard now. True when its memory is gone; False when a view held elsewhere still
+        keeps it (it goes with the last view). Also happens when the shard is garbage collected."""
+        self.weight = self.scale = torch.empty(0)
+        if self.files:  # the file mappings are shared: each goes with its last view and its checkpoint
+            return not any(f.mapped for f in self.files)
+        return self.mapping.release() if self.mapping is not None else True
+
+
+def allocate(
+    name: str,
+    fmt: ShardFormat,
+    placement: Placement,
+    *,
+    row_start: int = 0,
+    group: Group | None = None,
+    runtime: CudaRuntime | None = None,
+    device: torch.device | str | None = None,
+) -> TableShard:
+    """Memory for one shard. `group` is the node-local DP group (placement shm, collective); `runtime` pins
+    host memory for the GPU (placement pinned, and any host placement on a GPU platform)."""
+    if placement == "device":
+        target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        weight = torch.zeros((fmt.rows, fmt.dim), dtype=WEIGHT_DTYPES[fmt.dtype], device=target)
+        scale = (
+            torch.zeros((fmt.rows, fmt.dim // SCALE_BLOCK), dtype=SCALE_DTYPE, device=target) if fmt.scaled else None
+        )
+        return TableShard(name, row_start, fmt, placement, weight, scale, note=f"device tensor on {target}")
+    note = ""
+    if placement == "shm":
+        if group is None:
+            raise EngramError("placement shm needs the node-local DP group")
+        mapping = shm.create_shared(fmt.nbytes, group, tag=name.replace(".", "-"))
+    elif placement == "hugepages":
+        report = map_huge(fmt.nbytes)
+        mapping, note = report.mapping, report.note
+    elif placement in ("pinned", "host"):
+        mapping = map_anonymous(fmt.nbytes, kind=placement)
+    else:
+        raise EngramError(f"unknown placement {placement!r}")
+    pointer = None
+    if runtime is not None:
+        pointer = register(mapping, runtime)
+    weight = mapping.view(0, (fmt.rows, fmt.dim), WEIGHT_DTYPES[fmt.dtype])
+    scale = mapping.view(fmt.scale_offset, (fmt.rows, fmt.dim // SCALE_BLOCK), SCALE_DTYPE) if fmt.scaled else None
+    return TableShard(name, row_start, fmt, placement, weight, scale, mapping, pointer, note)

@@ -1,0 +1,172 @@
+"""Checkpoint loading: exact bytes, lazy row shards, and clear errors for bad files."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from engram.cli import main
+from engram.errors import EngramError
+from engram.runtime.checkpoints.loader import Checkpoint, SafetensorsFile, load_shards
+from engram.runtime.checkpoints.writer import quantize_fp8, write_checkpoint
+from engram.runtime.placement.storage import ShardFormat, allocate
+from tests.runtime.conftest import SMALL
+
+
+def shards_for(
+    rows_by_name: dict[str, int], dim: int = 32, dtype: str = "fp8", row_range: tuple[int, int] | None = None
+) -> list:  # type: ignore[type-arg]
+    out = []
+    for name, rows in rows_by_name.items():
+        start, stop = row_range or (0, rows)
+        out.append(allocate(name, ShardFormat(stop - start, dim, dtype), "host", row_start=start))
+    return out
+
+
+def test_loads_exact_bytes_from_safetensors_and_pt(tmp_path: Path) -> None:
+    for fmt in ("safetensors", "pt"):
+        path = write_checkpoint(SMALL, tmp_path / fmt, seed=3, fmt=fmt)
+        checkpoint = Checkpoint(path.parent)
+        rows = dict(zip(SMALL.table_names(), SMALL.layout.table_rows, strict=True))
+        shards = shards_for(rows, dim=SMALL.head_dim)
+        copied = load_shards(shards, rows, checkpoint, progress=False)
+        assert copied == sum(s.format.weight_bytes + s.rows * 4 for s in shards)
+        for shard in shards:
+            assert torch.equal(
+                shard.weight.view(torch.uint8), checkpoint.sources[f"{shard.name}.weight"]().view(torch.uint8)
+            )
+            assert torch.equal(
+                shard.scale.view(torch.uint8), checkpoint.sources[f"{shard.name}.scale"]().view(torch.uint8)
+            )
+
+
+def test_row_shard_copies_only_its_rows(tmp_path: Path) -> None:
+    weight = torch.arange(100 * 32, dtype=torch.float32).view(100, 32)
+    save_file({"t.weight": weight}, str(tmp_path / "m.safetensors"))
+    shard = shards_for({"t": 100}, dtype="fp32", row_range=(40, 70))[0]
+    load_shards([shard], {"t": 100}, Checkpoint(tmp_path), progress=False)
+    assert torch.equal(shard.weight, weight[40:70])
+
+
+def test_synthetic_checkpoint_is_deterministic_and_dequantises(tmp_path: Path) -> None:
+    a = write_checkpoint(SMALL, tmp_path / "a", seed=1)
+    b = write_checkpoint(SMALL, tmp_path / "b", seed=1)
+    c = write_checkpoint(SMALL, tmp_path / "c", seed=2)
+    assert a.read_bytes() == b.read_bytes() != c.read_bytes()
+    config = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert config["architectures"] == ["DeepseekV41ForCausalLM"] and config["engram_layer_ids"] == [1, 3]
+    values = torch.randn(4, 64) * 3
+    q, s = quantize_fp8(values)
+    restored = q.float().view(4, 2, 32) * s.float()[:, :, None]
+    assert torch.allclose(restored.view(4, 64), values, rtol=0.07, atol=1e-6)
+    assert torch.all(q.float().abs() <= 448)
+
+
+@pytest.fixture
+def one_table(tmp_path: Path) -> Path:
+    save_file(
+        {
+            "t.weight": torch.zeros(10, 32, dtype=torch.float8_e4m3fn),
+            "t.scale": torch.ones(10, 1).to(torch.float8_e8m0fnu),
+        },
+        str(tmp_path / "m.safetensors"),
+    )
+    return tmp_path / "m.safetensors"
+
+
+def test_truncated_file(one_table: Path) -> None:
+    data = one_table.read_bytes()
+    one_table.write_bytes(data[:-5])
+    with pytest.raises(
+        EngramError, match=r"m.safetensors: truncated: tensor 't.weight' ends at byte [\d,]+ but the file has [\d,]+"
+    ):
+        Checkpoint(one_table)
+    one_table.write_bytes(data[:20])
+    with pytest.raises(EngramError, match="does not fit a 20-byte file"):
+        Checkpoint(one_table)
+    one_table.write_bytes(b"\x01\x00")
+    with pytest.raises(EngramError, match="only 2 bytes: too short for a safetensors header"):
+        SafetensorsFile(one_table)
+
+
+def test_malformed_header(tmp_path: Path) -> None:
+    path = tmp_path / "bad.safetensors"
+    header = b'{"t.weight": {"dtype": "F8_E4M3", "shape": [10, 32], "data_offsets": [0, 100]}}'
+    path.write_bytes(len(header).to_bytes(8, "little") + header + bytes(320))
+    with pytest.raises(
+        EngramError, match=r"tensor 't.weight': data_offsets \[0, 100\] do not hold \[10, 32\] x F8_E4M3"
+    ):
+        Checkpoint(path)
+    header = b"not json"
+    path.write_bytes(len(header).to_bytes(8, "little") + header)
+    with pytest.raises(EngramError, match="header is not valid JSON"):
+        Checkpoint(path)
+
+
+@pytest.mark.parametrize(
+    ("tensors", "message"),
+    [
+        (
+            {"t.weight": torch.zeros(11, 32, dtype=torch.float8_e4m3fn)},
+            r"t.weight has shape \[11, 32\], the model needs \[10, 32\]",
+        ),
+        (
+            {"t.weight": torch.zeros(10, 32, dtype=torch.bfloat16)},
+            "t.weight has dtype torch.bfloat16, the model needs torch.float8_e4m3fn",
+        ),
+        ({"other": torch.zeros(1)}, "t.weight is missing; t.scale is missing"),
+    ],
+)
+def test_shape_dtype_and_missing(tmp_path: Path, tensors: dict[str, torch.Tensor], message: str) -> None:
+    save_file(tensors, str(tmp_path / "m.safetensors"))
+    shard = shards_for({"t": 10})[0]
+    with pytest.raises(EngramError, match="checkpoint does not match the model: " + message):
+        load_shards([shard], {"t": 10}, Checkpoint(tmp_path), progress=False)
+    assert int(shard.weight.view(torch.uint8).sum()) == 0  # nothing was copied
+
+
+class Payload:
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (os.system, ("echo pwned > /dev/null",))
+
+
+def test_pickle_bearing_pt_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "evil.pt"
+    torch.save({"t.weight": torch.zeros(2), "extra": Payload()}, path)
+    with pytest.raises(
+        EngramError, match=r"evil.pt: holds pickled objects other than tensors, refused \(weights_only\)"
+    ):
+        Checkpoint(path)
+
+
+def test_corrupt_pt(tmp_path: Path) -> None:
+    path = tmp_path / "broken.pt"
+    torch.save({"t.weight": torch.zeros(1000)}, path)
+    path.write_bytes(path.read_bytes()[:300])
+    with pytest.raises(EngramError, match=r"broken.pt: not a readable .pt checkpoint \(truncated or corrupt\)"):
+        Checkpoint(path)
+
+
+def test_missing_and_empty_checkpoint(tmp_path: Path) -> None:
+    with pytest.raises(EngramError, match="does not exist"):
+        Checkpoint(tmp_path / "nope")
+    with pytest.raises(EngramError, match=r"holds no \*.safetensors, \*.pt or \*.bin file"):
+        Checkpoint(tmp_path)
+
+
+def test_make_checkpoint_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["make-checkpoint", "--preset", "tiny", "--out", str(tmp_path), "--dtype", "bf16", "--seed", "5"]) == 0
+    assert (
+        capsys.readouterr().out
+        == f"wrote {tmp_path / 'model.safetensors'} ({(tmp_path / 'model.safetensors').stat().st_size:,} bytes)\n"
+    )
+    checkpoint = Checkpoint(tmp_path)
+    assert sorted(checkpoint.shapes) == ["layers.1.engram.embed.weight", "layers.3.engram.embed.weight"]
+    assert checkpoint.shapes["layers.1.engram.embed.weight"] == ((10_170, 32), torch.bfloat16)
+    assert main(["make-checkpoint", "--preset", "deepseek-v4.1-flash", "--out", str(tmp_path / "big")]) == 2
+    assert "deepseek-v4.1-flash in fp8 needs 202,758,032,400 bytes on disk but only" in capsys.readouterr().err

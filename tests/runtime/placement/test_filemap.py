@@ -1,0 +1,250 @@
+"""File-backed tables (file_backed=true): rows served from a read-only mapping of the safetensors files,
+equal bit for bit to loaded tables; a truncated file is an error naming it, at open and while mapped
+(in a child process, so a crash would be observed, not suffered); one copy of the pages per node."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from engram.errors import EngramError
+from engram.memory.registration import HOST_REGISTER_MAPPED, HOST_REGISTER_PORTABLE, HOST_REGISTER_READ_ONLY
+from engram.ngram.spec import ModelSpec
+from engram.ops import DEAD_ID, gather
+from engram.runtime.cache import caches_for
+from engram.runtime.checkpoints.loader import Checkpoint
+from engram.runtime.checkpoints.writer import write_checkpoint
+from engram.runtime.embedding import EngramEmbedding
+from engram.runtime.launch import run_local, values
+from engram.runtime.placement.filemap import in_memory_fs
+from engram.runtime.placement.storage import ShardFormat
+from engram.runtime.plan import table_shards
+from engram.runtime.tables import open_tables
+from tests.memory.test_registration import FakeRuntime
+from tests.runtime import workers
+from tests.runtime.conftest import SMALL, checkpoint_digests
+from tests.runtime.specs import DS3, DS7
+
+TABLE_BYTES = sum(ShardFormat(rows, SMALL.head_dim, SMALL.dtype).nbytes for rows in SMALL.layout.table_rows)
+
+
+@pytest.mark.parametrize(("spec", "tp"), [(DS7, 1), (DS7, 2), (DS3, 2), (DS3, 4), (SMALL, 2)])
+def test_file_shards_equal_loaded_shards(spec: ModelSpec, tp: int, tmp_path: Path) -> None:
+    """fp8 (weights and ue8m0 scales as separate tensors) and bf16 checkpoints; head shards (DS7 at TP 2)
+    and row shards (DS3 at TP 4): every id of the table, DEAD_ID, sorted and plain, in bf16 and raw."""
+    write_checkpoint(spec, tmp_path, seed=3)
+    checkpoint = Checkpoint(tmp_path)
+    for rank in range(tp):
+        plans = table_shards(spec, rank, tp)
+        mapped = open_tables(spec, checkpoint, "file", plans=plans, progress=False)
+        loaded = open_tables(spec, checkpoint, "host", plans=plans, progress=False)
+        for a, b in zip(mapped, loaded, strict=True):
+            assert a.placement == "file" and b.placement == "host"
+            assert (a.row_start, a.rows) == (b.row_start, b.rows)
+            table_rows = next(p.table_rows for p in plans if p.table == a.name)
+            ids = torch.cat([torch.arange(table_rows), torch.tensor([DEAD_ID, 0, table_rows - 1])])
+            for dedup in (False, True):
+                for out_dtype in (torch.bfloat16, a.weight.dtype):
+                    scale_a, scale_b = (a.scale, b.scale) if out_dtype == torch.bfloat16 else (None, None)
+                    got = gather(a.weight, scale_a, ids, a.row_start, table_rows, out_dtype, dedup)
+                    want = gather(b.weight, scale_b, ids, b.row_start, table_rows, out_dtype, dedup)
+                    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
+def test_a_truncated_file_is_refused_at_open(tmp_path: Path) -> None:
+    write_checkpoint(SMALL, tmp_path, seed=1)
+    victim = sorted(tmp_path.glob("*.safetensors"))[0]
+    os.truncate(victim, victim.stat().st_size - 4096)
+    with pytest.raises(EngramError, match=rf"{victim}: truncated: tensor .* ends at byte"):
+        open_tables(SMALL, Checkpoint(tmp_path), "file", progress=False)
+
+
+def test_pt_checkpoints_are_refused_with_the_fix(tmp_path: Path) -> None:
+    tables = {}
+    for name in DS3.table_names():
+        rows = next(p.table_rows for p in table_shards(DS3, 0, 1) if p.table == name)
+        tables[f"{name}.weight"] = torch.zeros((rows, DS3.head_dim), dtype=torch.bfloat16)
+    torch.save(tables, tmp_path / "tables.pt")
+    with pytest.raises(
+        EngramError, match=r"served from safetensors checkpoints; .*\.weight is not in a safetensors file"
+    ):
+        open_tables(DS3, Checkpoint(tmp_path), "file", progress=False)
+
+
+CHILD = textwrap.dedent(
+    """
+    import os, sys, torch
+    from engram.errors import EngramError
+    from engram.ngram.spec import ModelSpec
+    from engram.runtime.embedding import EngramEmbedding
+    from engram.runtime.checkpoints.loader import Checkpoint
+    from engram.runtime.plan import table_shards
+    from engram.runtime.tables import open_tables
+    from tests.runtime.conftest import SMALL
+
+    path, how = sys.argv[1], sys.argv[2]
+    plans = table_shards(SMALL, 0, 1)
+    shards = open_tables(SMALL, Checkpoint(path), "file", plans=plans, progress=False)
+    layer = EngramEmbedding(shards[-1], plans[-1], columns=SMALL.layout.columns)
+    ids = torch.arange(plans[-1].table_rows - 2000, plans[-1].table_rows).view(-1, 1).repeat(1, SMALL.layout.columns)
+    before = layer(ids)
+    for file in sorted(os.listdir(path)):
+        if file.endswith(".safetensors"):
+            os.truncate(os.path.join(path, file), 4096)  # under the mapping: its pages past 4 KiB are gone
+    if how == "unguarded":  # a read outside the guarded kernels still dies of SIGBUS, as it would without us
+        print(int(shards[-1].weight[-1].view(torch.uint8).sum()))
+    try:
+        if how == "cache":  # a device cache chosen from a profile reads its hot rows from the file
+            from engram.runtime.cache import build_cache
+            build_cache(shards[-1], ids[:, 0].contiguous(), 1 << 20, "cpu")
+        else:
+            layer(ids)
+    except EngramError as exc:
+        print("ERROR", exc)
+        sys.exit(0)
+    print("NO ERROR", before.shape)
+    sys.exit(1)
+    """
+)
+
+
+def run_child(checkpoint: Path, how: str) -> subprocess.CompletedProcess[str]:
+    root = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run(
+        [sys.executable, "-X", "faulthandler", "-c", CHILD, str(checkpoint), how],
+        capture_output=True, text=True, timeout=180, env=env, cwd=root, check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("how", ["guarded", "cache"])
+def test_a_file_truncated_while_mapped_is_an_error_naming_it(tmp_path: Path, small_checkpoint: Path, how: str) -> None:
+    copy = tmp_path / "ckpt"
+    shutil.copytree(small_checkpoint, copy)
+    done = run_child(copy, how)
+    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr[-2000:])
+    line = done.stdout.strip().splitlines()[-1]
+    assert line.startswith(f"ERROR {copy}/") and "the checkpoint shrank from" in line and "to 4,096 bytes" in line, line
+
+
+def test_an_unguarded_read_still_dies_of_sigbus(tmp_path: Path, small_checkpoint: Path) -> None:
+    """The guard catches only its own reads; any other SIGBUS reaches the handler that was there before
+    (here faulthandler, which reports and re-raises it)."""
+    copy = tmp_path / "ckpt"
+    shutil.copytree(small_checkpoint, copy)
+    done = run_child(copy, "unguarded")
+    assert done.returncode == -7, (done.returncode, done.stdout, done.stderr[-2000:])
+    assert "Fatal Python error: Bus error" in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dp", [2, 4])
+def test_file_backed_tables_are_one_copy_per_node(dp: int, small_checkpoint: Path) -> None:
+    results = values(run_local(dp, workers.load_tables, SMALL, str(small_checkpoint), "file", timeout=240))
+    expected = checkpoint_digests(small_checkpoint, SMALL)
+    assert all(r["digests"] == expected for r in results)
+    total_pss = sum(r["pss"] for r in results)
+    assert TABLE_BYTES * 0.95 <= total_pss <= TABLE_BYTES * 1.15, (total_pss, TABLE_BYTES)
+
+
+def test_a_checkpoint_on_tmpfs_is_registered_read_only_for_uva(tmp_path: Path, small_checkpoint: Path) -> None:
+    """On a GPU the page cache's own pages of a tmpfs checkpoint are pinned without write access and read
+    over UVA; a checkpoint on any other file system is left to the host-thread gather (no registration)."""
+    on_disk = open_tables(SMALL, Checkpoint(small_checkpoint), "file", runtime=FakeRuntime(), progress=False)
+    assert [s.device_pointer for s in on_disk] == [None, None]
+    shm = Path(tempfile.mkdtemp(dir="/dev/shm"))
+    try:
+        for file in small_checkpoint.iterdir():
+            shutil.copy(file, shm / file.name)
+        runtime = FakeRuntime()
+        shards = open_tables(SMALL, Checkpoint(shm), "file", runtime=runtime, progress=False)
+        assert [s.device_pointer for s in shards] == [s.weight.data_ptr() for s in shards]
+        flags = {call[3] for call in runtime.calls if call[0] == "register"}
+        assert flags == {HOST_REGISTER_PORTABLE | HOST_REGISTER_MAPPED | HOST_REGISTER_READ_ONLY}
+        assert all(s.note.endswith("(in-memory file system)") for s in shards)
+    finally:
+        shutil.rmtree(shm)
+
+
+def test_a_cold_file_is_read_ahead_and_a_cached_one_is_not(tmp_path: Path, small_checkpoint: Path) -> None:
+    """A checkpoint out of the page cache (dropped with fadvise here) gets per-lookup readahead of the ids'
+    pages and no fault-around; the rows are the same either way."""
+    for path in small_checkpoint.glob("*.safetensors"):
+        path.read_bytes()  # in the page cache
+    hot = open_tables(SMALL, Checkpoint(small_checkpoint), "file", progress=False)
+    assert [s.readahead for s in hot] == [False, False]
+    cold_dir = tmp_path / "cold"
+    shutil.copytree(small_checkpoint, cold_dir)
+    if in_memory_fs(str(cold_dir)):
+        pytest.skip("the temporary directory is on tmpfs, whose pages never leave the page cache")
+    for path in cold_dir.glob("*.safetensors"):
+        fd = os.open(path, os.O_RDONLY)
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    plans = table_shards(SMALL, 0, 1)
+    cold = open_tables(SMALL, Checkpoint(cold_dir), "file", plans=plans, progress=False)
+    assert [s.readahead for s in cold] == [True, True]
+    assert all("read ahead per lookup" in s.note for s in cold)
+    loaded = open_tables(SMALL, Checkpoint(small_checkpoint), "host", plans=plans, progress=False)
+    ids = torch.randint(0, plans[0].table_rows, (500, SMALL.layout.columns))
+    ids[0, 0] = DEAD_ID
+    got = EngramEmbedding(cold[0], plans[0], columns=SMALL.layout.columns)(ids)
+    want = EngramEmbedding(loaded[0], plans[0], columns=SMALL.layout.columns)(ids)
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
+def test_device_cache_rows_of_a_file_backed_table_are_read_guarded(small_checkpoint: Path) -> None:
+    """The hot rows a device cache copies come through the guarded kernel and equal the loaded ones."""
+    plans = table_shards(SMALL, 0, 1)
+    mapped = open_tables(SMALL, Checkpoint(small_checkpoint), "file", plans=plans, progress=False)
+    loaded = open_tables(SMALL, Checkpoint(small_checkpoint), "host", plans=plans, progress=False)
+    hot = {s.name: torch.tensor([5, 1, plans[i].table_rows - 1, 40]) for i, s in enumerate(mapped)}
+    for a, b in zip(
+        caches_for(mapped, hot, 1 << 20, "cpu").values(), caches_for(loaded, hot, 1 << 20, "cpu").values(), strict=True
+    ):
+        assert torch.equal(a.ids, b.ids)
+        assert torch.equal(a.weight.view(torch.uint8), b.weight.view(torch.uint8))
+        assert a.scale is not None and b.scale is not None
+        assert torch.equal(a.scale.view(torch.uint8), b.scale.view(torch.uint8))
+
+
+def test_released_shards_leave_the_shared_mapping_to_the_others(small_checkpoint: Path) -> None:
+    checkpoint = Checkpoint(small_checkpoint)
+    first = open_tables(SMALL, checkpoint, "file", progress=False)
+    second = open_tables(SMALL, checkpoint, "file", progress=False)
+    assert first[0].files == second[0].files  # one mapping per file, shared by every shard of it
+    assert [s.release() for s in first] == [False, False]  # still mapped: `second` and the checkpoint hold it
+    again = open_tables(SMALL, checkpoint, "file", progress=False)
+    for a, b in zip(again, second, strict=True):
+        assert torch.equal(a.weight.view(torch.uint8), b.weight.view(torch.uint8))
+
+
+def test_a_gpu_without_read_only_registration_gathers_tmpfs_tables_on_host_threads(
+    small_checkpoint: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Where device attribute 113 is 0, a tmpfs checkpoint is not registered (cudaHostRegisterReadOnly
+    would fail with error 801) but served like one on disk, with a one-line warning."""
+    shm = Path(tempfile.mkdtemp(dir="/dev/shm"))
+    try:
+        for file in small_checkpoint.iterdir():
+            shutil.copy(file, shm / file.name)
+        runtime = FakeRuntime(read_only=0)
+        with caplog.at_level("WARNING", logger="engram"):
+            shards = open_tables(SMALL, Checkpoint(shm), "file", runtime=runtime, progress=False)
+        assert [s.device_pointer for s in shards] == [None, None]
+        assert not [call for call in runtime.calls if call[0] == "register"]
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warnings) == 1 and warnings[0].startswith(
+            "engram: this GPU cannot register read-only host memory (device attribute 113 is 0): file-backed tables in "
+        )
+    finally:
+        shutil.rmtree(shm)

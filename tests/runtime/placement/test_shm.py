@@ -1,0 +1,111 @@
+"""dp_shared_memory with real processes (spawn, gloo on 127.0.0.1): one copy per node, exact bytes,
+nothing left in the shm directory, clear errors when a peer dies or space runs out."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from engram.runtime.launch import run_local, values
+from engram.runtime.placement.storage import ShardFormat
+from tests.runtime import workers
+from tests.runtime.conftest import SMALL, checkpoint_digests
+
+TABLE_BYTES = sum(ShardFormat(rows, SMALL.head_dim, SMALL.dtype).nbytes for rows in SMALL.layout.table_rows)
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("dp", [2, 4])
+def test_shared_tables_one_copy_per_node(dp: int, small_checkpoint: Path, shm_tmp: Path) -> None:
+    results = values(run_local(dp, workers.load_tables, SMALL, str(small_checkpoint), "shm", timeout=240))
+    expected = checkpoint_digests(small_checkpoint, SMALL)
+    assert all(r["digests"] == expected for r in results)  # every replica reads the checkpoint's bytes
+    assert all(r["left_in_shm"] == [] for r in results)  # the name is gone once setup ends
+    total_pss = sum(r["pss"] for r in results)
+    assert TABLE_BYTES * 0.99 <= total_pss < TABLE_BYTES * 1.15, (total_pss, TABLE_BYTES)
+    assert list(shm_tmp.iterdir()) == []
+
+
+def test_private_tables_cost_dp_copies(small_checkpoint: Path, shm_tmp: Path) -> None:
+    results = values(run_local(2, workers.load_tables, SMALL, str(small_checkpoint), "host", timeout=240))
+    expected = checkpoint_digests(small_checkpoint, SMALL)
+    assert all(r["digests"] == expected for r in results)
+    total_pss = sum(r["pss"] for r in results)
+    assert 2 * TABLE_BYTES * 0.99 <= total_pss <= 2 * TABLE_BYTES * 1.01 + 2 * 4096 * 4, (total_pss, TABLE_BYTES)
+
+
+def test_leader_killed_mid_load(small_checkpoint: Path, shm_tmp: Path, tmp_path: Path) -> None:
+    signal = tmp_path / "leader-loading"
+    pids: list[int] = []
+
+    def kill_leader_when_loading(procs: list) -> None:  # type: ignore[type-arg]
+        pids.extend(p.pid for p in procs)
+        deadline = time.monotonic() + 120
+        while not signal.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert signal.exists(), "the leader never started loading"
+        os.kill(procs[0].pid, 9)
+
+    started = time.monotonic()
+    outcomes = run_local(
+        3, workers.load_then_stall, SMALL, str(small_checkpoint), str(signal),
+        timeout=120, env={"ENGRAM_DIST_TIMEOUT_S": "20"}, on_start=kill_leader_when_loading,
+    )  # fmt: skip
+    elapsed = time.monotonic() - started
+    assert outcomes[0].exitcode == -9
+    for survivor in outcomes[1:]:
+        assert survivor.error is not None and "Traceback" not in survivor.error
+        assert survivor.error.startswith(
+            "engram shared tables (test): ranks [0, 1, 2] did not all reach 'load layers.1.engram.embed.scale' within 20 s"
+        )
+    assert elapsed < 100
+    assert list(shm_tmp.iterdir()) == []
+    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in pids)
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mount = tmp_path / "tmpfs"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=30,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    monkeypatch.setenv("ENGRAM_SHM_DIR", str(mount))
+    yield mount
+    subprocess.run(["umount", str(mount)], check=False, timeout=30)
+
+
+def test_shm_too_small_is_a_clear_error(tiny_tmpfs: Path) -> None:
+    outcomes = run_local(2, workers.allocate_only, 100_000, timeout=120)  # 100,000 rows x 33 B: 3.3 MB > 1 MiB
+    for outcome in outcomes:
+        assert outcome.exitcode == 0  # an error, never SIGBUS
+        assert outcome.error is not None
+        assert outcome.error.startswith(
+            f"engram shared tables (test): leader rank 0 could not create the shared table big: {tiny_tmpfs} has "
+        )
+        assert "bytes free but the shared table needs 3,300,000" in outcome.error
+        assert "--shm-size" in outcome.error and "--ipc=host" in outcome.error
+    assert list(tiny_tmpfs.iterdir()) == []
+
+
+def test_replicas_on_different_nodes_are_refused(shm_tmp: Path) -> None:
+    outcomes = run_local(2, workers.allocate_as_node, timeout=120)
+    for outcome in outcomes:
+        assert outcome.error == (
+            "engram shared tables (test): rank 1: rank 1 runs on another node than its leader (boot id differs); "
+            "dp_shared_memory needs data_parallel_size_local to match the replicas per node"
+        )
+    assert list(shm_tmp.iterdir()) == []
