@@ -21,7 +21,7 @@ from _timing import median_seconds, print_table
 from engram.apps.presets import get_preset
 from engram.memory import registration
 from engram.memory.mapping import map_anonymous
-from engram.ops import cuda, gather
+from engram.ops import LAUNCHERS, cuda
 from engram.ops.build import build_library
 from engram.runtime.embedding import EngramEmbedding
 from engram.runtime.placement.storage import ShardFormat, allocate
@@ -75,13 +75,13 @@ def main() -> None:
     kept = torch.empty((flat.numel(), dim), dtype=torch.uint8)
     raw = shard.weight.view(torch.uint8)
 
-    real = gather.LAUNCHERS["cpu"]
-    gather.LAUNCHERS["cpu"] = lambda *a: None  # the kernel stubbed: host work only
+    real = LAUNCHERS["cpu"]
+    LAUNCHERS["cpu"] = lambda call: None  # the kernel stubbed: host work only
     try:
         kept_us = median_seconds(lambda: layer(ids, out=out), number=2000) * 1e6
         fresh_us = median_seconds(lambda: layer(ids), number=2000) * 1e6
     finally:
-        gather.LAUNCHERS["cpu"] = real
+        LAUNCHERS["cpu"] = real
     aten_us = median_seconds(lambda: torch.index_select(raw, 0, flat, out=kept), number=2000) * 1e6
 
     mapping = map_anonymous(1 << 20, kind="pinned")

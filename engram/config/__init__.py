@@ -1,44 +1,8 @@
 """The Engram configuration: one validated EngramConfig (and the deployment around it) from a dict, JSON
-text or bytes, a file, the environment and the command line; ConfigError lists every problem."""
+text or bytes, a file, the environment and the command line; ConfigError lists every problem. The names
+are loading's (its __all__)."""
 
-from engram.config.loading import (
-    PARTS,
-    ConfigError,
-    Deployment,
-    EngramConfig,
-    HostLimits,
-    LoadConfig,
-    ModelConfig,
-    ParallelConfig,
-    Problem,
-    add_deployment_args,
-    add_engram_args,
-    checked_parts,
-    document_from_args,
-    load_config,
-    load_deployment,
-    read_deployment,
-    validate_deployment,
-    verify_host_memory,
-)
+from engram.config import loading
+from engram.config.loading import *  # noqa: F403
 
-__all__ = [
-    "PARTS",
-    "ConfigError",
-    "Deployment",
-    "EngramConfig",
-    "HostLimits",
-    "LoadConfig",
-    "ModelConfig",
-    "ParallelConfig",
-    "Problem",
-    "add_deployment_args",
-    "add_engram_args",
-    "checked_parts",
-    "document_from_args",
-    "load_config",
-    "load_deployment",
-    "read_deployment",
-    "validate_deployment",
-    "verify_host_memory",
-]
+__all__ = loading.__all__

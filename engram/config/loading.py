@@ -36,6 +36,7 @@ from engram.validation.env import env_bool, parse_bool
 from engram.validation.json_values import _shown
 
 __all__ = [
+    "PARTS",
     "ConfigError",
     "Deployment",
     "EngramConfig",

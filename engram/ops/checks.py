@@ -4,6 +4,8 @@ its end), and raise nothing themselves."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from engram.errors import EngramError
@@ -91,3 +93,35 @@ def check_token_ids(ids: torch.Tensor, vocab: int) -> None:
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
         bad = ids[(ids < 0) | (ids >= vocab)][0]
         raise EngramError(f"compressed id {int(bad)} is outside [0, {vocab}); compress raw token ids first")
+
+
+@dataclass(frozen=True)
+class GatherCall:
+    """One gather whose arguments engram.ops.launch.run_gather has checked against each other: what a
+    device's kernel launch takes (its kernels trust these extents). `check`: more ids to range-check alike."""
+
+    weight: torch.Tensor
+    scale: torch.Tensor | None
+    ids: torch.Tensor
+    row_start: int
+    table_rows: int
+    out: torch.Tensor
+    dedup: bool
+    check: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class HashCall:
+    """One n-gram hash as a device's kernel launch takes it: ext [context + T] (history, then the T new
+    token ids, which must lie in [0, vocab)), start [T], multipliers [L, N], primes, magic (Barrett
+    constants) and offsets [L, C], the fill id, and out [T, L, C]."""
+
+    ext: torch.Tensor
+    start: torch.Tensor
+    multipliers: torch.Tensor
+    primes: torch.Tensor
+    magic: torch.Tensor
+    offsets: torch.Tensor
+    fill: int
+    vocab: int
+    out: torch.Tensor

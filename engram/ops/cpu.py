@@ -13,7 +13,7 @@ import torch
 
 from engram.errors import EngramError
 from engram.ops.build import KERNELS, build_library
-from engram.ops.checks import DEAD_ID, OUT_KINDS, check_ids, check_token_ids
+from engram.ops.checks import DEAD_ID, OUT_KINDS, GatherCall, HashCall, check_ids, check_token_ids
 from engram.ops.ids import kernel_ids
 from engram.ops.reference import gather_reference, ngram_hash_reference
 
@@ -86,28 +86,20 @@ def threads_for(items: int) -> int:
     return torch.get_num_threads() if items >= PARALLEL_MIN else 1
 
 
-def launch_gather(
-    weight: torch.Tensor,
-    scale: torch.Tensor | None,
-    ids: torch.Tensor,
-    row_start: int,
-    table_rows: int,
-    out: torch.Tensor,
-    dedup: bool,
-    check_also: torch.Tensor | None,
-) -> None:
+def launch_gather(call: GatherCall) -> None:
     """The native CPU kernel, or plain torch where it did not build."""
-    if check_also is not None:
-        check_ids(check_also, table_rows)
+    weight, scale, ids, table_rows, out = call.weight, call.scale, call.ids, call.table_rows, call.out
+    if call.check is not None:
+        check_ids(call.check, table_rows)
     library = cpu_library()
     if library is None:
-        out.copy_(gather_reference(weight, scale, ids, row_start, table_rows, out.dtype))
+        out.copy_(gather_reference(weight, scale, ids, call.row_start, table_rows, out.dtype))
         return
-    flat, order, leader = kernel_ids(ids, dedup)
+    flat, order, leader = kernel_ids(ids, call.dedup)
     bad = ctypes.c_int64(0)
     status = library.engram_gather_cpu(
         weight.data_ptr() or None, scale.data_ptr() if scale is not None else None, weight.shape[0], weight.shape[1],
-        weight.shape[1] * weight.element_size(), row_start, table_rows, ptr(flat),
+        weight.shape[1] * weight.element_size(), call.row_start, table_rows, ptr(flat),
         None if order is None else ptr(order), None if leader is None else ptr(leader), flat.numel(),
         out.data_ptr() or None, 0 if scale is None else OUT_KINDS[out.dtype], ctypes.byref(bad), threads_for(flat.numel()),
     )  # fmt: skip
@@ -116,41 +108,23 @@ def launch_gather(
     check(status, "engram_gather_cpu")
 
 
-def _hash_native(
-    ext: torch.Tensor,
-    start: torch.Tensor,
-    multipliers: torch.Tensor,
-    primes: torch.Tensor,
-    magic: torch.Tensor,
-    offsets: torch.Tensor,
-    fill: int,
-    out: torch.Tensor,
-) -> bool:
+def _hash_native(call: HashCall) -> bool:
     library = cpu_library()
     if library is None:
         return False
-    layers, max_ngram = multipliers.shape
+    layers, max_ngram = call.multipliers.shape
+    tokens = call.start.numel()
     status = library.engram_ngram_hash_cpu(
-        ptr(ext), ptr(start), start.numel(), ext.numel() - start.numel(), ptr(multipliers),
-        ptr(primes), ptr(magic), ptr(offsets), layers, max_ngram, primes.shape[1] // (max_ngram - 1),
-        fill, ptr(out), threads_for(start.numel() * layers),
+        ptr(call.ext), ptr(call.start), tokens, call.ext.numel() - tokens, ptr(call.multipliers), ptr(call.primes),
+        ptr(call.magic), ptr(call.offsets), layers, max_ngram, call.primes.shape[1] // (max_ngram - 1), call.fill,
+        ptr(call.out), threads_for(tokens * layers),
     )  # fmt: skip
     check(status, "engram_ngram_hash_cpu")
     return True
 
 
-def launch_hash(
-    ext: torch.Tensor,
-    start: torch.Tensor,
-    multipliers: torch.Tensor,
-    primes: torch.Tensor,
-    magic: torch.Tensor,
-    offsets: torch.Tensor,
-    fill: int,
-    vocab: int,
-    out: torch.Tensor,
-) -> None:
+def launch_hash(call: HashCall) -> None:
     """The CPU kernel, or plain torch where it did not build; token ids outside the vocabulary raise."""
-    check_token_ids(ext[ext.numel() - start.numel() :], vocab)
-    if not _hash_native(ext, start, multipliers, primes, magic, offsets, fill, out):
-        ngram_hash_reference(ext, start, multipliers, primes, offsets, fill, out)
+    check_token_ids(call.ext[call.ext.numel() - call.start.numel() :], call.vocab)
+    if not _hash_native(call):
+        ngram_hash_reference(call.ext, call.start, call.multipliers, call.primes, call.offsets, call.fill, call.out)

@@ -27,6 +27,7 @@ from engram.memory import registration
 from engram.memory.mapping import map_anonymous
 from engram.ops import DEAD_ID, HASHERS, LAUNCHERS, OUT_KINDS, cpu, gather, kernel_ids
 from engram.ops.build import KERNELS, build_library
+from engram.ops.checks import GatherCall, HashCall
 
 _VP, _I64, _I64P = ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)
 SIGNATURES: dict[str, list[type]] = {
@@ -250,36 +251,37 @@ def _stream(device: torch.device) -> int:
     return int(torch.cuda.current_stream(device).cuda_stream)
 
 
-def launch_cuda(
-    weight: torch.Tensor,
-    scale: torch.Tensor | None,
-    ids: torch.Tensor,
-    row_start: int,
-    table_rows: int,
-    out: torch.Tensor,
-    dedup: bool,
-    check_also: torch.Tensor | None,
-) -> None:
+def launch_cuda(call: GatherCall) -> None:
     """The CUDA kernel on the ids' device and its current stream, arguments already checked
-    (ops.run_gather). Nothing here synchronises: ids outside the table read zeros and raise the device's
-    error flag, which the engine reads once a step (EngramTables.check_errors)."""
-    check_readable(library_runtime(), weight, scale)
+    (ops.launch.run_gather). Nothing here synchronises: ids outside the table read zeros and raise the
+    device's error flag, which the engine reads once a step (EngramTables.check_errors)."""
+    ids = call.ids
+    check_readable(library_runtime(), call.weight, call.scale)
     library = cuda_library()
     flag = error_flag(ids.device)
     with torch.cuda.device(ids.device):  # the launch goes to the ids' GPU, whichever is current
-        if check_also is not None:
-            more = check_also.reshape(-1).to(torch.int64).contiguous()
+        stream = _stream(ids.device)
+        if call.check is not None:
+            more = call.check.reshape(-1).to(torch.int64).contiguous()
+            row_flag = flag_slot(flag, FLAG_ROW_ID)
             status = library.engram_check_ids_cuda(
-                more.data_ptr() or None,
-                more.numel(),
-                DEAD_ID,
-                table_rows,
-                flag_slot(flag, FLAG_ROW_ID),
-                _stream(ids.device),
+                more.data_ptr() or None, more.numel(), DEAD_ID, call.table_rows, row_flag, stream
             )
             check(library, status, "engram_check_ids_cuda")
-        flat, order, leader = kernel_ids(ids, dedup)
-        gather_cuda(library, weight, scale, flat, order, leader, row_start, table_rows, out, flag, _max_blocks.get())
+        flat, order, leader = kernel_ids(ids, call.dedup)
+        gather_cuda(
+            library,
+            call.weight,
+            call.scale,
+            flat,
+            order,
+            leader,
+            call.row_start,
+            call.table_rows,
+            call.out,
+            flag,
+            _max_blocks.get(),
+        )
 
 
 LAUNCHERS["cuda"] = launch_cuda
@@ -315,29 +317,21 @@ def gather_cuda(
     check(library, status, "engram_gather_cuda")
 
 
-def hash_cuda(
-    ext: torch.Tensor,
-    start: torch.Tensor,
-    multipliers: torch.Tensor,
-    primes: torch.Tensor,
-    magic: torch.Tensor,
-    offsets: torch.Tensor,
-    fill: int,
-    vocab: int,
-    out: torch.Tensor,
-) -> None:
+def hash_cuda(call: HashCall) -> None:
     """The hash on the ids' GPU; new token ids outside [0, vocab) raise the flag's FLAG_TOKEN_ID slot (no sync)."""
     library = cuda_library()
-    layers, max_ngram = multipliers.shape
-    tokens, context = start.numel(), ext.numel() - start.numel()
+    ext = call.ext
+    layers, max_ngram = call.multipliers.shape
+    tokens, context = call.start.numel(), ext.numel() - call.start.numel()
     with torch.cuda.device(ext.device):
         stream = _stream(ext.device)
         new = ext.data_ptr() + context * ext.element_size() if tokens else None
         flag = flag_slot(error_flag(ext.device), FLAG_TOKEN_ID)
-        check(library, library.engram_check_ids_cuda(new, tokens, 0, vocab, flag, stream), "engram_check_ids_cuda")
+        check(library, library.engram_check_ids_cuda(new, tokens, 0, call.vocab, flag, stream), "engram_check_ids_cuda")
         status = library.engram_ngram_hash_cuda(
-            ext.data_ptr(), start.data_ptr(), tokens, context, multipliers.data_ptr(), primes.data_ptr(), magic.data_ptr(),
-            offsets.data_ptr(), layers, max_ngram, primes.shape[1] // (max_ngram - 1), fill, out.data_ptr(), stream,
+            ext.data_ptr(), call.start.data_ptr(), tokens, context, call.multipliers.data_ptr(), call.primes.data_ptr(),
+            call.magic.data_ptr(), call.offsets.data_ptr(), layers, max_ngram, call.primes.shape[1] // (max_ngram - 1),
+            call.fill, call.out.data_ptr(), stream,
         )  # fmt: skip
         check(library, status, "engram_ngram_hash_cuda")
 

@@ -10,11 +10,9 @@ import torch
 
 from engram.errors import EngramError
 from engram.ops import cpu
-from engram.ops.checks import ID_DTYPES, check_gather_args, check_out, describe
+from engram.ops.checks import ID_DTYPES, GatherCall, HashCall, check_gather_args, check_out, describe
 
-Launch = Callable[
-    [torch.Tensor, "torch.Tensor | None", torch.Tensor, int, int, torch.Tensor, bool, "torch.Tensor | None"], None
-]
+Launch = Callable[[GatherCall], None]
 
 # The kernel launch per device type (arguments already checked): the CPU twin here; engram.ops.cuda adds
 # "cuda" when it is imported (engram.ops.devices.ensure_kernels), so this layer never imports the CUDA side.
@@ -49,15 +47,13 @@ def run_gather(
         raise EngramError(f"check must hold int64 or int32 row ids on {ids.device}; got {describe(check)}")
     if scale is None and out.dtype != weight.dtype:
         raw = torch.empty(out.shape, dtype=weight.dtype, device=out.device)
-        launch(weight, None, ids, row_start, table_rows, raw, dedup, check)
+        launch(GatherCall(weight, None, ids, row_start, table_rows, raw, dedup, check))
         out.copy_(raw)
     else:
-        launch(weight, scale, ids, row_start, table_rows, out, dedup, check)
+        launch(GatherCall(weight, scale, ids, row_start, table_rows, out, dedup, check))
 
 
-HashLaunch = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, int, torch.Tensor], None
-]
+HashLaunch = Callable[[HashCall], None]
 
 HASHERS: dict[str, HashLaunch] = {"cpu": cpu.launch_hash}  # engram.ops.cuda adds "cuda"
 
@@ -73,7 +69,9 @@ def run_hash(
     vocab: int,
     out: torch.Tensor,
 ) -> None:
+    """The one body of engram::ngram_hash on every device: the device's kernel, which checks the new token
+    ids (the CPU raises, a GPU flags them)."""
     launch = HASHERS.get(ext.device.type)
     if launch is None:
         raise EngramError(f"no engram hash kernel for {ext.device.type} tensors (import engram.ops.cuda for CUDA)")
-    launch(ext, start, multipliers, primes, magic, offsets, fill, vocab, out)
+    launch(HashCall(ext, start, multipliers, primes, magic, offsets, fill, vocab, out))
