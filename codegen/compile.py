@@ -5,10 +5,11 @@ hand-written code and a debugger steps through real lines), rule tables, CLI fla
 from __future__ import annotations
 
 import keyword
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from codegen.index import SchemaIndex, unescape
+from codegen.index import SchemaIndex, escape, unescape
 from codegen.load import SchemaError
 from codegen.validators import ValidatorCompiler, equals, is_rule, message_expr
 
@@ -35,6 +36,12 @@ class StructSpec:
     pointer: str  # where the struct lives in the deployment document
     description: str
     fields: tuple[FieldSpec, ...]
+    field_tests: dict[str, str]  # field -> a Python test of its value `{v}`: its JSON type, and bounds
+
+    @property
+    def field_test(self) -> str:
+        """All of field_tests over a constructed instance (`self`), inline."""
+        return " and ".join(f"({t.format(v='self.' + n)})" for n, t in self.field_tests.items()) or "True"
 
     @property
     def env_fields(self) -> tuple[FieldSpec, ...]:
@@ -70,6 +77,7 @@ class Compiled:
     rules: list[RuleSpec] = field(default_factory=list)
     flags: list[FlagSpec] = field(default_factory=list)
     sections: dict[str, str] = field(default_factory=dict)  # deployment key -> struct name
+    field_checks: dict[str, dict[str, str]] = field(default_factory=dict)  # struct -> field -> its node's function
     platform: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -82,14 +90,16 @@ def compile_schema(document: dict[str, Any]) -> Compiled:
     index = SchemaIndex(document)
     validators = ValidatorCompiler(document, index)
     root = validators.function("")
-    out.functions = [*validators.source(), f"check_document = {root}"]
-    out.imports = validators.imports()
     out.rules = _rules(document, index)
     defs = document.get("$defs", {})
     for key, prop in document.get("properties", {}).items():
         ref = prop.get("$ref", "").removeprefix("#/$defs/") if isinstance(prop, dict) else ""
         if ref in defs and _is_struct(defs[ref]):
             out.sections[key] = ref
+            out.field_checks[ref] = {
+                fname: validators.function(f"/$defs/{ref}/properties/{escape(fname)}")
+                for fname in defs[ref].get("properties", {})
+            }
             out.structs.append(_struct(ref, f"/{key}", defs[ref]))
             out.flags.extend(_flags(defs[ref], (key,)))
             if defs[ref].get("allOf"):
@@ -98,6 +108,8 @@ def compile_schema(document: dict[str, Any]) -> Compiled:
             out.flags.extend(_flags({"properties": {key: prop}}, ()))
             if key == "platform":
                 out.platform = prop
+    out.functions = [*validators.source(), f"check_document = {root}"]
+    out.imports = validators.imports()
     if "EngramConfig" not in out.sections.values():
         raise SchemaError(
             "/properties/engram: the deployment needs an 'engram' section referring to $defs/EngramConfig"
@@ -174,7 +186,43 @@ def _struct(name: str, pointer: str, schema: dict[str, Any]) -> StructSpec:
         )
     # Required fields first keeps the rendered struct readable; kw_only makes the order free.
     fields.sort(key=lambda f: f.default is not None)
-    return StructSpec(name=name, pointer=pointer, description=schema.get("description", ""), fields=tuple(fields))
+    tests = {
+        fname: _field_test(prop) or f"FIELD_CHECKS[{name!r}][{fname!r}]({{v}}, '', None)"
+        for fname, prop in schema.get("properties", {}).items()
+    }
+    return StructSpec(
+        name=name,
+        pointer=pointer,
+        description=schema.get("description", ""),
+        fields=tuple(fields),
+        field_tests=tests,
+    )
+
+
+# What a struct's constructor checks of each field (the rest, such as an enum of architectures, is for the
+# validators and verify_* methods): its JSON type, and its bounds when they are finite numbers, which reach
+# the code as literals. A field without a single such type goes through its compiled node (FIELD_CHECKS).
+TYPE_TESTS = {
+    "boolean": "({v} is True or {v} is False)",  # no call: the cheapest exact test of a bool
+    "integer": "type({v}) is int",
+    "number": "type({v}) in (int, float)",
+    "string": "type({v}) is str",
+    "object": "type({v}) is dict",
+    "array": "type({v}) is list",
+}
+
+
+def _field_test(prop: Any) -> str | None:
+    """A test of a value `{v}` against a field schema's type and bounds, or None where the type is not one
+    of TYPE_TESTS."""
+    if not isinstance(prop, dict) or prop.get("type") not in TYPE_TESTS:
+        return None
+    low, high = (
+        bound if isinstance(bound, (int, float)) and not isinstance(bound, bool) and math.isfinite(bound) else None
+        for bound in (prop.get("minimum"), prop.get("maximum"))
+    )
+    bounds = "".join((f"{low!r} <= " if low is not None else "", "{v}", f" <= {high!r}" if high is not None else ""))
+    return TYPE_TESTS[prop["type"]] + (f" and {bounds}" if bounds != "{v}" else "")
 
 
 def _flags(schema: dict[str, Any], prefix: tuple[str, ...]) -> list[FlagSpec]:

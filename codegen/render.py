@@ -56,6 +56,7 @@ def render(schema: LoadedSchema, compiled: Compiled) -> dict[str, str]:
         "imports": compiled.imports,
         "attr_rule_functions": list(compiled.attr_rule_functions.values()),
         "attr_structs": list(compiled.attr_rule_functions),
+        "field_checks": compiled.field_checks,
         "rules": compiled.rules,
         "flags": compiled.flags,
         "platform": compiled.platform,

@@ -34,6 +34,7 @@ def validator_source(schema: Any) -> str:
             functions=[*compiler.source(), f"check_document = {root}"],
             attr_structs=[],
             attr_rule_functions=[],
+            field_checks={},
         )
     )
     return compiles(text, "<schema>")

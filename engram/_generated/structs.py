@@ -14,7 +14,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from engram.validation.env import env_bool
-from engram._generated.validators import check_document, check_EngramConfig_rules
+from engram._generated.validators import FIELD_CHECKS, check_document, check_EngramConfig_rules
 from engram.errors import ConfigError, Problem
 
 
@@ -40,6 +40,17 @@ class EngramConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     """Bytes of GPU memory per rank for the hottest rows of its host tables, chosen from a profile (engram profile); 0 turns the cache off. Hits read HBM, misses read host memory."""
 
     def __post_init__(self) -> None:
+        # A constructed, decoded or replaced struct holds values of its fields' JSON types, within bounds,
+        # or raises what load_config would report for them (msgspec checks no types on construction).
+        if not (
+            (self.cpu_offload is True or self.cpu_offload is False)
+            and (self.embedding_across_dp is True or self.embedding_across_dp is False)
+            and (self.dp_shared_memory is True or self.dp_shared_memory is False)
+            and (self.thp_packing is True or self.thp_packing is False)
+            and (self.file_backed is True or self.file_backed is False)
+            and (type(self.device_cache_bytes) is int and 0 <= self.device_cache_bytes <= 17592186044416)
+        ):
+            _refuse(self, "/engram")
         # A constructed, decoded or replaced config is a valid config, as vLLM's constructor makes it.
         problems: list[Problem] = []
         check_EngramConfig_rules(self, "/engram", problems)
@@ -146,6 +157,12 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     hf_text_config: dict[str, Any] = msgspec.field(default_factory=dict)
     """The model's HF text config (free-form); the architecture's n-gram layer-id field must be in it."""
 
+    def __post_init__(self) -> None:
+        # A constructed, decoded or replaced struct holds values of its fields' JSON types, within bounds,
+        # or raises what load_config would report for them (msgspec checks no types on construction).
+        if not ((type(self.architecture) is str) and (type(self.hf_text_config) is dict)):
+            _refuse(self, "/model")
+
 
 class ParallelConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """How the engine is parallelised."""
@@ -165,6 +182,15 @@ class ParallelConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     def __post_init__(self) -> None:
         if self.data_parallel_size_local is None:
             msgspec.structs.force_setattr(self, "data_parallel_size_local", self.data_parallel_size)
+        # A constructed, decoded or replaced struct holds values of its fields' JSON types, within bounds,
+        # or raises what load_config would report for them (msgspec checks no types on construction).
+        if not (
+            (type(self.tensor_parallel_size) is int and 1 <= self.tensor_parallel_size <= 65536)
+            and (type(self.data_parallel_size) is int and 1 <= self.data_parallel_size <= 65536)
+            and (type(self.data_parallel_size_local) is int and 1 <= self.data_parallel_size_local <= 65536)
+            and (self.enable_elastic_ep is True or self.enable_elastic_ep is False)
+        ):
+            _refuse(self, "/parallel")
 
 
 class LoadConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -172,6 +198,58 @@ class LoadConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 
     load_format: str = "auto"
     """The checkpoint loader (auto, safetensors, pt, dummy, ...)."""
+
+    def __post_init__(self) -> None:
+        # A constructed, decoded or replaced struct holds values of its fields' JSON types, within bounds,
+        # or raises what load_config would report for them (msgspec checks no types on construction).
+        if not (type(self.load_format) is str):
+            _refuse(self, "/load")
+
+
+# What each struct's constructor checks of its fields (types and bounds), one test per field.
+FIELD_TESTS: dict[str, dict[str, Any]] = {
+    "EngramConfig": {
+        "cpu_offload": lambda v: v is True or v is False,
+        "embedding_across_dp": lambda v: v is True or v is False,
+        "dp_shared_memory": lambda v: v is True or v is False,
+        "thp_packing": lambda v: v is True or v is False,
+        "file_backed": lambda v: v is True or v is False,
+        "device_cache_bytes": lambda v: type(v) is int and 0 <= v <= 17592186044416,
+    },
+    "ModelConfig": {
+        "architecture": lambda v: type(v) is str,
+        "hf_text_config": lambda v: type(v) is dict,
+    },
+    "ParallelConfig": {
+        "tensor_parallel_size": lambda v: type(v) is int and 1 <= v <= 65536,
+        "data_parallel_size": lambda v: type(v) is int and 1 <= v <= 65536,
+        "data_parallel_size_local": lambda v: type(v) is int and 1 <= v <= 65536,
+        "enable_elastic_ep": lambda v: v is True or v is False,
+    },
+    "LoadConfig": {
+        "load_format": lambda v: type(v) is str,
+    },
+}
+
+
+def _refuse(struct: msgspec.Struct, path: str) -> None:
+    """Raise what load_config reports for the fields of a constructed struct (at `path`) that fail their test."""
+    problems: list[Problem] = []
+    name = type(struct).__name__
+    for field, test in FIELD_TESTS[name].items():
+        value = getattr(struct, field)
+        if not test(value):
+            found = len(problems)
+            FIELD_CHECKS[name][field](value, f"{path}/{field}", problems)
+            if len(problems) == found:  # JSON Schema's integer takes 2.0; a constructed struct takes an int
+                problems.append(
+                    Problem(
+                        f"{path}/{field}",
+                        "type",
+                        f"expected a Python value of the field's JSON type; got a {type(value).__name__}",
+                    )
+                )
+    raise ConfigError(problems)
 
 
 # Deployment sections and the struct each one holds.

@@ -12,7 +12,7 @@ from engram.validation.json_values import _at, _details, _escape, _got, _is_inte
 from engram.errors import Problem
 
 
-__all__ = ["check_document", "check_EngramConfig_rules"]
+__all__ = ["FIELD_CHECKS", "check_document", "check_EngramConfig_rules"]
 
 
 _c0 = frozenset(("engram", "model", "parallel", "load", "platform"))
@@ -2338,3 +2338,29 @@ def check_EngramConfig_rules(c: Any, path: str, out: list[Problem]) -> None:
                 "thp_packing packs a private copy of the tables on huge pages, and file_backed serves the checkpoint's own pages with no copy: choose one (to read a file-backed table through huge pages, put the checkpoint on hugetlbfs)",
             )
         )
+
+
+# Each struct field's schema node, for the structs' constructors: struct -> field -> check.
+FIELD_CHECKS: dict[str, dict[str, Any]] = {
+    "EngramConfig": {
+        "cpu_offload": _s3,
+        "embedding_across_dp": _s4,
+        "dp_shared_memory": _s5,
+        "thp_packing": _s6,
+        "file_backed": _s7,
+        "device_cache_bytes": _s8,
+    },
+    "ModelConfig": {
+        "architecture": _s36,
+        "hf_text_config": _s37,
+    },
+    "ParallelConfig": {
+        "tensor_parallel_size": _s40,
+        "data_parallel_size": _s41,
+        "data_parallel_size_local": _s42,
+        "enable_elastic_ep": _s43,
+    },
+    "LoadConfig": {
+        "load_format": _s46,
+    },
+}
