@@ -23,7 +23,7 @@ from engram.config import ConfigError, load_config
 DOCUMENTS = [
     b'{"cpu_offload": true, "dp_shared_memory": true}',
     b'{"embedding_across_dp": true}',
-    b'{"cpu_offload": true, "embedding_across_dp": false, "dp_shared_memory": false, "thp_packing": true}',
+    b'{"cpu_offload": true, "embedding_across_dp": false, "dp_shared_memory": false, "use_thp": true}',
     b"{}",
 ]
 INVALID = b'{"cpu_offload": false, "dp_shared_memory": true}'
@@ -62,14 +62,14 @@ class PydanticEngramConfig:
     cpu_offload: bool = Field(default_factory=_default_cpu_offload)
     embedding_across_dp: bool = False
     dp_shared_memory: bool = False
-    thp_packing: bool = False
+    use_thp: bool = False
 
     @model_validator(mode="after")
     def _validate_shared_memory(self) -> PydanticEngramConfig:
         if self.dp_shared_memory and not self.cpu_offload:
             raise ValueError("dp_shared_memory requires cpu_offload=True")
-        if self.thp_packing and (not self.cpu_offload or self.dp_shared_memory):
-            raise ValueError("thp_packing requires cpu_offload=True and dp_shared_memory=False")
+        if self.use_thp and (not self.cpu_offload or self.dp_shared_memory):
+            raise ValueError("use_thp requires cpu_offload=True and dp_shared_memory=False")
         return self
 
 

@@ -48,6 +48,7 @@ EXTENSIONS = frozenset(
         "x-engram-cli",
         "x-engram-default-from",
         "x-engram-format-assertion",
+        "x-engram-older-names",
     }
 )
 RULE_KEYS = frozenset({"if", "then", "x-engram-rule", "x-engram-message", "x-engram-path", "$comment"})
@@ -132,6 +133,11 @@ def _check_node(node: dict[str, Any], pointer: str) -> None:
     for key in ("x-engram-rule", "x-engram-message", "x-engram-path", "x-engram-cli", "x-engram-default-from"):
         if key in node and not isinstance(node[key], str):
             raise SchemaError(f"{pointer}/{key}: must be a string")
+    older = node.get("x-engram-older-names")
+    if older is not None and not (
+        isinstance(older, list) and older and all(isinstance(n, str) and n.isidentifier() for n in older)
+    ):
+        raise SchemaError(f"{pointer}/x-engram-older-names: must be a non-empty list of field names (identifiers)")
 
 
 def _check_rule(rule: dict[str, Any], pointer: str) -> None:

@@ -28,6 +28,7 @@ class FieldSpec:
     hash_exclude: str | None
     cli: str | None
     default_from: str | None
+    older_names: tuple[str, ...] = ()  # names the field had before, still read (x-engram-older-names)
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,11 @@ class StructSpec:
     @property
     def integer_fields(self) -> tuple[str, ...]:
         return tuple(f.name for f in self.fields if f.kind == "integer")
+
+    @property
+    def older_names(self) -> dict[str, str]:
+        """An older field name -> the field's name now."""
+        return {old: f.name for f in self.fields for old in f.older_names}
 
 
 @dataclass(frozen=True)
@@ -182,6 +188,7 @@ def _struct(name: str, pointer: str, schema: dict[str, Any]) -> StructSpec:
                 hash_exclude=prop.get("x-engram-hash", {}).get("exclude"),
                 cli=prop.get("x-engram-cli"),
                 default_from=default_from,
+                older_names=tuple(prop.get("x-engram-older-names", ())),
             )
         )
     # Required fields first keeps the rendered struct readable; kw_only makes the order free.

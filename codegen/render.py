@@ -26,7 +26,7 @@ OUTPUTS = {
     "engram/_generated/config.md": "config.md.j2",  # `engram docs` prints it from the installed package
 }
 NO_MODEL = (
-    "EngramConfig requires a model with supported Engram embeddings, non-empty n-gram layer ids, and CUDA. "
+    "EngramConfig requires a model with supported Engram embeddings and non-empty n-gram layer ids. "
     "No model config was given."
 )
 

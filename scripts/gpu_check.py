@@ -65,7 +65,7 @@ FORMATS = [
 PLACEMENTS: list[tuple[str, dict[str, bool], int, int, tuple[str, ...]]] = [
     ("device", {"cpu_offload": False}, 1, 1, ("graph", "compile")),
     ("pinned", {}, 1, 1, ("graph", "compile")),
-    ("hugepages", {"thp_packing": True}, 1, 1, ("graph",)),
+    ("hugepages", {"use_thp": True}, 1, 1, ("graph",)),
     ("shm, DP 2 sharing one mapping", {"dp_shared_memory": True}, 1, 2, ("graph",)),
     ("embedding_across_dp, DP 2", {"embedding_across_dp": True}, 1, 2, ("graph",)),
     ("TP 2, pinned", {}, 2, 1, ("graph",)),

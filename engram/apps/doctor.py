@@ -56,11 +56,11 @@ def check_shm(plan: DeploymentPlan | None) -> Check:
 def check_thp() -> Check:
     mode = thp_mode()
     if mode in ("always", "madvise"):
-        return Check("transparent huge pages", "pass", f"mode {mode}: thp_packing can back tables with huge pages")
+        return Check("transparent huge pages", "pass", f"mode {mode}: use_thp can back tables with huge pages")
     return Check(
         "transparent huge pages",
         "warn",
-        f"mode {mode}: thp_packing falls back to ordinary pages",
+        f"mode {mode}: use_thp falls back to ordinary pages",
         "echo madvise > /sys/kernel/mm/transparent_hugepage/enabled",
     )
 

@@ -143,4 +143,4 @@ def host_bytes_by_dp(spec: ModelSpec, config: EngramConfig, tp: int, sizes: rang
 
 def replace_config(config: EngramConfig, **fields: bool) -> EngramConfig:
     """Host tables in the given sharing mode (the values are ours, so a plain replace is safe)."""
-    return msgspec.structs.replace(config, cpu_offload=True, thp_packing=False, file_backed=False, **fields)
+    return msgspec.structs.replace(config, cpu_offload=True, use_thp=False, file_backed=False, **fields)

@@ -30,6 +30,12 @@ def register(subparsers: Any) -> None:
         add_deployment_inputs(parser)
         if name == "validate":
             parser.add_argument("--json", action="store_true", help="print the verdict as JSON")
+        else:
+            parser.add_argument(
+                "--older-names",
+                action="store_true",
+                help="the digest under the fields' first names (thp_packing), as the seed's EngramConfig computed it",
+            )
         parser.set_defaults(run=run)
 
 
@@ -78,7 +84,7 @@ def run_validate(args: argparse.Namespace) -> int:
 
 
 def run_hash(args: argparse.Namespace) -> int:
-    print(deployment_from_args(args).engram.compute_hash())
+    print(deployment_from_args(args).engram.compute_hash(older_names=args.older_names))
     return 0
 
 

@@ -21,6 +21,7 @@ from engram._generated.cli import DEPLOYMENT_FLAGS, ENGRAM_FIELDS, add_deploymen
 from engram._generated.structs import (
     ENV_DEFAULTS,
     INTEGER_FIELDS,
+    OLDER_NAMES,
     SECTIONS,
     EngramConfig,
     EngramConfigInput,
@@ -232,12 +233,15 @@ def read_deployment(
     """The deployment document with every input applied, not yet validated."""
     document = _read_object(source, "")
     problems: list[Problem] = []
+    for section in OLDER_NAMES:
+        if isinstance(document.get(section), dict):
+            document[section] = _current_names(section, document[section], problems)
     for pointer, value in (flags or {}).items():
         _set(document, pointer, value, problems)
     engram = document.setdefault("engram", {})
     if isinstance(engram, dict):
         for text in engram_json:
-            engram.update(_read_object(text, "/engram", label="--engram-config"))
+            engram.update(_current_names("engram", _read_object(text, "/engram", label="--engram-config"), problems))
         _apply_overrides(engram, overrides, problems)
     if problems:
         raise ConfigError(problems)
@@ -320,8 +324,25 @@ def _split_override(text: str) -> Override:
     return (f"override {text!r}", name.strip(), raw)
 
 
+def _current_names(section: str, fields: dict[str, Any], problems: list[Problem]) -> dict[str, Any]:
+    """`fields` of a deployment section with older field names (thp_packing) under the current ones
+    (use_thp); an object that gives both is a problem. A new dict: the caller's is left alone."""
+    renamed = OLDER_NAMES.get(section, {})
+    out: dict[str, Any] = {}
+    for key, value in fields.items():
+        current = renamed.get(key, key)
+        if current != key and current in fields:
+            problems.append(
+                Problem(f"/{section}/{key}", "older-name", f"{key} is the older name of {current}: give only {current}")
+            )
+            continue
+        out[current] = value
+    return out
+
+
 def _apply_overrides(section: dict[str, Any], overrides: Iterable[Override], problems: list[Problem]) -> None:
-    for label, name, raw in overrides:
+    for label, given, raw in overrides:
+        name = OLDER_NAMES.get("engram", {}).get(given, given)
         kind = ENGRAM_FIELDS.get(name)
         if kind is None:
             known = ", ".join(ENGRAM_FIELDS)

@@ -50,11 +50,11 @@ def test_json_output_valid(capsys: pytest.CaptureFixture[str]) -> None:
             "cpu_offload": True,
             "embedding_across_dp": True,
             "dp_shared_memory": False,
-            "thp_packing": False,
+            "use_thp": False,
             "file_backed": False,
             "device_cache_bytes": 0,
         },
-        "hash": "f849c209ba3c2de5c60c37be6979ce76d672738a40f66f6ca9ae19ebacb7e3ce",
+        "hash": "e87df57f9e72bd83b8d6387910722d6ad944df0b8fde4a41faf3bfb0238455ef",
         "parallel_size": 8,
         "errors": [],
     }
@@ -88,8 +88,8 @@ def test_text_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0 and err == ""
     assert out.splitlines() == [
         "valid: engram checked; not given, not checked: model, parallel, load, platform",
-        "engram: cpu_offload=true embedding_across_dp=false dp_shared_memory=false thp_packing=true file_backed=false device_cache_bytes=0",
-        "hash: ba13aab9dcdf02ef8899cbb6f0977d59ef7c2cab5f6cad4a400b37757fab6350",
+        "engram: cpu_offload=true embedding_across_dp=false dp_shared_memory=false use_thp=true file_backed=false device_cache_bytes=0",
+        "hash: 2ef9f070e324bc7b7622e65756e7fafb7005e66cc777d530a05b2dd661a6521a",
     ]
     code, out, err = run(capsys, "validate", str(EXAMPLES / "invalid-shared-without-offload.json"))
     assert (code, out) == (2, "")
@@ -117,23 +117,23 @@ def test_engram_flag_precedence(capsys: pytest.CaptureFixture[str]) -> None:
         "cpu_offload": True,
         "embedding_across_dp": False,
         "dp_shared_memory": False,
-        "thp_packing": False,
+        "use_thp": False,
         "file_backed": False,
         "device_cache_bytes": 0,
     }
     # later JSON wins over earlier JSON
-    assert engram("--engram-config", '{"thp_packing": true}', "--engram-config", '{"thp_packing": false}') == base
+    assert engram("--engram-config", '{"use_thp": true}', "--engram-config", '{"use_thp": false}') == base
     # a dotted field wins over JSON, even when the JSON comes later
-    assert engram("--engram-config.thp_packing", "true", "--engram-config", '{"thp_packing": false}') == {
+    assert engram("--engram-config.use_thp", "true", "--engram-config", '{"use_thp": false}') == {
         **base,
-        "thp_packing": True,
+        "use_thp": True,
         "file_backed": False,
     }
     # later dotted fields win over earlier ones
     assert engram("--engram-config.cpu_offload", "false", "--engram-config.cpu_offload", "1") == base
     # flags win over the document
     doc = str(EXAMPLES / "valid-engram-only.json")
-    assert engram(doc, "--engram-config.thp_packing", "off") == base
+    assert engram(doc, "--engram-config.use_thp", "off") == base
 
 
 def test_flag_errors_name_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
@@ -155,7 +155,7 @@ def test_environment_reaches_the_cli(capsys: pytest.CaptureFixture[str], monkeyp
         "cpu_offload": False,
         "embedding_across_dp": False,
         "dp_shared_memory": False,
-        "thp_packing": False,
+        "use_thp": False,
         "file_backed": False,
         "device_cache_bytes": 0,
     }
@@ -173,7 +173,7 @@ def test_unreadable_and_malformed(capsys: pytest.CaptureFixture[str], tmp_path: 
 
 def test_hash_schema_docs(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "hash", "--engram-config.dp_shared_memory", "true")
-    assert (code, out) == (0, "a56ef8a6cf7201e40893a008895a4eaff3695e00dd240da34b9d1ef61a66f083\n")
+    assert (code, out) == (0, "0103d4fb0b496f6466971874ca0a01faaac0bac227aafbae6f39e56a1dc1bbb0\n")
     code, out, _ = run(capsys, "schema")
     assert code == 0 and json.loads(out) == json.loads((EXAMPLES.parent / "engram.schema.json").read_text())
     code, out, _ = run(capsys, "docs")
@@ -250,6 +250,6 @@ def test_control_characters_from_the_input_are_printed_escaped(
     assert main(["validate", str(path)]) == 2
     assert capsys.readouterr().err == (
         "error: /engram/x\\x1b[2J\\nerror: all good\\u202e: unknown field 'x\\x1b[2J\\nerror: all good\\u202e'; "
-        "known fields: cpu_offload, embedding_across_dp, dp_shared_memory, thp_packing, file_backed, "
+        "known fields: cpu_offload, embedding_across_dp, dp_shared_memory, use_thp, file_backed, "
         "device_cache_bytes [unknown-field]\n"
     )

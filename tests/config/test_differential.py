@@ -51,7 +51,7 @@ def section(fields: dict[str, st.SearchStrategy[Any]], extra: tuple[str, ...] = 
 BOOL = field(st.booleans())
 COUNT = field(mostly(st.integers(1, 9), st.sampled_from([0, -1, 1.0, 2.0, 4.0]), one_in=6))
 ENGRAM = section(
-    {"cpu_offload": BOOL, "embedding_across_dp": BOOL, "dp_shared_memory": BOOL, "thp_packing": BOOL}, ("thp", "bogus")
+    {"cpu_offload": BOOL, "embedding_across_dp": BOOL, "dp_shared_memory": BOOL, "use_thp": BOOL}, ("thp", "bogus")
 )
 LAYER_IDS = field(st.lists(mostly(st.integers(0, 20), st.sampled_from([-1, 1.0, True, "1"])), max_size=4))
 HF = mostly(

@@ -17,7 +17,7 @@ from engram.config import (
     load_deployment,
 )
 
-PREFIX = "EngramConfig requires a model with supported Engram embeddings, non-empty n-gram layer ids, and CUDA."
+PREFIX = "EngramConfig requires a model with supported Engram embeddings and non-empty n-gram layer ids."
 
 
 def problems(exc: pytest.ExceptionInfo[ConfigError]) -> list[tuple[str, str, str]]:
@@ -30,7 +30,7 @@ def cfg(**fields: bool) -> EngramConfig:
 
 def test_defaults() -> None:
     assert load_config(env={}) == EngramConfig(
-        cpu_offload=True, embedding_across_dp=False, dp_shared_memory=False, thp_packing=False
+        cpu_offload=True, embedding_across_dp=False, dp_shared_memory=False, use_thp=False
     )
 
 
@@ -48,22 +48,22 @@ def test_dp_shared_memory_needs_cpu_offload(source: object) -> None:
 
 @pytest.mark.parametrize(
     "fields",
-    [{"thp_packing": True, "cpu_offload": False}, {"thp_packing": True, "dp_shared_memory": True}],
+    [{"use_thp": True, "cpu_offload": False}, {"use_thp": True, "dp_shared_memory": True}],
 )
-def test_thp_packing_needs_private_offload(fields: dict[str, bool]) -> None:
+def test_use_thp_needs_private_offload(fields: dict[str, bool]) -> None:
     with pytest.raises(ConfigError) as exc:
         load_config(fields, env={})
     assert (
-        "/engram/thp_packing",
-        "thp-packing-needs-private-offload",
-        "thp_packing requires cpu_offload=True and dp_shared_memory=False",
+        "/engram/use_thp",
+        "use-thp-needs-private-offload",
+        "use_thp requires cpu_offload=True and dp_shared_memory=False",
     ) in problems(exc)
 
 
 def test_both_config_rules_reported_together() -> None:
     with pytest.raises(ConfigError) as exc:
-        load_config(b'{"cpu_offload": false, "dp_shared_memory": true, "thp_packing": true}', env={})
-    assert [p[1] for p in problems(exc)] == ["dp-shared-memory-needs-cpu-offload", "thp-packing-needs-private-offload"]
+        load_config(b'{"cpu_offload": false, "dp_shared_memory": true, "use_thp": true}', env={})
+    assert [p[1] for p in problems(exc)] == ["dp-shared-memory-needs-cpu-offload", "use-thp-needs-private-offload"]
 
 
 def test_structural_problems_all_reported() -> None:
@@ -73,7 +73,7 @@ def test_structural_problems_all_reported() -> None:
         (
             "/engram/cpu_ofload",
             "unknown-field",
-            "unknown field 'cpu_ofload'; known fields: cpu_offload, embedding_across_dp, dp_shared_memory, thp_packing, file_backed, device_cache_bytes",
+            "unknown field 'cpu_ofload'; known fields: cpu_offload, embedding_across_dp, dp_shared_memory, use_thp, file_backed, device_cache_bytes",
         ),
         ("/engram/cpu_offload", "type", "expected a boolean; got the string 'yes'"),
         ("/engram/dp_shared_memory", "type", "expected a boolean; got 1"),
@@ -303,8 +303,8 @@ def test_a_constructed_config_is_a_valid_config() -> None:
     assert [(p.path, p.rule) for p in exc.value.errors] == [
         ("/engram/dp_shared_memory", "dp-shared-memory-needs-cpu-offload")
     ]
-    with pytest.raises(ConfigError, match=r"thp_packing requires cpu_offload=True and dp_shared_memory=False"):
-        msgspec.structs.replace(EngramConfig(), dp_shared_memory=True, thp_packing=True)
+    with pytest.raises(ConfigError, match=r"use_thp requires cpu_offload=True and dp_shared_memory=False"):
+        msgspec.structs.replace(EngramConfig(), dp_shared_memory=True, use_thp=True)
     with pytest.raises(msgspec.ValidationError, match="dp_shared_memory requires cpu_offload=True"):
         msgspec.convert({"cpu_offload": False, "dp_shared_memory": True}, EngramConfig)
     with pytest.raises(msgspec.ValidationError, match="dp_shared_memory requires cpu_offload=True"):
@@ -342,7 +342,7 @@ def test_device_cache_field() -> None:
     [
         ({"file_backed": True, "cpu_offload": False}, "file-backed-needs-cpu-offload"),
         ({"file_backed": True, "dp_shared_memory": True}, "file-backed-not-with-dp-shared-memory"),
-        ({"file_backed": True, "thp_packing": True}, "file-backed-not-with-thp-packing"),
+        ({"file_backed": True, "use_thp": True}, "file-backed-not-with-use-thp"),
     ],
 )
 def test_file_backed_rules(fields: dict[str, bool], rule: str) -> None:
@@ -354,3 +354,26 @@ def test_file_backed_rules(fields: dict[str, bool], rule: str) -> None:
         load_config(fields, env={})
     assert rule in {r for _, r, _ in problems(walked)}
     assert load_config({"file_backed": True}, env={}).file_backed is True
+
+
+@pytest.mark.parametrize(
+    ("parallel", "refused"),
+    [({"enable_dbo": True}, True), ({"ubatch_size": 2}, True), ({"ubatch_size": 1}, False), ({}, False)],
+)
+def test_deepseek_engram_refuses_dbo_and_microbatching(parallel: dict[str, object], refused: bool) -> None:
+    """vLLM 0.33: DeepSeek V4.1 with Engram layers refuses DBO and more than one micro-batch; Qwen4Exp does not."""
+    deepseek = {"architecture": "DeepseekV41ForCausalLM", "hf_text_config": {"engram_layer_ids": [1, 3]}}
+    qwen = {"architecture": "Qwen4ExpForCausalLM", "hf_text_config": {"ple_layer_ids": [1]}}
+    assert load_deployment({"model": qwen, "parallel": parallel}, env={}).parallel is not None
+    if not refused:
+        assert load_deployment({"model": deepseek, "parallel": parallel}, env={}).parallel is not None
+        return
+    with pytest.raises(ConfigError) as exc:
+        load_deployment({"model": deepseek, "parallel": parallel}, env={})
+    assert problems(exc) == [
+        (
+            "/parallel",
+            "deepseek-engram-no-ubatching",
+            "DeepSeek V4.1 Engram does not support DBO or microbatching. Disable --enable-dbo and set --ubatch-size to 0.",
+        )
+    ]

@@ -8,7 +8,7 @@ import pytest
 
 from engram.config import ConfigError, EngramConfig, load_config
 
-SHARED = EngramConfig(cpu_offload=True, embedding_across_dp=False, dp_shared_memory=True, thp_packing=False)
+SHARED = EngramConfig(cpu_offload=True, embedding_across_dp=False, dp_shared_memory=True, use_thp=False)
 
 
 def test_every_source_kind(tmp_path: Path) -> None:
@@ -26,8 +26,8 @@ def test_every_source_kind(tmp_path: Path) -> None:
 
 def test_overrides_apply_in_order() -> None:
     assert load_config(
-        env={}, overrides=["dp_shared_memory=true", "dp_shared_memory=0", "thp_packing=yes"]
-    ) == EngramConfig(thp_packing=True)
+        env={}, overrides=["dp_shared_memory=true", "dp_shared_memory=0", "use_thp=yes"]
+    ) == EngramConfig(use_thp=True)
 
 
 @pytest.mark.parametrize(
@@ -39,12 +39,12 @@ def test_overrides_apply_in_order() -> None:
             (
                 "/engram/nope",
                 "unknown-field",
-                "override 'nope=1': unknown field 'nope'; known fields: cpu_offload, embedding_across_dp, dp_shared_memory, thp_packing, file_backed, device_cache_bytes",
+                "override 'nope=1': unknown field 'nope'; known fields: cpu_offload, embedding_across_dp, dp_shared_memory, use_thp, file_backed, device_cache_bytes",
             ),
         ),
         (
-            ["thp_packing=maybe"],
-            ("/engram/thp_packing", "type", "override 'thp_packing=maybe': expected true or false; got 'maybe'"),
+            ["use_thp=maybe"],
+            ("/engram/use_thp", "type", "override 'use_thp=maybe': expected true or false; got 'maybe'"),
         ),
     ],
 )

@@ -22,7 +22,7 @@ from engram.runtime.engine import EngramTables
 from engram.runtime.tables import open_tables, whole_tables
 from tests.runtime.specs import SPECS
 
-FIELDS = ("cpu_offload", "embedding_across_dp", "dp_shared_memory", "thp_packing")
+FIELDS = ("cpu_offload", "embedding_across_dp", "dp_shared_memory", "use_thp")
 
 
 def valid_configs(parallel: ParallelConfig) -> list[EngramConfig]:

@@ -74,7 +74,7 @@ def test_every_placement_is_checked(gpu_check: ModuleType) -> None:
     labels = [p[0] for p in gpu_check.PLACEMENTS]
     configs = [(p[1], p[2], p[3]) for p in gpu_check.PLACEMENTS]
     assert ({}, 1, 1) in configs and ({"cpu_offload": False}, 1, 1) in configs
-    assert ({"thp_packing": True}, 1, 1) in configs and ({"dp_shared_memory": True}, 1, 2) in configs
+    assert ({"use_thp": True}, 1, 1) in configs and ({"dp_shared_memory": True}, 1, 2) in configs
     assert ({"embedding_across_dp": True}, 1, 2) in configs and ({}, 2, 1) in configs
     assert all("graph" in p[4] for p in gpu_check.PLACEMENTS) and len(set(labels)) == len(labels)
 

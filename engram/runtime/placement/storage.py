@@ -4,7 +4,7 @@
 |-----------|-----------------------------------|---------------------------------------------------------|
 | device    | cpu_offload=false                 | a plain tensor on the GPU (on the CPU platform: in RAM) |
 | pinned    | cpu_offload=true on a GPU         | exact-size anonymous mapping, cudaHostRegister'ed, UVA  |
-| hugepages | thp_packing=true                  | PMD-aligned mapping on transparent huge pages           |
+| hugepages | use_thp=true                  | PMD-aligned mapping on transparent huge pages           |
 | shm       | dp_shared_memory=true             | one /dev/shm file per shard, mapped by every replica    |
 | host      | cpu_offload=true on the CPU       | exact-size anonymous mapping (the CPU reference)        |
 | file      | file_backed=true                  | the checkpoint's own pages, mapped read-only (filemap)  |
@@ -40,7 +40,7 @@ def placement_for(config: EngramConfig, platform: str) -> Placement:
         return "file"
     if config.dp_shared_memory:
         return "shm"
-    if config.thp_packing:
+    if config.use_thp:
         return "hugepages"
     return "pinned" if platform in ("cuda", "rocm") else "host"
 

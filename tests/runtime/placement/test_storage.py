@@ -23,7 +23,7 @@ from engram.runtime.placement.storage import ShardFormat, allocate, placement_fo
         ({"cpu_offload": False}, "cuda", "device"),
         ({}, "cuda", "pinned"),
         ({}, "cpu", "host"),
-        ({"thp_packing": True}, "cuda", "hugepages"),
+        ({"use_thp": True}, "cuda", "hugepages"),
         ({"dp_shared_memory": True}, "rocm", "shm"),
         ({"dp_shared_memory": True}, "cpu", "shm"),
     ],
