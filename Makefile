@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup codegen check lint types drift test bench demo clean
+.PHONY: setup codegen check lint types drift test test-vllm bench demo clean
 
 setup: $(STAMP)
 
@@ -34,6 +34,19 @@ test: setup
 
 check: lint types drift test
 
+# The differential suite against the real vLLM 0.33.0, in a venv of its own (it pulls a CUDA torch of about
+# 5 GB; vLLM's Engram code runs on the CPU). Opt-in: not part of `make test`.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q vllm==0.33.0
+	touch $(VLLM_STAMP)
+
+test-vllm: setup $(VLLM_STAMP)
+	ENGRAM_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(PY) -m pytest -q tests/vllm
+
 bench: setup
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
@@ -41,4 +54,4 @@ demo: setup
 	$(PY) -m engram demo
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

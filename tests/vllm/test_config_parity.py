@@ -1,0 +1,67 @@
+"""engram's EngramConfig against the real vLLM 0.33.0 package (run by `make test-vllm`, which installs it
+in its own venv and points ENGRAM_VLLM_PYTHON at it; skipped elsewhere): for every explicit setting of
+the four fields, at TP 1/2 x DP 1/4 with and without elastic EP, the same constructor verdict and
+message, the same verify_parallel_config verdict and message, the same embedding group size and the
+same compute_hash digest. `dp_shared_memory: null` (0.33 resolves it) is not covered yet."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engram.config import EngramConfig, ParallelConfig
+from engram.errors import ConfigError
+
+VLLM_PYTHON = os.environ.get("ENGRAM_VLLM_PYTHON")
+pytestmark = pytest.mark.skipif(not VLLM_PYTHON, reason="needs vLLM 0.33.0 in its own venv: run `make test-vllm`")
+FIELDS = ("cpu_offload", "embedding_across_dp", "dp_shared_memory", "use_thp")
+CASES = [
+    {
+        "engram": dict(zip(FIELDS, values, strict=True)),
+        "parallel": {"tensor_parallel_size": tp, "data_parallel_size": dp, "enable_elastic_ep": elastic},
+    }
+    for values in itertools.product((False, True), repeat=len(FIELDS))
+    for tp, dp, elastic in itertools.product((1, 2), (1, 4), (False, True))
+]
+
+
+def engram_side(case: dict[str, Any]) -> dict[str, Any]:
+    try:
+        config = EngramConfig(**case["engram"])
+    except ConfigError as exc:
+        return {"constructed": False, "error": exc.errors[0].message}
+    parallel = ParallelConfig(**case["parallel"])
+    out: dict[str, Any] = {
+        "constructed": True,
+        "hash": config.compute_hash(),
+        "parallel_size": config.get_parallel_size(parallel),
+    }
+    try:
+        config.verify_parallel_config(parallel)
+        out["parallel_error"] = None
+    except ConfigError as exc:
+        out["parallel_error"] = exc.errors[0].message
+    return out
+
+
+def test_every_explicit_setting_agrees_with_vllm() -> None:
+    assert VLLM_PYTHON is not None
+    done = subprocess.run(
+        [VLLM_PYTHON, str(Path(__file__).with_name("vllm_side.py"))],
+        input="".join(json.dumps(case) + "\n" for case in CASES),
+        capture_output=True, text=True, timeout=600, check=True,
+    )  # fmt: skip
+    theirs = [json.loads(line) for line in done.stdout.splitlines()]
+    assert len(theirs) == len(CASES) == 128
+    differ = [
+        (case, engram_side(case), vllm) for case, vllm in zip(CASES, theirs, strict=True) if engram_side(case) != vllm
+    ]
+    assert differ == []
+    assert sum(v["constructed"] for v in theirs) == 64  # 8 of the 16 field settings pass the rules
+    assert len({v.get("parallel_error") for v in theirs if v["constructed"]}) == 4
