@@ -29,6 +29,7 @@ class FieldSpec:
     cli: str | None
     default_from: str | None
     older_names: tuple[str, ...] = ()  # names the field had before, still read (x-engram-older-names)
+    nullable: bool = False  # its type is [kind, "null"]: null is a value of its own (dp_shared_memory: unresolved)
 
 
 @dataclass(frozen=True)
@@ -163,8 +164,9 @@ def _struct(name: str, pointer: str, schema: dict[str, Any]) -> StructSpec:
     fields = []
     for fname, prop in schema.get("properties", {}).items():
         _identifier(fname, f"/$defs/{name}/properties/{fname}")
-        kind = prop.get("type", "any")
+        kind, nullable = _kind(prop.get("type", "any"), f"/$defs/{name}/properties/{fname}/type")
         annotation = {"object": "dict[str, Any]", "array": "list[Any]"}.get(kind, PY_TYPES.get(kind, "Any"))
+        annotation = f"{annotation} | None" if nullable else annotation
         default_from = prop.get("x-engram-default-from")
         if fname in required:
             default = None
@@ -189,6 +191,7 @@ def _struct(name: str, pointer: str, schema: dict[str, Any]) -> StructSpec:
                 cli=prop.get("x-engram-cli"),
                 default_from=default_from,
                 older_names=tuple(prop.get("x-engram-older-names", ())),
+                nullable=nullable,
             )
         )
     # Required fields first keeps the rendered struct readable; kw_only makes the order free.
@@ -219,17 +222,34 @@ TYPE_TESTS = {
 }
 
 
+def _kind(types: Any, where: str) -> tuple[str, bool]:
+    """A struct field's type: one JSON type name, or [name, "null"]; and whether null is allowed."""
+    if isinstance(types, str):
+        return types, False
+    if isinstance(types, list) and len(types) == 2 and "null" in types and all(isinstance(t, str) for t in types):
+        return next(t for t in types if t != "null"), True
+    raise SchemaError(f"{where}: a config struct field has one type, or one type and null")
+
+
 def _field_test(prop: Any) -> str | None:
-    """A test of a value `{v}` against a field schema's type and bounds, or None where the type is not one
-    of TYPE_TESTS."""
-    if not isinstance(prop, dict) or prop.get("type") not in TYPE_TESTS:
+    """A test of a value `{v}` against a field schema's type (or that type and null) and bounds, or None
+    where the type is not one of TYPE_TESTS."""
+    if not isinstance(prop, dict):
         return None
+    try:
+        kind, nullable = _kind(prop.get("type"), "")
+    except SchemaError:
+        return None
+    if kind not in TYPE_TESTS:
+        return None
+    if nullable:
+        return f"({{v}} is None or {TYPE_TESTS[kind]})"
     low, high = (
         bound if isinstance(bound, (int, float)) and not isinstance(bound, bool) and math.isfinite(bound) else None
         for bound in (prop.get("minimum"), prop.get("maximum"))
     )
     bounds = "".join((f"{low!r} <= " if low is not None else "", "{v}", f" <= {high!r}" if high is not None else ""))
-    return TYPE_TESTS[prop["type"]] + (f" and {bounds}" if bounds != "{v}" else "")
+    return TYPE_TESTS[kind] + (f" and {bounds}" if bounds != "{v}" else "")
 
 
 def _flags(schema: dict[str, Any], prefix: tuple[str, ...]) -> list[FlagSpec]:

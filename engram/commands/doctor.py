@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         for path in removed:
             print(f"  {path}")
     # Flags are checked even without a preset (a TP of 0 is an error, not ignored).
-    plan = build_plan(args) if args.preset else None
+    plan = build_plan(args)[0] if args.preset else None
     if plan is None:
         validate_deployment(document_from_args(args, {}))
     checks = run_checks(plan)

@@ -36,16 +36,17 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(run=run)
 
 
-def build_plan(args: argparse.Namespace) -> DeploymentPlan:
+def build_plan(args: argparse.Namespace) -> tuple[DeploymentPlan, bool | None]:
     spec = get_preset(args.preset)
     document = {"model": msgspec.to_builtins(spec.model_config()), "parallel": {}, "platform": "cuda"}
     deployment = validate_deployment(document_from_args(args, document))
     assert deployment.parallel is not None and deployment.platform is not None
-    return plan_deployment(spec, deployment.engram, deployment.parallel, deployment.platform)
+    plan = plan_deployment(spec, deployment.engram, deployment.parallel, deployment.platform)
+    return plan, deployment.dp_shared_memory_given
 
 
 def run(args: argparse.Namespace) -> int:
-    plan = build_plan(args)
+    plan, given = build_plan(args)
     report = summary(plan)
     if args.plot:
         draw(plan, args.plot, args.node_ram_gib)
@@ -56,6 +57,11 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"{plan.spec.name} on TP {p.tensor_parallel_size} x DP {p.data_parallel_size} ({p.data_parallel_size_local} per node), {plan.platform}, tables {report['placement']}: {report['table_bytes']:,} table bytes"
     )
+    if given is None:
+        print(
+            f"dp_shared_memory: null, resolved to {json.dumps(plan.config.dp_shared_memory)} (vLLM 0.33: on exactly when "
+            "cpu_offload, not use_thp, not file_backed, data_parallel_size > 1 and no elastic EP)"
+        )
     print("per rank:           device bytes     pinned host bytes     shm (mapped) bytes")
     for row in report["per_rank"]:
         print(

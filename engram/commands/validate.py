@@ -77,6 +77,16 @@ def run_validate(args: argparse.Namespace) -> int:
         + (f"; not given, not checked: {', '.join(unchecked)}" if unchecked else "")
     )
     print("engram: " + " ".join(f"{k}={json.dumps(v)}" for k, v in msgspec.to_builtins(deployment.engram).items()))
+    if deployment.dp_shared_memory_given is None:
+        resolved = deployment.engram.dp_shared_memory
+        print(
+            "dp_shared_memory: null, "
+            + (
+                f"resolved to {json.dumps(resolved)} (vLLM 0.33: on exactly when cpu_offload, not use_thp, not file_backed, data_parallel_size > 1 and no elastic EP)"
+                if resolved is not None
+                else "resolved once the parallel sizes are known (give --data-parallel-size)"
+            )
+        )
     if deployment.parallel_size is not None:
         print(f"embedding group size: {deployment.parallel_size}")
     print(f"hash: {deployment.engram.compute_hash()}")

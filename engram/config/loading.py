@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from engram._generated.cli import DEPLOYMENT_FLAGS, ENGRAM_FIELDS, add_deployment_args, add_engram_args
+from engram._generated.cli import DEPLOYMENT_FLAGS, ENGRAM_FIELDS, ENGRAM_NULLABLE, add_deployment_args, add_engram_args
 from engram._generated.structs import (
     ENV_DEFAULTS,
     INTEGER_FIELDS,
@@ -182,6 +182,7 @@ class Deployment:
     parallel: ParallelConfig | None = None
     load: LoadConfig | None = None
     platform: str | None = None
+    dp_shared_memory_given: bool | None = None  # as the input said it (null: resolved from the parallel part)
 
     @property
     def checked(self) -> list[str]:
@@ -260,7 +261,10 @@ def validate_deployment(document: dict[str, Any], *, env: Mapping[str, str] | No
     parts: dict[str, Any] = {
         key: _convert(key, document.get(key, {})) for key in SECTIONS if key in document or key == "engram"
     }
-    return Deployment(platform=document.get("platform"), **parts)
+    given = parts["engram"].dp_shared_memory
+    if "parallel" in parts:  # vLLM 0.33 resolves a null dp_shared_memory before its parallel checks
+        parts["engram"] = parts["engram"].resolve_dp_shared_memory(parts["parallel"])
+    return Deployment(platform=document.get("platform"), dp_shared_memory_given=given, **parts)
 
 
 def checked_parts(document: Mapping[str, Any]) -> list[str]:
@@ -353,6 +357,8 @@ def _apply_overrides(section: dict[str, Any], overrides: Iterable[Override], pro
                     f"{label}: unknown field {_shown(name)!r}; known fields: {known}",
                 )
             )
+        elif kind == "boolean" and name in ENGRAM_NULLABLE and raw.strip().lower() == "null":
+            section[name] = None
         elif kind == "boolean":
             value = parse_bool(raw)
             if value is None:

@@ -127,6 +127,7 @@ class EngramTables:
             raise EngramError(
                 "torch.distributed is not initialised: call engram.runtime.engine.init_from_env() or init_process_group first"
             )
+        config = config.resolve_dp_shared_memory(parallel)  # a null one, as vLLM 0.33 resolves it
         config, parallel = align_to_nodes(config, parallel)  # the replicas per node as the job really runs
         plan = plan_deployment(spec, config, parallel, platform)
         config.verify_host_memory(spec.table_bytes, parallel, host_limits)

@@ -114,6 +114,7 @@ def table_shards(spec: ModelSpec, index: int, size: int) -> tuple[TableShardPlan
 def plan_deployment(
     spec: ModelSpec, config: EngramConfig, parallel: ParallelConfig, platform: str = "cuda"
 ) -> DeploymentPlan:
+    config = config.resolve_dp_shared_memory(parallel)  # a null one, as vLLM 0.33 resolves it
     config.verify_parallel_config(parallel)
     tp, dp = parallel.tensor_parallel_size, parallel.data_parallel_size
     local = parallel.data_parallel_size_local or dp

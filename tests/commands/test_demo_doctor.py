@@ -104,6 +104,8 @@ def test_doctor_against_a_plan_that_does_not_fit(capsys: pytest.CaptureFixture[s
                 "4",
                 "--data-parallel-size",
                 "8",
+                "--engram-config.dp_shared_memory",
+                "false",
             ]
         )
         == 1

@@ -77,7 +77,9 @@ def test_v41_dp8_shared_against_private(capsys: pytest.CaptureFixture[str]) -> N
     ]
     assert len(shared["per_rank"]) == 32 and all(r["pinned_host_bytes"] == 0 for r in shared["per_rank"])
     assert [c["group"] for c in shared["collectives"]] == ["TP ranks of a replica"]  # no DP collective
-    private = plan(capsys, "--tensor-parallel-size", "4", "--data-parallel-size", "8")
+    private = plan(
+        capsys, "--tensor-parallel-size", "4", "--data-parallel-size", "8", "--engram-config.dp_shared_memory", "false"
+    )
     assert private["per_node"] == [
         {"node": 0, "host_bytes": 8 * V41_TABLE, "shm_bytes": 0, "device_bytes": 0, "page_cache_bytes": 0}
     ]
@@ -91,6 +93,8 @@ def test_v41_dp8_shared_against_private(capsys: pytest.CaptureFixture[str]) -> N
         "4",
         "--engram-config.embedding_across_dp",
         "true",
+        "--engram-config.dp_shared_memory",
+        "false",
     )
     # 32 ranks > 24 heads: row shards, shard = tp * 8 + dp; node 0 holds dp 0..3
     rows = get_preset("deepseek-v4.1-flash").layout.table_rows
@@ -196,7 +200,7 @@ def test_plans_grow_linearly_with_the_world() -> None:
     tracemalloc.start()
     plan = plan_deployment(
         get_preset("qwen4-exp-ple"),
-        load_config({"embedding_across_dp": True}, env={}),
+        load_config({"embedding_across_dp": True, "dp_shared_memory": False}, env={}),
         ParallelConfig(tensor_parallel_size=512, data_parallel_size=64),
     )
     peak = tracemalloc.get_traced_memory()[1]

@@ -88,8 +88,9 @@ def test_text_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0 and err == ""
     assert out.splitlines() == [
         "valid: engram checked; not given, not checked: model, parallel, load, platform",
-        "engram: cpu_offload=true embedding_across_dp=false dp_shared_memory=false use_thp=true file_backed=false device_cache_bytes=0",
-        "hash: 2ef9f070e324bc7b7622e65756e7fafb7005e66cc777d530a05b2dd661a6521a",
+        "engram: cpu_offload=true embedding_across_dp=false dp_shared_memory=null use_thp=true file_backed=false device_cache_bytes=0",
+        "dp_shared_memory: null, resolved once the parallel sizes are known (give --data-parallel-size)",
+        "hash: 4c517bbb9df857c329f5a6798d99bb46a18e83824656349b9d5c3580a9df2ae3",
     ]
     code, out, err = run(capsys, "validate", str(EXAMPLES / "invalid-shared-without-offload.json"))
     assert (code, out) == (2, "")
@@ -116,7 +117,7 @@ def test_engram_flag_precedence(capsys: pytest.CaptureFixture[str]) -> None:
     base = {
         "cpu_offload": True,
         "embedding_across_dp": False,
-        "dp_shared_memory": False,
+        "dp_shared_memory": None,
         "use_thp": False,
         "file_backed": False,
         "device_cache_bytes": 0,
@@ -154,7 +155,7 @@ def test_environment_reaches_the_cli(capsys: pytest.CaptureFixture[str], monkeyp
     assert verdict(capsys)["engram"] == {
         "cpu_offload": False,
         "embedding_across_dp": False,
-        "dp_shared_memory": False,
+        "dp_shared_memory": None,
         "use_thp": False,
         "file_backed": False,
         "device_cache_bytes": 0,

@@ -28,7 +28,7 @@ def test_pinned_bytes(fields: dict[str, bool], dp: int, local: int, expected: in
 
 
 def test_fits_and_does_not_fit() -> None:
-    config = load_config(env={})
+    config = load_config({"dp_shared_memory": False}, env={})
     parallel = ParallelConfig(tensor_parallel_size=4, data_parallel_size=2)
     config.verify_host_memory(TABLE, parallel, HostLimits(2 * 1024 * GIB))
     with pytest.raises(ConfigError) as exc:
@@ -48,7 +48,7 @@ def test_fits_and_does_not_fit() -> None:
 
 
 def test_little_headroom_is_a_warning(caplog: pytest.LogCaptureFixture) -> None:
-    config = load_config(env={})
+    config = load_config({"dp_shared_memory": False}, env={})
     parallel = ParallelConfig(tensor_parallel_size=4, data_parallel_size=2)  # 377.7 GiB per node
     with caplog.at_level("WARNING", logger="engram"):
         config.verify_host_memory(TABLE, parallel, HostLimits(2 * 1024 * GIB, cgroup_bytes=400 * GIB))

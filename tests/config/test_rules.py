@@ -30,7 +30,7 @@ def cfg(**fields: bool) -> EngramConfig:
 
 def test_defaults() -> None:
     assert load_config(env={}) == EngramConfig(
-        cpu_offload=True, embedding_across_dp=False, dp_shared_memory=False, use_thp=False
+        cpu_offload=True, embedding_across_dp=False, dp_shared_memory=None, use_thp=False
     )
 
 
@@ -76,7 +76,7 @@ def test_structural_problems_all_reported() -> None:
             "unknown field 'cpu_ofload'; known fields: cpu_offload, embedding_across_dp, dp_shared_memory, use_thp, file_backed, device_cache_bytes",
         ),
         ("/engram/cpu_offload", "type", "expected a boolean; got the string 'yes'"),
-        ("/engram/dp_shared_memory", "type", "expected a boolean; got 1"),
+        ("/engram/dp_shared_memory", "type", "expected a boolean or null; got 1"),
     ]
 
 

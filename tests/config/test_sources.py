@@ -27,7 +27,8 @@ def test_every_source_kind(tmp_path: Path) -> None:
 def test_overrides_apply_in_order() -> None:
     assert load_config(
         env={}, overrides=["dp_shared_memory=true", "dp_shared_memory=0", "use_thp=yes"]
-    ) == EngramConfig(use_thp=True)
+    ) == EngramConfig(use_thp=True, dp_shared_memory=False)
+    assert load_config({"dp_shared_memory": False}, env={}, overrides=["dp_shared_memory=null"]) == EngramConfig()
 
 
 @pytest.mark.parametrize(

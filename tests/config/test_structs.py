@@ -31,7 +31,7 @@ def refused(make: Any, **fields: Any) -> list[Problem]:
         (
             EngramConfig,
             {"dp_shared_memory": 1},
-            [Problem("/engram/dp_shared_memory", "type", "expected a boolean; got 1")],
+            [Problem("/engram/dp_shared_memory", "type", "expected a boolean or null; got 1")],
         ),
         (
             EngramConfig,

@@ -162,7 +162,7 @@ def build_over_limit(rank: int, world: int, checkpoint: str) -> str:
     spec = SPECS["ds7"]
     EngramTables.build(
         spec,
-        load_config(env={}),
+        load_config({"dp_shared_memory": False}, env={}),
         ParallelConfig(data_parallel_size=world),
         checkpoint,
         host_limits=HostLimits(spec.table_bytes),

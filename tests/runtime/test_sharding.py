@@ -63,7 +63,7 @@ def test_uneven_heads_and_row_fallback() -> None:
 def test_groups_in_the_plan() -> None:
     across = plan_deployment(
         DS7,
-        load_config({"embedding_across_dp": True}, env={}),
+        load_config({"embedding_across_dp": True, "dp_shared_memory": False}, env={}),
         ParallelConfig(tensor_parallel_size=2, data_parallel_size=2),
     )
     assert [(r.rank, r.tp_rank, r.dp_rank, r.shard_index) for r in across.ranks] == [

@@ -25,7 +25,11 @@ def main() -> None:
     rank = init_from_env()
     parallel = ParallelConfig(tensor_parallel_size=2, data_parallel_size=2)
     tables = EngramTables.build(
-        DS7, load_config({"embedding_across_dp": True}, env={}), parallel, args.checkpoint, progress=False
+        DS7,
+        load_config({"embedding_across_dp": True, "dp_shared_memory": False}, env={}),
+        parallel,
+        args.checkpoint,
+        progress=False,
     )
     reference = unsharded(DS7, args.checkpoint)
     match = all(

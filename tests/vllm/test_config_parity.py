@@ -1,8 +1,8 @@
 """engram's EngramConfig against the real vLLM 0.33.0 package (run by `make test-vllm`, which installs it
-in its own venv and points ENGRAM_VLLM_PYTHON at it; skipped elsewhere): for every explicit setting of
-the four fields, at TP 1/2 x DP 1/4 with and without elastic EP, the same constructor verdict and
-message, the same verify_parallel_config verdict and message, the same embedding group size and the
-same compute_hash digest. `dp_shared_memory: null` (0.33 resolves it) is not covered yet."""
+in its own venv and points ENGRAM_VLLM_PYTHON at it; skipped elsewhere): for every setting of the four
+fields (dp_shared_memory true, false or null), at TP 1/2 x DP 1/4 with and without elastic EP, the same
+constructor verdict and message, the same digest before and after dp_shared_memory is resolved, the same
+resolution, the same verify_parallel_config verdict and message, and the same embedding group size."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ CASES = [
         "engram": dict(zip(FIELDS, values, strict=True)),
         "parallel": {"tensor_parallel_size": tp, "data_parallel_size": dp, "enable_elastic_ep": elastic},
     }
-    for values in itertools.product((False, True), repeat=len(FIELDS))
+    for values in itertools.product((False, True), (False, True), (False, True, None), (False, True))
     for tp, dp, elastic in itertools.product((1, 2), (1, 4), (False, True))
 ]
 
@@ -37,8 +37,12 @@ def engram_side(case: dict[str, Any]) -> dict[str, Any]:
     except ConfigError as exc:
         return {"constructed": False, "error": exc.errors[0].message}
     parallel = ParallelConfig(**case["parallel"])
+    unresolved = config.compute_hash()
+    config = config.resolve_dp_shared_memory(parallel)
     out: dict[str, Any] = {
         "constructed": True,
+        "unresolved_hash": unresolved,
+        "dp_shared_memory": config.dp_shared_memory,
         "hash": config.compute_hash(),
         "parallel_size": config.get_parallel_size(parallel),
     }
@@ -50,7 +54,7 @@ def engram_side(case: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def test_every_explicit_setting_agrees_with_vllm() -> None:
+def test_every_setting_agrees_with_vllm() -> None:
     assert VLLM_PYTHON is not None
     done = subprocess.run(
         [VLLM_PYTHON, str(Path(__file__).with_name("vllm_side.py"))],
@@ -58,10 +62,11 @@ def test_every_explicit_setting_agrees_with_vllm() -> None:
         capture_output=True, text=True, timeout=600, check=True,
     )  # fmt: skip
     theirs = [json.loads(line) for line in done.stdout.splitlines()]
-    assert len(theirs) == len(CASES) == 128
+    assert len(theirs) == len(CASES) == 192
     differ = [
         (case, engram_side(case), vllm) for case, vllm in zip(CASES, theirs, strict=True) if engram_side(case) != vllm
     ]
     assert differ == []
-    assert sum(v["constructed"] for v in theirs) == 64  # 8 of the 16 field settings pass the rules
+    assert sum(v["constructed"] for v in theirs) == 112  # 14 of the 24 field settings pass the rules
+    assert {v["dp_shared_memory"] for v in theirs if v["constructed"]} == {False, True}
     assert len({v.get("parallel_error") for v in theirs if v["constructed"]}) == 4

@@ -19,7 +19,15 @@ def answer(case: dict) -> dict:
     except ValueError as exc:
         return {"constructed": False, "error": reason(exc)}
     parallel = SimpleNamespace(**case["parallel"])
-    out = {"constructed": True, "hash": config.compute_hash(), "parallel_size": config.get_parallel_size(parallel)}
+    unresolved = config.compute_hash()
+    config.resolve_dp_shared_memory(parallel)  # as VllmConfig does, before the parallel checks
+    out = {
+        "constructed": True,
+        "unresolved_hash": unresolved,
+        "dp_shared_memory": config.dp_shared_memory,
+        "hash": config.compute_hash(),
+        "parallel_size": config.get_parallel_size(parallel),
+    }
     try:
         config.verify_parallel_config(parallel)
         out["parallel_error"] = None
