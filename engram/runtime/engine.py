@@ -127,8 +127,12 @@ class EngramTables:
             raise EngramError(
                 "torch.distributed is not initialised: call engram.runtime.engine.init_from_env() or init_process_group first"
             )
+        resolved = config.dp_shared_memory is None
         config = config.resolve_dp_shared_memory(parallel)  # a null one, as vLLM 0.33 resolves it
-        config, parallel = align_to_nodes(config, parallel)  # the replicas per node as the job really runs
+        # the replicas per node as the job really runs, and (for a resolved null) whether the node holds them
+        config, parallel = align_to_nodes(
+            config, parallel, resolved=resolved, table_bytes=spec.table_bytes, limits=host_limits
+        )
         plan = plan_deployment(spec, config, parallel, platform)
         config.verify_host_memory(spec.table_bytes, parallel, host_limits)
         if dist.get_world_size() != len(plan.ranks):

@@ -13,8 +13,10 @@ import msgspec
 import torch.distributed as dist
 
 from engram.config import EngramConfig, ParallelConfig
+from engram.memory.host import HostLimits
 from engram.runtime.dist import all_gather_json, new_group
 from engram.runtime.placement.node import node_of_this_process
+from engram.runtime.placement.shm import shared_capacity_error
 
 log = logging.getLogger("engram")
 
@@ -37,9 +39,19 @@ def replicas_per_node(nodes: list[str], tp: int, dp: int) -> int | None:
     return size if dp % size == 0 else None
 
 
-def align_to_nodes(config: EngramConfig, parallel: ParallelConfig) -> tuple[EngramConfig, ParallelConfig]:
+def align_to_nodes(
+    config: EngramConfig,
+    parallel: ParallelConfig,
+    *,
+    resolved: bool = False,
+    table_bytes: int = 0,
+    limits: HostLimits | None = None,
+) -> tuple[EngramConfig, ParallelConfig]:
     """Collective over the whole job (dp_shared_memory with DP > 1 only): the config and parallel sizes
-    the plan should use on the nodes the job really has."""
+    the plan should use on the nodes the job really has. `resolved`: dp_shared_memory was null and resolved
+    to true, so, as vLLM 0.33 does, a node that cannot hold `table_bytes` of shared tables (its memory,
+    `limits` when given, or ENGRAM_SHM_DIR's free space) makes every replica keep a private copy instead,
+    with a warning; an explicit true is an error there when the table is created."""
     dp, tp = parallel.data_parallel_size, parallel.tensor_parallel_size
     if not (config.dp_shared_memory and dp > 1) or dist.get_world_size() != tp * dp:
         return config, parallel
@@ -52,6 +64,15 @@ def align_to_nodes(config: EngramConfig, parallel: ParallelConfig) -> tuple[Engr
             len(set(nodes)), dp,
         )  # fmt: skip
         return msgspec.structs.replace(config, dp_shared_memory=False), parallel
+    if resolved:
+        errors = all_gather_json(world, shared_capacity_error(table_bytes, limits), "shared table capacity")
+        refused = next((e for e in errors if e), None)
+        if refused:
+            log.warning(
+                "dp_shared_memory was null and resolved to true, but %s; every replica keeps a private copy of the tables instead",
+                refused,
+            )
+            return msgspec.structs.replace(config, dp_shared_memory=False), parallel
     if local != parallel.data_parallel_size_local:
         log.info(
             "dp_shared_memory: %d replicas per node as the job runs (configured: %s)",

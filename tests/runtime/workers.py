@@ -84,3 +84,21 @@ def share_then_wait(rank: int, world: int, size: int, peer_delay: float) -> int:
     mapping = create_shared(size, group, "kill-test")
     edist.barrier(group, "shared")
     return mapping.length
+
+
+def null_shared_tables(rank: int, world: int, spec: ModelSpec, checkpoint: str) -> dict[str, Any]:
+    """EngramTables from the default config (dp_shared_memory null) at DP `world`: the placement it took,
+    and the warnings it logged."""
+    import logging
+
+    from engram.config import ParallelConfig, load_config
+    from engram.runtime.engine import EngramTables
+
+    warnings: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: warnings.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("engram").addHandler(handler)
+    tables = EngramTables.build(
+        spec, load_config({}, env={}), ParallelConfig(data_parallel_size=world), checkpoint, progress=False
+    )
+    return {"placement": tables.rank_plan.placement, "warnings": warnings}

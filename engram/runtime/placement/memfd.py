@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from engram.errors import EngramError
-from engram.memory.host import read_host_limits
+from engram.memory.host import HostLimits, read_host_limits
 from engram.memory.mapping import Mapping, map_shared_file
 from engram.runtime.dist import Group, all_gather_json, broadcast_json
 from engram.runtime.placement.node import GIB, fenced, node_of_this_process, reserve
@@ -28,8 +28,9 @@ def _identity() -> dict[str, Any]:
     return {"uid": os.getuid(), "boot_id": node_of_this_process(), "netns": netns}
 
 
-def _capacity_error(size: int) -> str | None:
-    available = read_host_limits().available
+def capacity_error(size: int, limits: HostLimits | None = None) -> str | None:
+    """Why the node's memory cannot hold a shared table of `size` bytes, or None."""
+    available = (limits or read_host_limits()).available
     if size <= available:
         return None
     return (
@@ -40,7 +41,7 @@ def _capacity_error(size: int) -> str | None:
 
 def _create(size: int, tag: str) -> tuple[int | None, str | None]:
     """The leader's memfd with its space reserved, or the error."""
-    error = _capacity_error(size)
+    error = capacity_error(size)
     if error:
         return None, error
     try:

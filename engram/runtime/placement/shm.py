@@ -26,8 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from engram.errors import EngramError
+from engram.memory.host import HostLimits
 from engram.memory.mapping import Mapping, map_shared_file
 from engram.runtime.dist import Group, all_gather_json, broadcast_json
+from engram.runtime.placement.memfd import capacity_error as memfd_capacity_error
 from engram.runtime.placement.memfd import share_memfd
 from engram.runtime.placement.node import GIB, boot_id, fenced, node_of_this_process, reserve
 
@@ -111,6 +113,17 @@ def capacity_error(directory: Path, needed: int) -> str | None:
         "(docker run --shm-size=<size> or --ipc=host; Kubernetes: an emptyDir with medium: Memory), "
         "point ENGRAM_SHM_DIR at a larger tmpfs, or turn dp_shared_memory off"
     )
+
+
+def shared_capacity_error(size: int, limits: HostLimits | None = None) -> str | None:
+    """Why this node cannot hold `size` bytes of shared tables where they would go (a memfd: the node's
+    memory, `limits` when given; a named file: ENGRAM_SHM_DIR's free space), or None."""
+    if uses_memfd():
+        return memfd_capacity_error(size, limits)
+    directory = shm_dir()
+    if not directory.is_dir():
+        return f"{directory} is not mounted"
+    return capacity_error(directory, size)
 
 
 def _create(directory: Path, size: int, tag: str) -> tuple[str | None, str | None]:

@@ -109,3 +109,26 @@ def test_replicas_on_different_nodes_are_refused(shm_tmp: Path) -> None:
             "dp_shared_memory needs data_parallel_size_local to match the replicas per node"
         )
     assert list(shm_tmp.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_null_dp_shared_memory_the_node_cannot_hold_falls_back_to_private_copies(
+    small_checkpoint: Path, shm_tmp: Path, tmp_path: Path
+) -> None:
+    """vLLM 0.33's veto: dp_shared_memory null resolves to true at DP 2, but where the shared tables cannot
+    go (ENGRAM_SHM_DIR is not there) every replica keeps a private copy, with one warning; where they can,
+    the replicas share them."""
+    shared = values(run_local(2, workers.null_shared_tables, SMALL, str(small_checkpoint), timeout=240))
+    assert [r["placement"] for r in shared] == ["shm", "shm"] and all(r["warnings"] == [] for r in shared)
+    absent = tmp_path / "absent"
+    env = {"ENGRAM_SHM_DIR": str(absent)}
+    private = values(run_local(2, workers.null_shared_tables, SMALL, str(small_checkpoint), timeout=240, env=env))
+    assert [r["placement"] for r in private] == ["host", "host"]
+    assert all(
+        r["warnings"]
+        == [
+            f"dp_shared_memory was null and resolved to true, but {absent} is not mounted; every replica keeps a "
+            "private copy of the tables instead"
+        ]
+        for r in private
+    )
