@@ -12,7 +12,13 @@ import msgspec
 from engram.apps.planning import host_bytes_by_dp, summary
 from engram.apps.plotting import check_plot_path, figure
 from engram.apps.presets import PRESETS, get_preset
-from engram.config import add_deployment_args, add_engram_args, document_from_args, validate_deployment
+from engram.config import (
+    add_deployment_args,
+    add_engram_args,
+    document_from_args,
+    dp_shared_memory_resolution,
+    validate_deployment,
+)
 from engram.memory.host import read_host_limits
 from engram.runtime.plan import DeploymentPlan, plan_deployment
 
@@ -57,11 +63,9 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"{plan.spec.name} on TP {p.tensor_parallel_size} x DP {p.data_parallel_size} ({p.data_parallel_size_local} per node), {plan.platform}, tables {report['placement']}: {report['table_bytes']:,} table bytes"
     )
-    if given is None:
-        print(
-            f"dp_shared_memory: null, resolved to {json.dumps(plan.config.dp_shared_memory)} (vLLM 0.33: on exactly when "
-            "cpu_offload, not use_thp, not file_backed, data_parallel_size > 1 and no elastic EP)"
-        )
+    resolution = dp_shared_memory_resolution(given, plan.config.dp_shared_memory)
+    if resolution:
+        print(resolution)
     print("per rank:           device bytes     pinned host bytes     shm (mapped) bytes")
     for row in report["per_rank"]:
         print(

@@ -16,6 +16,7 @@ from engram.config import (
     add_engram_args,
     checked_parts,
     document_from_args,
+    dp_shared_memory_resolution,
     validate_deployment,
 )
 from engram.errors import ConfigError, Problem
@@ -77,16 +78,9 @@ def run_validate(args: argparse.Namespace) -> int:
         + (f"; not given, not checked: {', '.join(unchecked)}" if unchecked else "")
     )
     print("engram: " + " ".join(f"{k}={json.dumps(v)}" for k, v in msgspec.to_builtins(deployment.engram).items()))
-    if deployment.dp_shared_memory_given is None:
-        resolved = deployment.engram.dp_shared_memory
-        print(
-            "dp_shared_memory: null, "
-            + (
-                f"resolved to {json.dumps(resolved)} (vLLM 0.33: on exactly when cpu_offload, not use_thp, not file_backed, data_parallel_size > 1 and no elastic EP)"
-                if resolved is not None
-                else "resolved once the parallel sizes are known (give --data-parallel-size)"
-            )
-        )
+    resolution = dp_shared_memory_resolution(deployment.dp_shared_memory_given, deployment.engram.dp_shared_memory)
+    if resolution:
+        print(resolution)
     if deployment.parallel_size is not None:
         print(f"embedding group size: {deployment.parallel_size}")
     print(f"hash: {deployment.engram.compute_hash()}")

@@ -8,6 +8,7 @@ problem. Precedence, lowest first: schema default, environment, the document, --
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from collections.abc import Callable, Iterable, Mapping
@@ -50,6 +51,7 @@ __all__ = [
     "add_engram_args",
     "checked_parts",
     "document_from_args",
+    "dp_shared_memory_resolution",
     "load_config",
     "load_deployment",
     "read_deployment",
@@ -265,6 +267,18 @@ def validate_deployment(document: dict[str, Any], *, env: Mapping[str, str] | No
     if "parallel" in parts:  # vLLM 0.33 resolves a null dp_shared_memory before its parallel checks
         parts["engram"] = parts["engram"].resolve_dp_shared_memory(parts["parallel"])
     return Deployment(platform=document.get("platform"), dp_shared_memory_given=given, **parts)
+
+
+def dp_shared_memory_resolution(given: bool | None, resolved: bool | None) -> str | None:
+    """The line the commands print when dp_shared_memory was given as null (None when it was not)."""
+    if given is not None:
+        return None
+    if resolved is None:
+        return "dp_shared_memory: null, resolved once the parallel sizes are known (give --data-parallel-size)"
+    return (
+        f"dp_shared_memory: null, resolved to {json.dumps(resolved)} (vLLM 0.33: on exactly when cpu_offload, "
+        "not use_thp, not file_backed, data_parallel_size > 1 and no elastic EP)"
+    )
 
 
 def checked_parts(document: Mapping[str, Any]) -> list[str]:

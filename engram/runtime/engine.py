@@ -250,11 +250,11 @@ class EngramTables:
             return
         from engram.ops.cuda import check_error_flags
 
-        capturing = torch.cuda.is_current_stream_capturing()
-        pending = self._pending
-        if not capturing:
-            self._pending = None
-        check_error_flags(after=None if capturing else pending)
+        if torch.cuda.is_current_stream_capturing():
+            check_error_flags()  # no waiting while capturing: the eager step's wait stays owed
+            return
+        pending, self._pending = self._pending, None
+        check_error_flags(after=pending)
 
     def release(self) -> None:
         """Free the tables. On a GPU, waits for the work queued so far (a prefetch in flight reads them);
