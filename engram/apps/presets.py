@@ -50,7 +50,7 @@ PRESETS: dict[str, ModelSpec] = {
             dtype="bf16",
         ),
         ModelSpec(
-            # Qwen4Exp PLE: one table for all PLE layers, 80-dim bf16 heads (160-byte rows, 51 GB).
+            # Qwen4Exp PLE: one table per PLE layer (as vLLM 0.33 has it), 80-dim bf16 heads (160-byte rows, 51 GB).
             # eos_token_id is the <|endoftext|> id of the 248,320-id Qwen vocabulary family; set the
             # model's own value in hf_text_config if it differs.
             name="qwen4-exp-ple",
@@ -63,7 +63,7 @@ PRESETS: dict[str, ModelSpec] = {
                 "ple_embed_dim": 1280,
                 "vocab_size": 248_320,
                 "make_ngram_vocab_size_divisible_by": 128,
-                "ngram_seed": 1234,
+                "seed": 1234,
                 "eos_token_id": 248_044,
             },
             dtype="bf16",

@@ -20,8 +20,8 @@ Family = Literal["deepseek", "qwen"]
 class Layout:
     """Where every head's buckets live. Arrays are indexed [layer position, order n-2, head].
 
-    `offsets` are row offsets inside the table that layer reads (`table_of_layer`); DeepSeek keeps one
-    table per layer, Qwen one table for all PLE layers (padded to the divisor)."""
+    `offsets` are row offsets inside the table that layer reads (`table_of_layer`): one table per layer
+    (DeepSeek, and Qwen as vLLM runs it), or one table for all PLE layers (Qwen's "shared" layout)."""
 
     family: Family
     layer_ids: tuple[int, ...]
@@ -98,38 +98,65 @@ def splitmix64(value: int) -> int:
     return value ^ (value >> 31)
 
 
-def qwen_multipliers(n_layers: int, max_ngram: int, vocab: int, seed: int) -> np.ndarray:
+def qwen_multipliers(dense: tuple[int, ...], max_ngram: int, vocab: int, seed: int) -> np.ndarray:
+    """One row per PLE layer, seeded by its dense index (`dense`)."""
     half = max(1, (INT64_MAX // vocab) // 2)
     return np.array(
         [
             [2 * (splitmix64((seed + 10007 * i + GOLDEN * (j + 1)) & MASK64) % half) + 1 for j in range(max_ngram)]
-            for i in range(n_layers)
+            for i in dense
         ],
         dtype=np.int64,
     )
 
 
+QwenTables = Literal["per-layer", "shared"]
+
+
 def qwen_layout(
-    layer_ids: tuple[int, ...], max_ngram: int, heads: int, base: int, vocab: int, divisor: int, seed: int
+    layer_ids: tuple[int, ...],
+    max_ngram: int,
+    heads: int,
+    base: int,
+    vocab: int,
+    divisor: int,
+    seed: int,
+    tables: QwenTables = "per-layer",
 ) -> Layout:
-    """Global head g = i*H + h takes the (g+1)-th prime at or above base; one table, cumulative offsets,
-    total padded up to a multiple of `divisor`."""
+    """Global head g = i*H + h takes the (g+1)-th prime after base - 1, for the layer's dense index i.
+
+    "per-layer" is how vLLM 0.33 runs Qwen4Exp: i is the layer's position among the sorted ids, and each
+    layer has its own table (offsets from 0, rows padded to `divisor`). "shared" is spec/ngram-hashing.md's
+    (and the seed's) layout: i is the position in the list, and one table holds every layer's buckets
+    (cumulative offsets, the total padded). With the ids sorted the two hash alike, up to each table's base."""
+    if tables == "per-layer":
+        ranks = {layer_id: rank for rank, layer_id in enumerate(sorted(set(layer_ids)))}
+        dense = tuple(ranks[layer_id] for layer_id in layer_ids)
+    else:
+        dense = tuple(range(len(layer_ids)))
     per_layer = (max_ngram - 1) * heads
     walk = primes_above(base - 1)
-    sizes = np.array([next(walk) for _ in range(len(layer_ids) * per_layer)], dtype=np.int64)
+    globals_ = np.array([next(walk) for _ in range((max(dense) + 1) * per_layer)], dtype=np.int64)
+    sizes = globals_.reshape(-1, per_layer)[list(dense)]  # [layers, C]
     primes = sizes.reshape(len(layer_ids), max_ngram - 1, heads)
-    offsets = (np.cumsum(sizes) - sizes).reshape(primes.shape)
-    total = int(sizes.sum())
-    padded = -(-total // divisor) * divisor
+    if tables == "per-layer":
+        offsets = np.cumsum(sizes, axis=1) - sizes
+        totals = [int(t) for t in sizes.sum(axis=1)]
+        table_of_layer = tuple(range(len(layer_ids)))
+    else:
+        flat = sizes.reshape(-1)
+        offsets = (np.cumsum(flat) - flat).reshape(sizes.shape)
+        totals = [int(flat.sum())]
+        table_of_layer = (0,) * len(layer_ids)
     return Layout(
         family="qwen",
         layer_ids=layer_ids,
         max_ngram=max_ngram,
         heads=heads,
         primes=primes,
-        offsets=offsets,
-        multipliers=qwen_multipliers(len(layer_ids), max_ngram, vocab, seed),
+        offsets=offsets.reshape(primes.shape),
+        multipliers=qwen_multipliers(dense, max_ngram, vocab, seed),
         vocab=vocab,
-        table_rows=(padded,),
-        table_of_layer=(0,) * len(layer_ids),
+        table_rows=tuple(-(-t // divisor) * divisor for t in totals),
+        table_of_layer=table_of_layer,
     )

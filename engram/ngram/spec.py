@@ -12,7 +12,7 @@ import torch
 from engram.config import ModelConfig
 from engram.errors import EngramError
 from engram.ngram.hash import NgramHasher
-from engram.ngram.layout import Family, Layout, deepseek_layout, qwen_layout
+from engram.ngram.layout import Family, Layout, QwenTables, deepseek_layout, qwen_layout
 from engram.ngram.vocab import compressed_lookup, deepseek_v4_tokenizer_file
 
 FAMILIES: dict[str, Family] = {
@@ -23,6 +23,7 @@ FAMILIES: dict[str, Family] = {
 # Bytes per row element, and whether rows carry ue8m0 block-32 scales.
 DTYPES = {"fp8": (1, True), "bf16": (2, False), "fp16": (2, False), "fp32": (4, False)}
 SCALE_BLOCK = 32
+QWEN_PREFIX = "model.language_model"
 
 
 @dataclass(frozen=True, eq=False)
@@ -33,6 +34,7 @@ class ModelSpec:
     dtype: str = "fp8"
     tokenizer: str | None = None  # "deepseek-v4", or None where ids come compressed (or need none: Qwen)
     multipliers: dict[int, tuple[int, ...]] = field(default_factory=dict)  # shipped as data, checked on use
+    ple_tables: QwenTables = "per-layer"  # Qwen: vLLM 0.33's table per layer, or the seed's one shared table
 
     @property
     def family(self) -> Family:
@@ -88,7 +90,8 @@ class ModelSpec:
                 int(self._get("ngram_vocab_size_base")),
                 self.vocab,
                 int(self._get("make_ngram_vocab_size_divisible_by", default=1)),
-                int(self._get("ngram_seed", default=1234)),
+                int(self._get("seed", "ngram_seed", default=1234)),  # vLLM reads `seed`; `ngram_seed` is older
+                self.ple_tables,
             )
         for position, layer_id in enumerate(self.layer_ids):
             stored = self.multipliers.get(layer_id)
@@ -158,10 +161,13 @@ class ModelSpec:
         return sum(self.layout.table_rows) * self.row_bytes
 
     def table_names(self) -> list[str]:
-        """Checkpoint tensor prefixes, one per table: `{prefix}.weight` and, for fp8, `{prefix}.scale`."""
+        """Checkpoint tensor prefixes, one per table: `{prefix}.weight` and, for fp8, `{prefix}.scale`.
+        Qwen's per-layer tables take vLLM's names: the module of 1-based layer L sits on `layers.{L-1}`."""
         if self.family == "deepseek":
             return [f"layers.{i}.engram.embed" for i in self.layer_ids]
-        return ["ple.embed"]
+        if self.ple_tables == "shared":
+            return ["ple.embed"]
+        return [f"{QWEN_PREFIX}.layers.{i - 1}.ple.ple_embedding.ngram_embedding" for i in self.layer_ids]
 
     def model_config(self) -> ModelConfig:
         return ModelConfig(architecture=self.architecture, hf_text_config=dict(self.hf_text_config))

@@ -91,10 +91,27 @@ def test_qwen_layout() -> None:
     assert (int(sizes[0]), int(sizes[-1]), sizes.size, int(sizes.sum())) == (20000003, 20000171, 16, 320_001_446)
     assert layout.table_rows == (320_001_536,)
     assert layout.multipliers.tolist() == [[23703573157769, 20109073645365, 8052911324071]]
-    two = qwen_layout((1, 5), 3, 8, 20_000_000, 248_320, 128, 1234)
-    assert two.primes[0].tolist() == layout.primes[0].tolist()  # global head g takes the (g+1)-th prime
-    assert int(two.offsets[1, 0, 0]) == 320_001_446  # one table: layer 2 starts where layer 1 ends
-    assert np.all(two.primes[1] > two.primes[0].max())
+    shared = qwen_layout((1, 5), 3, 8, 20_000_000, 248_320, 128, 1234, "shared")
+    assert shared.primes[0].tolist() == layout.primes[0].tolist()  # global head g takes the (g+1)-th prime
+    assert int(shared.offsets[1, 0, 0]) == 320_001_446  # one table: layer 2 starts where layer 1 ends
+    assert shared.table_rows == (640_006_528,) and shared.table_of_layer == (0, 0)
+    assert np.all(shared.primes[1] > shared.primes[0].max())
+
+
+def test_qwen_per_layer_tables_match_vllm() -> None:
+    """vLLM 0.33 (Qwen4ExpNGramEmbedding._make_vocab_layout / _make_layer_multipliers): each layer its own
+    table from offset 0, padded, with primes and multipliers by the layer's rank among the sorted ids."""
+    layout = qwen_layout((5, 1), 3, 8, 20_000_000, 248_320, 128, 1234)
+    assert layout.table_of_layer == (0, 1)
+    assert layout.table_rows == (320_005_120, 320_001_536)
+    assert [int(layout.offsets[i, 0, 0]) for i in (0, 1)] == [0, 0]
+    assert int(layout.offsets[0, 1, 7]) == int(layout.primes[0].sum() - layout.primes[0, 1, 7])
+    assert (int(layout.primes[0, 0, 0]), int(layout.primes[0, 1, 7])) == (20_000_213, 20_000_429)
+    assert (int(layout.primes[1, 0, 0]), int(layout.primes[1, 1, 7])) == (20_000_003, 20_000_171)
+    assert layout.multipliers.tolist() == [
+        [3352040966061, 19752442147475, 10742103100073],
+        [23703573157769, 20109073645365, 8052911324071],
+    ]
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

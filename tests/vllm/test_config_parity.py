@@ -1,5 +1,4 @@
-"""engram's EngramConfig against the real vLLM 0.33.0 package (run by `make test-vllm`, which installs it
-in its own venv and points ENGRAM_VLLM_PYTHON at it; skipped elsewhere): for every setting of the four
+"""engram's EngramConfig against the real vLLM 0.33.0 package (tests/vllm/runner.py): for every setting of the four
 fields (dp_shared_memory true, false or null), at TP 1/2 x DP 1/4 with and without elastic EP, the same
 constructor verdict and message, the same digest before and after dp_shared_memory is resolved, the same
 resolution, the same verify_parallel_config verdict and message, and the same embedding group size."""
@@ -7,19 +6,13 @@ resolution, the same verify_parallel_config verdict and message, and the same em
 from __future__ import annotations
 
 import itertools
-import json
-import os
-import subprocess
-from pathlib import Path
 from typing import Any
-
-import pytest
 
 from engram.config import EngramConfig, ParallelConfig
 from engram.errors import ConfigError
+from tests.vllm.runner import ask_vllm, needs_vllm
 
-VLLM_PYTHON = os.environ.get("ENGRAM_VLLM_PYTHON")
-pytestmark = pytest.mark.skipif(not VLLM_PYTHON, reason="needs vLLM 0.33.0 in its own venv: run `make test-vllm`")
+pytestmark = needs_vllm
 FIELDS = ("cpu_offload", "embedding_across_dp", "dp_shared_memory", "use_thp")
 CASES = [
     {
@@ -55,13 +48,7 @@ def engram_side(case: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_every_setting_agrees_with_vllm() -> None:
-    assert VLLM_PYTHON is not None
-    done = subprocess.run(
-        [VLLM_PYTHON, str(Path(__file__).with_name("vllm_side.py"))],
-        input="".join(json.dumps(case) + "\n" for case in CASES),
-        capture_output=True, text=True, timeout=600, check=True,
-    )  # fmt: skip
-    theirs = [json.loads(line) for line in done.stdout.splitlines()]
+    theirs = ask_vllm("config", CASES)
     assert len(theirs) == len(CASES) == 192
     differ = [
         (case, engram_side(case), vllm) for case, vllm in zip(CASES, theirs, strict=True) if engram_side(case) != vllm

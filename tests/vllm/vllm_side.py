@@ -1,11 +1,13 @@
 """Run inside the vLLM 0.33 venv (never imported by engram's tests): reads cases as JSON lines on stdin,
-answers each with what vLLM's own EngramConfig says, as JSON lines on stdout."""
+each naming its `kind`, and answers each with what vLLM's own code says, as JSON lines on stdout."""
 
 import json
 import sys
 from types import SimpleNamespace
 
+import torch
 from vllm.config.engram import EngramConfig
+from vllm.models.qwen4_exp.nvidia.ngram_embedding import Qwen4ExpNGramEmbedding
 
 
 def reason(exc: Exception) -> str:
@@ -13,7 +15,7 @@ def reason(exc: Exception) -> str:
     return str(errors()[0]["ctx"]["error"]) if callable(errors) else str(exc)
 
 
-def answer(case: dict) -> dict:
+def config_case(case: dict) -> dict:
     try:
         config = EngramConfig(**case["engram"])
     except ValueError as exc:
@@ -36,5 +38,50 @@ def answer(case: dict) -> dict:
     return out
 
 
+def qwen_module(hf: dict, layer_id: int) -> SimpleNamespace:
+    """What Qwen4ExpNGramEmbedding.__init__ derives for the PLE layer on `layers.{layer_id - 1}` (the dense
+    id is its rank among the sorted ple_layer_ids, as Qwen4ExpDecoderLayer computes it), without the
+    table (which needs vLLM's parallel groups)."""
+    cls = Qwen4ExpNGramEmbedding
+    dense = sorted(set(hf["ple_layer_ids"])).index(layer_id)
+    n, k = hf["ngram_size"], hf["heads_per_ngram"]
+    multipliers = cls._make_layer_multipliers(
+        ngram_size=n, unigram_vocab_size=hf["vocab_size"], seed=hf.get("seed", 1234), ple_dense_layer_id=dense
+    )
+    sizes, offsets, total = cls._make_vocab_layout(
+        ngram_vocab_size_base=hf["ngram_vocab_size_base"], ngram_heads=(n - 1) * k, ple_dense_layer_id=dense
+    )
+    return SimpleNamespace(
+        ngram_size=n,
+        heads_per_ngram=k,
+        eos_token_id=hf["eos_token_id"],
+        layer_multipliers=torch.tensor(multipliers),
+        ngram_heads_vocab_sizes=torch.tensor(sizes),
+        ngram_heads_offsets=torch.tensor(offsets),
+        _shift_precompute=cls._shift_precompute,
+        _shift_apply=cls._shift_apply,
+        rows=total,
+    )
+
+
+def qwen_ids_case(case: dict) -> dict:
+    """Row ids per PLE layer (in ple_layer_ids order) for one batch step of vLLM's CPU path."""
+    hf = case["hf"]
+    out = []
+    for layer_id in hf["ple_layer_ids"]:
+        module = qwen_module(hf, layer_id)
+        ids = Qwen4ExpNGramEmbedding.compute_ngram_ids(
+            module,
+            torch.tensor(case["input_ids"]),
+            torch.tensor(case["query_start_loc"]),
+            torch.tensor(case["ngram_context"]),
+        )
+        out.append(ids.tolist())
+    return {"ids": out}
+
+
+KINDS = {"config": config_case, "qwen_ids": qwen_ids_case}
+
 for line in sys.stdin:
-    print(json.dumps(answer(json.loads(line))), flush=True)
+    case = json.loads(line)
+    print(json.dumps(KINDS[case["kind"]](case)), flush=True)
