@@ -9,7 +9,7 @@ from typing import Any
 from engram.apps.presets import PRESETS, get_preset
 from engram.errors import EngramError
 from engram.runtime.checkpoints.loader import Checkpoint
-from engram.runtime.checkpoints.writer import write_checkpoint
+from engram.runtime.checkpoints.writer import vllm_refusals, write_checkpoint
 
 
 def register(subparsers: Any) -> None:
@@ -38,13 +38,16 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     if not 0 <= args.seed < 1 << 63:
         raise EngramError(f"--seed must be between 0 and 2**63 - 1, got {args.seed}")
+    spec = get_preset(args.preset)
     try:
-        path = write_checkpoint(get_preset(args.preset), args.out, dtype=args.dtype, seed=args.seed, fmt=args.format)
+        path = write_checkpoint(spec, args.out, dtype=args.dtype, seed=args.seed, fmt=args.format)
     except OSError as exc:
         raise EngramError(
             f"cannot write the checkpoint into {args.out}: {exc.strerror or exc}; choose another --out"
         ) from None
     print(f"wrote {path} ({path.stat().st_size:,} bytes)")
+    for reason in vllm_refusals(spec, args.dtype or spec.dtype):
+        print(f"note: vLLM 0.33 cannot load this checkpoint: {reason}")
     return 0
 
 

@@ -87,7 +87,10 @@ def test_layout_json(capsys: pytest.CaptureFixture[str]) -> None:
 def test_layout_qwen_text(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "layout", "--preset", "qwen4-exp-ple")
     assert code == 0
-    assert "table model.language_model.layers.0.ple.ple_embedding.ngram_embedding: 320,001,536 rows, 51,200,245,760 bytes" in out
+    assert (
+        "table model.language_model.layers.0.ple.ple_embedding.ngram_embedding: 320,001,536 rows, 51,200,245,760 bytes"
+        in out
+    )
     assert "primes 20000003..20000171 (16)" in out
 
 

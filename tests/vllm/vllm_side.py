@@ -80,7 +80,36 @@ def qwen_ids_case(case: dict) -> dict:
     return {"ids": out}
 
 
-KINDS = {"config": config_case, "qwen_ids": qwen_ids_case}
+def checkpoint_config_case(case: dict) -> dict:
+    """What vLLM's config registry and layout code make of a checkpoint directory's config.json."""
+    from vllm.models.deepseek_v41.common.engram import EngramLayout
+    from vllm.transformers_utils.config import get_config
+
+    config = get_config(case["path"], trust_remote_code=False)
+    out = {"class": type(config).__name__, "architectures": config.architectures}
+    if out["class"] == "DeepseekV41Config":
+        layout = EngramLayout.from_config(config)
+        out["primes"] = [[list(order) for order in layer] for layer in layout.primes]
+        out["offsets"] = layout.offsets.tolist()
+        out["table_rows"] = list(layout.num_embeddings)
+        return out
+    hf = {
+        name: getattr(config, name)
+        for name in ("ple_layer_ids", "ngram_size", "heads_per_ngram", "ngram_vocab_size_base", "vocab_size")
+    }
+    hf["seed"] = config.seed
+    hf["eos_token_id"] = config.eos_token_id
+    divisor = config.make_ngram_vocab_size_divisible_by
+    modules = [qwen_module(hf, layer_id) for layer_id in hf["ple_layer_ids"]]
+    out["primes"] = [m.ngram_heads_vocab_sizes.tolist() for m in modules]
+    out["offsets"] = [m.ngram_heads_offsets.tolist() for m in modules]
+    out["multipliers"] = [m.layer_multipliers.tolist() for m in modules]
+    out["table_rows"] = [-(-m.rows // divisor) * divisor for m in modules]
+    out["head_dim"] = config.ple_embed_dim // ((config.ngram_size - 1) * config.heads_per_ngram)
+    return out
+
+
+KINDS = {"config": config_case, "qwen_ids": qwen_ids_case, "checkpoint_config": checkpoint_config_case}
 
 for line in sys.stdin:
     case = json.loads(line)

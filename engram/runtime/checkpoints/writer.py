@@ -2,7 +2,7 @@
 
 `{table}.weight` [rows, D] and, for fp8, `{table}.scale` [rows, D/32] (ue8m0: one power-of-two scale per
 block of 32, chosen so the block's largest value fits e4m3's range), plus a config.json with the
-model's architecture and n-gram fields. Same preset, dtype and seed: same bytes."""
+model's architecture and n-gram fields in the layout vLLM 0.33 reads (hf_config). Same preset, dtype and seed: same bytes."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -20,6 +21,7 @@ from engram.runtime.checkpoints.digests import write_manifest
 from engram.runtime.placement.storage import SCALE_BLOCK, SCALE_DTYPE, WEIGHT_DTYPES, ShardFormat
 
 E4M3_MAX = 448.0
+TORCH_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 CHUNK_ROWS = 1 << 16
 
 
@@ -46,6 +48,46 @@ def synthetic_table(rows: int, dim: int, dtype: str, seed: int) -> dict[str, tor
     return {"weight": weight} if scale is None else {"weight": weight, "scale": scale}
 
 
+def hf_config(spec: ModelSpec, dtype: str, seed: int) -> dict[str, Any]:
+    """config.json as vLLM 0.33 reads it: the model_type its config registry knows, and the fields its
+    layout code takes. DeepSeek V4.1 nests the text fields under text_config (DeepseekV41Config flattens
+    them), names the pad `engram_pad_token_id`, takes one `engram_vocab_size` for every order (a per-order
+    list stays a list: vLLM cannot read it) and each layer's table rows as `engram_num_embeddings`.
+    engram's own keys say which preset, dtype and fill seed wrote the tables."""
+    fields = dict(spec.hf_text_config)
+    ours = {"engram_preset": spec.name, "engram_dtype": dtype, "engram_checkpoint_seed": seed}
+    if spec.family == "qwen":
+        fields.setdefault("seed", fields.pop("ngram_seed", 1234))
+        fields["dtype"] = TORCH_NAMES.get(dtype, "bfloat16")
+        return {"architectures": [spec.architecture], "model_type": "qwen4_exp_text", **fields, **ours}
+    bases = fields["engram_vocab_size"]
+    if isinstance(bases, list) and len(set(bases)) == 1:
+        fields["engram_vocab_size"] = bases[0]
+    fields["engram_pad_token_id"] = fields.pop("engram_pad_id", fields.get("engram_pad_token_id"))
+    fields["engram_num_embeddings"] = list(spec.layout.table_rows)
+    return {"architectures": [spec.architecture], "model_type": "deepseek_v41", "text_config": fields, **ours}
+
+
+def vllm_refusals(spec: ModelSpec, dtype: str) -> list[str]:
+    """Why vLLM 0.33 could not serve these tables (empty where it can): engram serves them either way."""
+    why = []
+    fields = spec.hf_text_config
+    if spec.family == "deepseek":
+        if dtype != "fp8":
+            why.append(f"its DeepSeek V4.1 tables are always fp8 with ue8m0 scales, not {dtype}")
+        bases = fields.get("engram_vocab_size")
+        if isinstance(bases, list) and len(set(bases)) > 1:
+            why.append(f"it reads one engram_vocab_size for every order, not the per-order list {bases}")
+        if fields.get("engram_seed", 0):
+            why.append("it ignores engram_seed (its multipliers are seeded by the layer id alone)")
+    else:
+        if dtype not in ("bf16", "fp16"):
+            why.append(f"its Qwen4Exp tables are bf16/fp16 here, not engram's {dtype} with ue8m0 block scales")
+        if spec.ple_tables == "shared":
+            why.append("it gives every PLE layer a table of its own, not one shared table")
+    return why
+
+
 def write_checkpoint(
     spec: ModelSpec, out: Path, *, dtype: str | None = None, seed: int = 0, fmt: str = "safetensors"
 ) -> Path:
@@ -70,13 +112,6 @@ def write_checkpoint(
     else:
         torch.save(tensors, tmp)
     os.replace(tmp, target)
-    config = {
-        "architectures": [spec.architecture],
-        **spec.hf_text_config,
-        "engram_preset": spec.name,
-        "engram_dtype": dtype,
-        "engram_seed": seed,
-    }
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (out / "config.json").write_text(json.dumps(hf_config(spec, dtype, seed), indent=2) + "\n")
     write_manifest(out, [target])
     return target

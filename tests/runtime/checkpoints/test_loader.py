@@ -59,7 +59,7 @@ def test_synthetic_checkpoint_is_deterministic_and_dequantises(tmp_path: Path) -
     c = write_checkpoint(SMALL, tmp_path / "c", seed=2)
     assert a.read_bytes() == b.read_bytes() != c.read_bytes()
     config = json.loads((tmp_path / "a" / "config.json").read_text())
-    assert config["architectures"] == ["DeepseekV41ForCausalLM"] and config["engram_layer_ids"] == [1, 3]
+    assert config["architectures"] == ["DeepseekV41ForCausalLM"] and config["text_config"]["engram_layer_ids"] == [1, 3]
     values = torch.randn(4, 64) * 3
     q, s = quantize_fp8(values)
     restored = q.float().view(4, 2, 32) * s.float()[:, :, None]
@@ -161,10 +161,19 @@ def test_missing_and_empty_checkpoint(tmp_path: Path) -> None:
 
 def test_make_checkpoint_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["make-checkpoint", "--preset", "tiny", "--out", str(tmp_path), "--dtype", "bf16", "--seed", "5"]) == 0
-    assert (
-        capsys.readouterr().out
-        == f"wrote {tmp_path / 'model.safetensors'} ({(tmp_path / 'model.safetensors').stat().st_size:,} bytes)\n"
+    assert capsys.readouterr().out == (
+        f"wrote {tmp_path / 'model.safetensors'} ({(tmp_path / 'model.safetensors').stat().st_size:,} bytes)\n"
+        "note: vLLM 0.33 cannot load this checkpoint: its DeepSeek V4.1 tables are always fp8 with ue8m0 scales, not bf16\n"
+        "note: vLLM 0.33 cannot load this checkpoint: it reads one engram_vocab_size for every order, not the per-order list [1000, 1500]\n"
     )
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert (config["model_type"], config["engram_checkpoint_seed"], config["engram_dtype"]) == (
+        "deepseek_v41",
+        5,
+        "bf16",
+    )
+    assert config["text_config"]["engram_num_embeddings"] == [10_170, 10_380]
+    assert "engram_seed" not in config["text_config"]  # the fill seed is not the hash's seed
     checkpoint = Checkpoint(tmp_path)
     assert sorted(checkpoint.shapes) == ["layers.1.engram.embed.weight", "layers.3.engram.embed.weight"]
     assert checkpoint.shapes["layers.1.engram.embed.weight"] == ((10_170, 32), torch.bfloat16)
