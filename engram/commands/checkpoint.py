@@ -32,6 +32,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--dtype", choices=["fp8", "bf16", "fp16", "fp32"], help="row format (default: the preset's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--format", choices=["safetensors", "pt"], default="safetensors")
+    parser.add_argument(
+        "--split-parts",
+        type=int,
+        metavar="N",
+        help="write each table as N shard_<k> parts of ceil(rows/N) rows, as Qwen4Exp checkpoints split them (split_ngram_parts)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -40,7 +46,9 @@ def run(args: argparse.Namespace) -> int:
         raise EngramError(f"--seed must be between 0 and 2**63 - 1, got {args.seed}")
     spec = get_preset(args.preset)
     try:
-        path = write_checkpoint(spec, args.out, dtype=args.dtype, seed=args.seed, fmt=args.format)
+        path = write_checkpoint(
+            spec, args.out, dtype=args.dtype, seed=args.seed, fmt=args.format, split_parts=args.split_parts
+        )
     except OSError as exc:
         raise EngramError(
             f"cannot write the checkpoint into {args.out}: {exc.strerror or exc}; choose another --out"

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from engram.memory.registration import CudaRuntime
 from engram.memory.smaps import pss
 from engram.ngram.spec import ModelSpec
-from engram.runtime.checkpoints.loader import Checkpoint, load_shards
+from engram.runtime.checkpoints.loader import Checkpoint, check_hash_buffers, load_shards
 from engram.runtime.dist import Group
 from engram.runtime.placement.filemap import file_shard
 from engram.runtime.placement.storage import Placement, ShardFormat, TableShard, allocate
@@ -56,6 +56,7 @@ def open_tables(
     """Allocate the planned shards (default: every table whole) where `placement` says and load them
     from `checkpoint`. With placement shm, `group` shares them and only its leader writes."""
     plans = whole_tables(spec) if plans is None else plans
+    check_hash_buffers(spec, checkpoint)
     if placement == "file":  # nothing to allocate or copy: the shards are views of the checkpoint's files
         return [
             file_shard(

@@ -26,10 +26,11 @@ import torch
 from tqdm import tqdm
 
 from engram.errors import EngramError
+from engram.ngram.spec import ModelSpec
 from engram.runtime.checkpoints.digests import verify_files
 from engram.runtime.checkpoints.files import check_regular
 from engram.runtime.dist import Group, barrier
-from engram.runtime.placement.storage import SCALE_DTYPE, WEIGHT_DTYPES, TableShard
+from engram.runtime.placement.storage import SCALE_BLOCK, SCALE_DTYPE, WEIGHT_DTYPES, TableShard
 
 SAFETENSORS_DTYPES = {
     "F8_E4M3": torch.float8_e4m3fn,
@@ -321,14 +322,69 @@ class Checkpoint:
         self.shapes[name] = (shape, dtype)
 
 
-def expected_tensors(shard: TableShard, table_rows: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+def expected_parts(shard: TableShard) -> dict[str, tuple[int, torch.dtype]]:
+    """The checkpoint tensors of a table, by part: width and dtype of their rows."""
     fmt = shard.format
-    out: dict[str, tuple[tuple[int, ...], torch.dtype]] = {
-        f"{shard.name}.weight": ((table_rows, fmt.dim), WEIGHT_DTYPES[fmt.dtype])
-    }
+    out = {"weight": (fmt.dim, WEIGHT_DTYPES[fmt.dtype])}
     if fmt.scaled:
-        out[f"{shard.name}.scale"] = ((table_rows, fmt.dim // 32), SCALE_DTYPE)
+        out["scale"] = (fmt.dim // SCALE_BLOCK, SCALE_DTYPE)
     return out
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A checkpoint tensor holding rows [start, start + rows) of one part of a table."""
+
+    tensor: str
+    start: int
+    rows: int
+
+
+def table_pieces(
+    shapes: dict[str, tuple[tuple[int, ...], torch.dtype]],
+    table: str,
+    part: str,
+    table_rows: int,
+    width: int,
+    dtype: torch.dtype,
+) -> tuple[list[Piece], list[str]]:
+    """Where `part` of `table` lies in a checkpoint, and what is wrong with it: one tensor `{table}.{part}`,
+    or vLLM's split (Qwen4Exp's split_ngram_parts) into `{table}.shard_{k}.{part}` of ceil(rows / parts)
+    rows each, which must tile the table exactly (vLLM would leave a missing part's rows unset)."""
+    def wrong(name: str, rows: int) -> str | None:
+        got_shape, got_dtype = shapes[name]
+        if got_shape != (rows, width):
+            return f"{name} has shape {list(got_shape)}, the model needs {[rows, width]}"
+        return f"{name} has dtype {got_dtype}, the model needs {dtype}" if got_dtype != dtype else None
+
+    whole = f"{table}.{part}"
+    if whole in shapes:
+        problem = wrong(whole, table_rows)
+        return [Piece(whole, 0, table_rows)], [problem] if problem else []
+    head, tail = f"{table}.shard_", f".{part}"
+    split = {
+        int(name[len(head) : -len(tail)]): name
+        for name in shapes
+        if name.startswith(head) and name.endswith(tail) and name[len(head) : -len(tail)].isdigit()
+    }
+    if not split:
+        return [], [f"{whole} is missing (nor is it split into {head}<k>{tail} parts)"]
+    if 0 not in split:
+        return [], [f"{head}0{tail} is missing: the parts of {whole} must start at part 0"]
+    size = shapes[split[0]][0][0] if shapes[split[0]][0] else 0
+    if size < 1:
+        return [], [f"{split[0]} holds no rows; parts hold ceil(rows / split_ngram_parts) rows each"]
+    count = -(-table_rows // size)
+    pieces, problems = [], []
+    for k in sorted(set(split) | set(range(count))):
+        rows = max(0, min(size, table_rows - k * size))
+        if k not in split:
+            problems.append(f"{head}{k}{tail} is missing: the parts of {size:,} rows must cover all {table_rows:,}")
+        elif (problem := wrong(split[k], rows)) is not None:
+            problems.append(problem)
+        elif rows:
+            pieces.append(Piece(split[k], k * size, rows))
+    return pieces, problems
 
 
 def shard_weight_loader(
@@ -337,22 +393,29 @@ def shard_weight_loader(
     group: Group | None,
     on_bytes: Callable[[int], None] | None = None,
     source: SafetensorsFile | None = None,
-) -> Callable[[torch.Tensor, torch.Tensor | None], None]:
-    """The weight loader of a shard's parameters: narrow the checkpoint tensor to the owned rows and copy.
-    With a shared table only the group's leader copies, and every rank meets at a barrier after each
-    call, so when the last call returns the table is complete everywhere. With `source`, the file the
-    tensor lives in, and no tensor given (loaded=None), the owned rows are read from the file (pread)."""
+) -> Callable[..., None]:
+    """The weight loader of a shard's parameters, `(param, loaded, checkpoint_start=0)` as vLLM calls its
+    loaders: `loaded` holds the table's rows from `checkpoint_start` on (a whole table, or one of its
+    split parts); the rows it shares with the shard are copied. With a shared table only the group's
+    leader copies, and every rank meets at a barrier after each call, so when the last call returns the
+    table is complete everywhere. With `source`, the file the tensor lives in, and no tensor given
+    (loaded=None), those rows are read from the file (pread)."""
 
-    def load(param: torch.Tensor, loaded: torch.Tensor | None) -> None:
+    def load(param: torch.Tensor, loaded: torch.Tensor | None, checkpoint_start: int = 0) -> None:
         if shard.placement == "file":
             return  # the rows are served from the checkpoint's own read-only pages: nothing to copy
         if group is None or group.rank == 0:
-            if loaded is None:
-                if source is None:
-                    raise EngramError(f"{tensor}: no tensor given and no file to read it from")
-                source.read_rows(tensor, shard.row_start, param.data, on_bytes)
+            rows = loaded.shape[0] if loaded is not None else source.entries[tensor].shape[0] if source else 0
+            first, stop = max(checkpoint_start, shard.row_start), min(checkpoint_start + rows, shard.row_stop)
+            target = param.data[first - shard.row_start : stop - shard.row_start]
+            if stop <= first:
+                pass  # no row of this piece is the shard's
+            elif loaded is not None:
+                _copy_rows(loaded[first - checkpoint_start : stop - checkpoint_start], target, on_bytes)
+            elif source is not None:
+                source.read_rows(tensor, first - checkpoint_start, target, on_bytes)
             else:
-                _copy_rows(loaded[shard.row_start : shard.row_stop], param, on_bytes)
+                raise EngramError(f"{tensor}: no tensor given and no file to read it from")
         if group is not None:
             barrier(group, f"load {tensor}")
 
@@ -380,24 +443,17 @@ def load_shards(
     """Load every shard from `checkpoint`; returns the bytes copied here. Shapes and dtypes of every
     tensor are checked against the tables before the first byte moves. A progress bar (bytes, rate,
     time left) appears for loads that take over a second; `on_bytes` hears of every chunk copied."""
-    wanted: dict[str, tuple[TableShard, str]] = {}
+    wanted: list[tuple[str, TableShard, str, Piece]] = []
     problems = []
     for shard in shards:
-        for name, (shape, dtype) in expected_tensors(shard, table_rows[shard.name]).items():
-            wanted[name] = (shard, name.rsplit(".", 1)[1])
-            if name not in checkpoint.shapes:
-                problems.append(f"{name} is missing")
-                continue
-            got_shape, got_dtype = checkpoint.shapes[name]
-            if got_shape != shape:
-                problems.append(f"{name} has shape {list(got_shape)}, the model needs {list(shape)}")
-            elif got_dtype != dtype:
-                problems.append(f"{name} has dtype {got_dtype}, the model needs {dtype}")
+        for part, (width, dtype) in expected_parts(shard).items():
+            pieces, found = table_pieces(checkpoint.shapes, shard.name, part, table_rows[shard.name], width, dtype)
+            problems += found
+            wanted += [(piece.tensor, shard, part, piece) for piece in pieces]
     if problems:
         raise EngramError("checkpoint does not match the model: " + "; ".join(problems))
     writer = group is None or group.rank == 0
     total = sum(s.format.nbytes for s in shards) if writer else 0
-    copied = 0
     bar_options = {"unit": "B", "unit_scale": True, "unit_divisor": 1024, "desc": "engram tables", "delay": 1.0}
     with Progress(total=total, disable=not (progress and writer), **bar_options) as bar:
 
@@ -406,12 +462,42 @@ def load_shards(
             if on_bytes is not None:
                 on_bytes(n)
 
-        for name in sorted(wanted):  # the same calls in the same order on every rank
-            shard, part = wanted[name]
+        for name, shard, part, piece in sorted(wanted, key=lambda w: w[0]):  # the same calls on every rank
             param = shard.weight if part == "weight" else shard.scale
             assert param is not None
             source = checkpoint.files.get(name)
             loaded = None if source is not None else checkpoint.sources[name]()  # safetensors: read from the file
-            shard_weight_loader(shard, name, group, count, source)(param, loaded)
-            copied += param.numel() * param.element_size() if writer else 0
-    return copied
+            shard_weight_loader(shard, name, group, count, source)(param, loaded, checkpoint_start=piece.start)
+    return sum(t.numel() * t.element_size() for s in shards for t in (s.weight, s.scale) if t is not None) if writer else 0
+
+
+def check_hash_buffers(spec: ModelSpec, checkpoint: Checkpoint) -> None:
+    """Qwen4Exp checkpoints may carry each PLE layer's hash buffers (vLLM loads `layer_multipliers`,
+    `ngram_heads_offsets` and `ngram_heads_vocab_sizes` over the values it derives). engram hashes with the
+    values derived from the config, so buffers that differ from them are refused before any table loads:
+    served together they would return the wrong rows."""
+    if spec.family != "qwen" or spec.ple_tables != "per-layer":
+        return
+    layout = spec.layout
+    layers = len(layout.layer_ids)
+    derived = {
+        "layer_multipliers": layout.multipliers,
+        "ngram_heads_offsets": layout.offsets.reshape(layers, -1),
+        "ngram_heads_vocab_sizes": layout.primes.reshape(layers, -1),
+    }
+    for layer, table in enumerate(spec.table_names()):
+        module = table.removesuffix(".ngram_embedding")
+        for buffer, values in derived.items():
+            name = f"{module}.{buffer}"
+            if name not in checkpoint.shapes:
+                continue
+            shape, _ = checkpoint.shapes[name]
+            if shape != values[layer].shape:
+                raise EngramError(
+                    f"checkpoint's {name} has shape {list(shape)}, the model needs {list(values[layer].shape)}"
+                )
+            stored = checkpoint.sources[name]().to(torch.int64)
+            if stored.tolist() != values[layer].tolist():
+                raise EngramError(
+                    f"checkpoint's {name} differs from what the config derives (ple_layer_ids, seed, ngram_vocab_size_base, vocab_size): check the config.json beside it"
+                )

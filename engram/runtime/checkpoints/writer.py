@@ -88,10 +88,47 @@ def vllm_refusals(spec: ModelSpec, dtype: str) -> list[str]:
     return why
 
 
+def hash_buffers(spec: ModelSpec) -> dict[str, torch.Tensor]:
+    """The hash buffers vLLM's Qwen4Exp modules keep persistent, per PLE layer (none for DeepSeek)."""
+    if spec.family != "qwen" or spec.ple_tables != "per-layer":
+        return {}
+    layout = spec.layout
+    layers = len(layout.layer_ids)
+    out = {}
+    for layer, table in enumerate(spec.table_names()):
+        module = table.removesuffix(".ngram_embedding")
+        out[f"{module}.layer_multipliers"] = torch.from_numpy(layout.multipliers[layer].copy())
+        out[f"{module}.ngram_heads_offsets"] = torch.from_numpy(layout.offsets.reshape(layers, -1)[layer].copy())
+        out[f"{module}.ngram_heads_vocab_sizes"] = torch.from_numpy(layout.primes.reshape(layers, -1)[layer].copy())
+    return out
+
+
+def split(name: str, tensors: dict[str, torch.Tensor], parts: int | None) -> dict[str, torch.Tensor]:
+    """A table's tensors whole, or as vLLM's `{name}.shard_{k}.{part}` pieces of ceil(rows / parts) rows."""
+    if parts is None:
+        return {f"{name}.{part}": tensor for part, tensor in tensors.items()}
+    out = {}
+    for part, tensor in tensors.items():
+        size = -(-tensor.shape[0] // parts)
+        for k in range(parts):
+            if k * size < tensor.shape[0]:
+                out[f"{name}.shard_{k}.{part}"] = tensor[k * size : (k + 1) * size].clone()
+    return out
+
+
 def write_checkpoint(
-    spec: ModelSpec, out: Path, *, dtype: str | None = None, seed: int = 0, fmt: str = "safetensors"
+    spec: ModelSpec,
+    out: Path,
+    *,
+    dtype: str | None = None,
+    seed: int = 0,
+    fmt: str = "safetensors",
+    split_parts: int | None = None,
 ) -> Path:
+    """`split_parts`: write each table as that many `shard_{k}` parts (vLLM's split_ngram_parts)."""
     dtype = dtype or spec.dtype
+    if split_parts is not None and not 1 <= split_parts <= 1 << 20:
+        raise EngramError(f"split parts must be between 1 and {1 << 20}, got {split_parts}")
     if fmt not in ("safetensors", "pt"):
         raise EngramError(f"format must be safetensors or pt, got {fmt!r}")
     need = sum(ShardFormat(rows, spec.head_dim, dtype).nbytes for rows in spec.layout.table_rows)
@@ -101,10 +138,9 @@ def write_checkpoint(
         raise EngramError(
             f"{spec.name} in {dtype} needs {need:,} bytes on disk but only {free:,} are free in {out.parent}; pick a smaller preset (tiny, demo)"
         )
-    tensors: dict[str, torch.Tensor] = {}
+    tensors = hash_buffers(spec)
     for index, (name, rows) in enumerate(zip(spec.table_names(), spec.layout.table_rows, strict=True)):
-        for part, tensor in synthetic_table(rows, spec.head_dim, dtype, seed * 1000 + index).items():
-            tensors[f"{name}.{part}"] = tensor
+        tensors.update(split(name, synthetic_table(rows, spec.head_dim, dtype, seed * 1000 + index), split_parts))
     target = out / f"model.{'safetensors' if fmt == 'safetensors' else 'pt'}"
     tmp = target.with_suffix(target.suffix + ".tmp")
     if fmt == "safetensors":
@@ -112,6 +148,9 @@ def write_checkpoint(
     else:
         torch.save(tensors, tmp)
     os.replace(tmp, target)
-    (out / "config.json").write_text(json.dumps(hf_config(spec, dtype, seed), indent=2) + "\n")
+    config = hf_config(spec, dtype, seed)
+    if split_parts is not None:
+        config.get("text_config", config)["split_ngram_parts"] = split_parts
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     write_manifest(out, [target])
     return target

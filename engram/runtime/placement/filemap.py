@@ -164,6 +164,10 @@ def file_shard(
     for part, (width, dtype) in parts.items():
         tensor = f"{name}.{part}"
         file = checkpoint.files.get(tensor)
+        if file is None and any(t.startswith(f"{name}.shard_") for t in checkpoint.shapes):
+            raise EngramError(
+                f"file_backed tables are served from one tensor per table, but {name} is split into shard_<k> parts; set file_backed to false, or write the table whole"
+            )
         if file is None:
             where = "is missing" if tensor not in checkpoint.shapes else "is not in a safetensors file"
             raise EngramError(f"file_backed tables are served from safetensors checkpoints; {tensor} {where}")

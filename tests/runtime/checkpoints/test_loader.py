@@ -13,9 +13,11 @@ from safetensors.torch import save_file
 from engram.cli import main
 from engram.errors import EngramError
 from engram.runtime.checkpoints.loader import Checkpoint, SafetensorsFile, load_shards
-from engram.runtime.checkpoints.writer import quantize_fp8, write_checkpoint
+from engram.runtime.checkpoints.writer import quantize_fp8, synthetic_table, write_checkpoint
 from engram.runtime.placement.storage import ShardFormat, allocate
+from engram.runtime.tables import open_tables
 from tests.runtime.conftest import SMALL
+from tests.runtime.specs import QWEN
 
 
 def shards_for(
@@ -108,6 +110,29 @@ def test_malformed_header(tmp_path: Path) -> None:
         Checkpoint(path)
 
 
+PARTS = {
+    "weight": lambda rows: torch.zeros(rows, 32, dtype=torch.float8_e4m3fn),
+    "scale": lambda rows: torch.zeros(rows, 1, dtype=torch.float8_e8m0fnu),
+}
+
+
+def test_split_parts_load_like_one_tensor(tmp_path: Path) -> None:
+    """vLLM's `shard_{k}` parts (Qwen4Exp's split_ngram_parts: ceil(10 / 3) = 4 rows each, the last 2, and a
+    trailing empty part) load into every row shard exactly as the whole table does."""
+    whole = synthetic_table(10, 32, "fp8", seed=3)
+    parts = {
+        f"t.shard_{k}.{p}": tensor[4 * k : 4 * k + 4].contiguous() for k in range(4) for p, tensor in whole.items()
+    }
+    save_file(parts, str(tmp_path / "split.safetensors"))
+    torch.save(parts, tmp_path / "split.pt")
+    for file in ("split.safetensors", "split.pt"):
+        for start, stop in ((0, 10), (3, 9), (8, 10)):
+            [shard] = shards_for({"t": 10}, row_range=(start, stop))
+            load_shards([shard], {"t": 10}, Checkpoint(tmp_path / file), progress=False)
+            assert torch.equal(shard.weight.view(torch.uint8), whole["weight"][start:stop].view(torch.uint8))
+            assert torch.equal(shard.scale.view(torch.uint8), whole["scale"][start:stop].view(torch.uint8))
+
+
 @pytest.mark.parametrize(
     ("tensors", "message"),
     [
@@ -119,7 +144,22 @@ def test_malformed_header(tmp_path: Path) -> None:
             {"t.weight": torch.zeros(10, 32, dtype=torch.bfloat16)},
             "t.weight has dtype torch.bfloat16, the model needs torch.float8_e4m3fn",
         ),
-        ({"other": torch.zeros(1)}, "t.weight is missing; t.scale is missing"),
+        (
+            {"other": torch.zeros(1)},
+            r"t.weight is missing \(nor is it split into t.shard_<k>.weight parts\); t.scale is missing",
+        ),
+        (
+            {f"t.shard_{k}.{p}": PARTS[p](4 if k < 2 else 2) for k in (0, 2) for p in PARTS},
+            r"t.shard_1.weight is missing: the parts of 4 rows must cover all 10; t.shard_1.scale is missing",
+        ),
+        (
+            {f"t.shard_{k}.{p}": PARTS[p](4 if k < 2 else 3) for k in (0, 1, 2) for p in PARTS},
+            r"t.shard_2.weight has shape \[3, 32\], the model needs \[2, 32\]",
+        ),
+        (
+            {f"t.shard_{k}.{p}": PARTS[p](4) for k in (1, 2) for p in PARTS},
+            r"t.shard_0.weight is missing: the parts of t.weight must start at part 0",
+        ),
     ],
 )
 def test_shape_dtype_and_missing(tmp_path: Path, tensors: dict[str, torch.Tensor], message: str) -> None:
@@ -179,3 +219,33 @@ def test_make_checkpoint_command(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert checkpoint.shapes["layers.1.engram.embed.weight"] == ((10_170, 32), torch.bfloat16)
     assert main(["make-checkpoint", "--preset", "deepseek-v4.1-flash", "--out", str(tmp_path / "big")]) == 2
     assert "deepseek-v4.1-flash in fp8 needs 202,758,032,400 bytes on disk but only" in capsys.readouterr().err
+
+
+def test_qwen_checkpoint_in_vllm_naming_split_into_parts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A Qwen4Exp checkpoint as vLLM 0.33 names it: one table per PLE layer on `layers.{L-1}`, split into
+    `shard_{k}` parts, with the hash buffers beside it. It loads equal to the whole tables; a hash buffer
+    that differs from the config's derivation is refused before any table is allocated."""
+    whole = write_checkpoint(QWEN, tmp_path / "whole", seed=4)
+    parts = write_checkpoint(QWEN, tmp_path / "parts", seed=4, split_parts=5)
+    names = sorted(Checkpoint(parts).shapes)
+    prefix = "model.language_model.layers"
+    assert names[:4] == [
+        f"{prefix}.0.ple.ple_embedding.layer_multipliers",
+        f"{prefix}.0.ple.ple_embedding.ngram_embedding.shard_0.weight",
+        f"{prefix}.0.ple.ple_embedding.ngram_embedding.shard_1.weight",
+        f"{prefix}.0.ple.ple_embedding.ngram_embedding.shard_2.weight",
+    ]
+    assert json.loads((tmp_path / "parts" / "config.json").read_text())["split_ngram_parts"] == 5
+    for a, b in zip(
+        open_tables(QWEN, Checkpoint(whole), "host"), open_tables(QWEN, Checkpoint(parts), "host"), strict=True
+    ):
+        assert torch.equal(a.weight, b.weight) and a.rows == b.rows
+    tampered = {name: Checkpoint(parts).sources[name]() for name in names}
+    tampered[f"{prefix}.1.ple.ple_embedding.layer_multipliers"][0] += 2
+    save_file(tampered, str(tmp_path / "parts" / "model.safetensors"))
+    with pytest.raises(
+        EngramError, match=rf"{prefix}.1.ple.ple_embedding.layer_multipliers differs from what the config derives"
+    ):
+        open_tables(QWEN, Checkpoint(parts), "host")
+    assert main(["make-checkpoint", "--preset", "tiny", "--out", str(tmp_path / "x"), "--split-parts", "0"]) == 2
+    assert "split parts must be between 1 and 1048576, got 0" in capsys.readouterr().err

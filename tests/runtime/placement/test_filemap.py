@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from engram.errors import EngramError
 from engram.memory.registration import HOST_REGISTER_MAPPED, HOST_REGISTER_PORTABLE, HOST_REGISTER_READ_ONLY
@@ -76,6 +77,17 @@ def test_pt_checkpoints_are_refused_with_the_fix(tmp_path: Path) -> None:
     with pytest.raises(
         EngramError, match=r"served from safetensors checkpoints; .*\.weight is not in a safetensors file"
     ):
+        open_tables(DS3, Checkpoint(tmp_path), "file", progress=False)
+
+
+def test_split_parts_are_refused_for_file_backed_tables_with_the_fix(tmp_path: Path) -> None:
+    [name] = DS3.table_names()[:1]
+    rows = DS3.layout.table_rows[0]
+    weight = torch.zeros((rows, DS3.head_dim), dtype=torch.bfloat16)
+    save_file(
+        {f"{name}.shard_0.weight": weight[:-1], f"{name}.shard_1.weight": weight[-1:]}, str(tmp_path / "m.safetensors")
+    )
+    with pytest.raises(EngramError, match=rf"{name} is split into shard_<k> parts; set file_backed to false"):
         open_tables(DS3, Checkpoint(tmp_path), "file", progress=False)
 
 
