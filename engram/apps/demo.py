@@ -20,6 +20,7 @@ import torch
 
 from engram.config import Deployment, EngramConfig, ParallelConfig
 from engram.errors import EngramError
+from engram.memory.host import check_pinned_bytes
 from engram.ngram.spec import ModelSpec
 from engram.ngram.vocab import deepseek_v4_tokenizer
 from engram.ops import gather_reference
@@ -30,6 +31,7 @@ from engram.runtime.checkpoints.writer import write_checkpoint
 from engram.runtime.engine import EngramTables
 from engram.runtime.launch import run_local, values
 from engram.runtime.placement.storage import placement_for
+from engram.runtime.plan import plan_deployment
 from engram.runtime.tables import tables_pss
 
 PARAGRAPH = (
@@ -220,7 +222,8 @@ def run_demo(
     parallel = deployment.parallel or ParallelConfig()
     config = deployment.engram
     edist.timeout_s()  # a bad ENGRAM_DIST_TIMEOUT_S fails here once, not in every replica
-    config.verify_host_memory(spec.table_bytes, parallel)  # likewise tables that cannot fit
+    plan = plan_deployment(spec, config, parallel, "cuda" if device == "cuda" else "cpu")
+    check_pinned_bytes(plan.pinned_bytes_per_node())  # likewise tables that cannot fit
     world = parallel.tensor_parallel_size * parallel.data_parallel_size
     if world > 16:
         raise EngramError(f"the demo runs every rank on this machine; TP x DP = {world} is too many (at most 16)")

@@ -67,21 +67,21 @@ def collectives(plan: DeploymentPlan) -> list[dict[str, Any]]:
     layout = plan.spec.layout
     layers, columns, dim = len(layout.layer_ids), layout.columns, plan.spec.head_dim
     out: list[dict[str, Any]] = []
-    dp = plan.parallel.data_parallel_size
+    tp = plan.parallel.tensor_parallel_size
     if plan.across_dp:
         out.append(
             {
                 "op": "all_gather",
                 "what": "row ids of every replica, once per step, padded with DEAD_ID",
                 "group": "DP replicas at one TP rank",
-                "group_size": dp,
+                "group_size": plan.group_size // tp,
                 "bytes_per_token": layers * columns * ID_BYTES,
             }
         )
     size = plan.group_size
     if size > 1:
         kind = plan.ranks[0].tables[0].kind
-        group = "TP x DP ranks (embedding_across_dp)" if plan.across_dp else "TP ranks of a replica"
+        group = f"TP x {plan.group_size // tp} DP ranks" if plan.across_dp else "TP ranks of a replica"
         what = "rows along heads" if kind == "head" else "rows, summed (one owner per row)"
         out.append(
             {
@@ -102,6 +102,8 @@ def summary(plan: DeploymentPlan) -> dict[str, Any]:
         "parallel": msgspec.to_builtins(plan.parallel),
         "platform": plan.platform,
         "placement": plan.ranks[0].placement,
+        "shard_layout": plan.layout_name,
+        "vllm_refusal": plan.vllm_refusal,
         "table_bytes": plan.spec.table_bytes,
         "per_rank": per_rank(plan),
         "per_node": per_node(plan),

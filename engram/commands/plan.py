@@ -63,6 +63,9 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"{plan.spec.name} on TP {p.tensor_parallel_size} x DP {p.data_parallel_size} ({p.data_parallel_size_local} per node), {plan.platform}, tables {report['placement']}: {report['table_bytes']:,} table bytes"
     )
+    print(f"shard layout: {report['shard_layout']}")
+    if plan.vllm_refusal:
+        print(f"  vLLM 0.33 would refuse this deployment ({plan.vllm_refusal}); engram serves it with row shards")
     resolution = dp_shared_memory_resolution(given, plan.config.dp_shared_memory)
     if resolution:
         print(resolution)

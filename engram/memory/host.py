@@ -89,12 +89,19 @@ def pinned_bytes_per_node(config: TableSharing, table_bytes: int, parallel: Repl
 def verify_host_memory(
     config: TableSharing, table_bytes: int, parallel: Replicas, limits: HostLimits | None = None
 ) -> None:
-    """Skipped for GPU tables (cpu_offload false), for dp_shared_memory, whose /dev/shm capacity check
-    runs at load time instead, and for file_backed tables, which live in the page cache and may exceed RAM."""
+    """The seed's check, for its layout (a private TP-sharded copy per replica, or a 1/DP share with
+    embedding_across_dp); a deployment plan knows its exact bytes and calls check_pinned_bytes itself.
+    Skipped for GPU tables (cpu_offload false), for dp_shared_memory, whose /dev/shm capacity check runs
+    at load time instead, and for file_backed tables, which live in the page cache and may exceed RAM."""
     if not config.cpu_offload or config.dp_shared_memory or config.file_backed:
         return
+    check_pinned_bytes(pinned_bytes_per_node(config, table_bytes, parallel), limits)
+
+
+def check_pinned_bytes(needed: int, limits: HostLimits | None = None) -> None:
+    """`needed` bytes of private host tables on the busiest node against the binding limit: an error
+    naming the fixes past it, a warning when under HEADROOM of it is left."""
     limits = read_host_limits() if limits is None else limits
-    needed = pinned_bytes_per_node(config, table_bytes, parallel)
     cgroup = (
         "no container memory limit"
         if limits.cgroup_bytes is None

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from engram.config import EngramConfig, ParallelConfig
 from engram.errors import EngramError
-from engram.memory.host import HostLimits
+from engram.memory.host import HostLimits, check_pinned_bytes
 from engram.memory.registration import CudaRuntime
 from engram.ngram.spec import ModelSpec
 from engram.runtime.cache import caches_for, read_profile
@@ -134,7 +134,7 @@ class EngramTables:
             config, parallel, resolved=resolved, table_bytes=spec.table_bytes, limits=host_limits
         )
         plan = plan_deployment(spec, config, parallel, platform)
-        config.verify_host_memory(spec.table_bytes, parallel, host_limits)
+        check_pinned_bytes(plan.pinned_bytes_per_node(), host_limits)  # the plan's exact bytes, any layout
         if dist.get_world_size() != len(plan.ranks):
             raise EngramError(
                 f"the job has {dist.get_world_size()} processes but TP {parallel.tensor_parallel_size} x DP {parallel.data_parallel_size} needs {len(plan.ranks)}"

@@ -1,13 +1,17 @@
 """Shard plans: who owns which rows, which ranks combine a lookup, which replicas share memory.
 
 Plain data, computed without allocating anything, so `engram plan` can print a deployment of any size.
-Global ranks are DP-major (rank = dp_rank * TP + tp_rank, as vLLM numbers them). The embedding group is
-the TP ranks of a replica, or TP x DP with embedding_across_dp (shard = tp_rank * DP + dp_rank,
-TP-major). DeepSeek tables split into whole heads per rank; Qwen tables, and DeepSeek groups larger than
-the head count (which vLLM refuses), split into contiguous row ranges instead."""
+Global ranks are DP-major (rank = dp_rank * TP + tp_rank, as vLLM numbers them). An embedding group is
+the TP ranks of a block of consecutive DP replicas. With shard_layout "vllm" (vLLM 0.33's layout, the
+default) a DeepSeek block is the node-local Engram DP group (EDP, engram_dp_size) and shards go TP-major
+(shard = tp_rank * EDP + dp_rank in block); a Qwen block is all of DP with embedding_across_dp, DP-major
+(shard = dp_rank * TP + tp_rank, vLLM's ETP). With "replica" (the seed's) a block is one replica, or
+all of DP with embedding_across_dp, TP-major. DeepSeek tables split into whole heads per rank; Qwen
+tables, and DeepSeek groups larger than the head count (which vLLM refuses), into contiguous row ranges."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -62,20 +66,32 @@ class DeploymentPlan:
     parallel: ParallelConfig
     platform: str
     ranks: tuple[RankPlan, ...]
+    vllm_refusal: str | None = None  # why vLLM 0.33 would refuse this layout (engram serves it anyway)
 
     @property
     def across_dp(self) -> bool:
-        """Tables split over TP x DP. dp_shared_memory wins: its shards are TP-only and no DP collective
-        may run, so embedding_across_dp has no effect beside it."""
-        return (
-            self.config.embedding_across_dp
-            and self.parallel.data_parallel_size > 1
-            and not self.config.dp_shared_memory
-        )
+        """Embedding groups span DP replicas, whose ids are gathered every step (dp_group). dp_shared_memory
+        rules it out: its shards are TP-only and no DP collective may run."""
+        return self.group_size > self.parallel.tensor_parallel_size
+
+    @property
+    def layout_name(self) -> str:
+        """Which per-rank layout this is, in words for `engram plan`."""
+        if self.config.shard_layout == "replica":
+            return "replica (the seed's: a private TP-sharded copy per DP replica)"
+        return "vllm (vLLM 0.33's per-rank layout)"
 
     @property
     def group_size(self) -> int:
         return len(self.ranks[0].embedding_group)
+
+    def pinned_bytes_per_node(self) -> int:
+        """Bytes of private host tables (pinned, huge pages, host) on the busiest node."""
+        nodes: dict[int, int] = {}
+        for rank in self.ranks:
+            if rank.placement in ("pinned", "hugepages", "host"):
+                nodes[rank.node] = nodes.get(rank.node, 0) + self.shard_bytes(rank)
+        return max(nodes.values(), default=0)
 
     def shard_bytes(self, plan: RankPlan) -> int:
         return sum(ShardFormat(t.rows, self.spec.head_dim, self.spec.dtype).nbytes for t in plan.tables)
@@ -111,6 +127,29 @@ def table_shards(spec: ModelSpec, index: int, size: int) -> tuple[TableShardPlan
     return tuple(out)
 
 
+def engram_dp_size(spec: ModelSpec, config: EngramConfig, parallel: ParallelConfig) -> int:
+    """vLLM 0.33's node-local Engram DP group size (EDP) for DeepSeek V4.1 (initialize_model_parallel):
+    all of DP for GPU tables at TP 1 with embedding_across_dp (peers' memory over one NVLink domain),
+    else the gcd of DP and the replicas per node; 1 with elastic EP, for Qwen and for shared tables."""
+    dp = parallel.data_parallel_size
+    if spec.family != "deepseek" or parallel.enable_elastic_ep or config.dp_shared_memory:
+        return 1
+    if not config.cpu_offload and config.embedding_across_dp and parallel.tensor_parallel_size == 1:
+        return dp
+    return math.gcd(dp, parallel.data_parallel_size_local or dp)
+
+
+def vllm_refusal(spec: ModelSpec, size: int) -> str | None:
+    """Why vLLM 0.33 would not build this shard layout (engram falls back to row shards there)."""
+    columns = spec.layout.columns
+    if spec.family == "deepseek" and size > 1 and (size - 1) * -(-columns // size) >= columns:
+        return f"Engram sharding leaves ranks without hash heads: {columns} heads over {size} shards"
+    rows = next((r for r in spec.layout.table_rows if r % size), None)
+    if spec.family == "qwen" and rows is not None:
+        return f"{rows:,} table rows do not divide evenly over {size} ETP ranks"
+    return None
+
+
 def plan_deployment(
     spec: ModelSpec, config: EngramConfig, parallel: ParallelConfig, platform: str = "cuda"
 ) -> DeploymentPlan:
@@ -126,24 +165,34 @@ def plan_deployment(
         raise EngramError(
             f"TP {tp} x DP {dp} = {tp * dp:,} ranks is more than any deployment has (at most {MAX_WORLD:,}); check the parallel sizes"
         )
-    across = config.embedding_across_dp and dp > 1 and not config.dp_shared_memory
+    # The DP ranks one embedding group spans (a block of consecutive ones), and whether the group's shard
+    # index puts DP first (vLLM's Qwen ETP: dp * TP + tp) or TP first (tp * span + dp).
+    if config.dp_shared_memory or (config.file_backed and config.shard_layout == "vllm"):
+        span, dp_major = 1, False  # one copy per node already (file-backed: the page cache's)
+    elif config.shard_layout == "replica":
+        span, dp_major = (dp if config.embedding_across_dp else 1), False
+    elif spec.family == "qwen":
+        span, dp_major = (dp if config.embedding_across_dp else 1), True
+    else:
+        span, dp_major = engram_dp_size(spec, config, parallel), False
     placement = placement_for(config, platform)
 
     def rank_of(tp_rank: int, dp_rank: int) -> int:
         return dp_rank * tp + tp_rank
 
-    everyone = tuple(rank_of(t, d) for t in range(tp) for d in range(dp)) if across else ()
     shards: dict[tuple[int, int], tuple[TableShardPlan, ...]] = {}  # equal shard indices share one plan
+    groups: dict[int, tuple[int, ...]] = {}  # one tuple per block of DP ranks, shared by its members
     ranks = []
     for dp_rank in range(dp):
+        block, within = divmod(dp_rank, span)
         for tp_rank in range(tp):
             node = dp_rank // local
-            if across:
-                index, size = tp_rank * dp + dp_rank, tp * dp
-                group: Sequence[int] = everyone
-            else:
-                index, size = tp_rank, tp
-                group = range(rank_of(0, dp_rank), rank_of(0, dp_rank) + tp)
+            index = within * tp + tp_rank if dp_major else tp_rank * span + within
+            size = tp * span
+            if block not in groups:
+                members = [(t, block * span + d) for t in range(tp) for d in range(span)]
+                order = sorted(members, key=lambda m: (m[1], m[0])) if dp_major else members
+                groups[block] = tuple(rank_of(t, d) for t, d in order)
             shm = None
             if config.dp_shared_memory:
                 shm = range(rank_of(tp_rank, node * local), rank_of(tp_rank, (node + 1) * local), tp)
@@ -156,11 +205,12 @@ def plan_deployment(
                     dp_rank=dp_rank,
                     node=node,
                     shard_index=index,
-                    embedding_group=group,
-                    dp_group=range(tp_rank, rank_of(tp_rank, dp), tp),
+                    embedding_group=groups[block],
+                    dp_group=range(rank_of(tp_rank, block * span), rank_of(tp_rank, (block + 1) * span), tp),
                     shm_group=shm,
                     placement=placement,
                     tables=shards[(index, size)],
                 )
             )
-    return DeploymentPlan(spec, config, parallel, platform, tuple(ranks))
+    refusal = vllm_refusal(spec, tp * span) if config.shard_layout == "vllm" else None
+    return DeploymentPlan(spec, config, parallel, platform, tuple(ranks), refusal)

@@ -42,7 +42,12 @@ def test_demo_shared_tables(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.slow
 def test_demo_private_tables(capsys: pytest.CaptureFixture[str]) -> None:
+    """Unshared tables at DP 2: vLLM 0.33's layout splits one copy's heads over both replicas; the seed's
+    replica layout gives each its own."""
     report = demo(capsys, "--engram-config.dp_shared_memory", "false")
+    assert report["match"] is True and report["placement"] == "host"
+    assert 0.9 * TINY <= report["host_pss_bytes"] <= 1.1 * TINY
+    report = demo(capsys, "--engram-config", '{"dp_shared_memory": false, "shard_layout": "replica"}')
     assert report["match"] is True and report["placement"] == "host"
     assert 1.9 * TINY <= report["host_pss_bytes"] <= 2.1 * TINY
 
@@ -111,4 +116,6 @@ def test_doctor_against_a_plan_that_does_not_fit(capsys: pytest.CaptureFixture[s
         == 1
     )
     memory = next(c for c in json.loads(capsys.readouterr().out) if c["name"] == "host memory")
-    assert memory["status"] == "fail" and "the plan pins 1510.7 GiB per node" in memory["detail"]
+    assert (
+        memory["status"] == "fail" and "the plan pins 188.8 GiB per node" in memory["detail"]
+    )  # one copy per node (vLLM 0.33 layout)

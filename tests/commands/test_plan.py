@@ -62,6 +62,35 @@ def test_v41_tp8(capsys: pytest.CaptureFixture[str]) -> None:
     assert sum(pinned) == V41_TABLE
 
 
+def test_v41_vllm_layout_shards_heads_over_tp_x_edp(capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM 0.33 at TP 4 x DP 2 on one node, tables not shared: heads over TP x EDP = 8 ranks (shard =
+    tp * 2 + dp), 3 of the 24 each, so rank 0 (tp 0, dp 0) holds heads 0-2 and rank 1 (tp 1) heads 6-8;
+    the seed's layout gives each replica a TP-sharded copy, 6 heads a rank."""
+    args = ("--tensor-parallel-size", "4", "--data-parallel-size", "2", "--engram-config.dp_shared_memory", "false")
+    ours = plan(capsys, *args)
+    pinned = [r["pinned_host_bytes"] for r in ours["per_rank"]]
+    assert pinned[:2] == [bytes_of_heads(range(0, 3)), bytes_of_heads(range(6, 9))]
+    assert pinned[4] == bytes_of_heads(range(3, 6))  # rank 4: tp 0, dp 1
+    assert sum(pinned) == V41_TABLE and ours["vllm_refusal"] is None
+    assert [(c["op"], c["group"], c["group_size"]) for c in ours["collectives"]] == [
+        ("all_gather", "DP replicas at one TP rank", 2),
+        ("all_gather", "TP x 2 DP ranks", 8),
+    ]
+    seed = plan(capsys, *args, "--engram-config.shard_layout", "replica")
+    assert [r["pinned_host_bytes"] for r in seed["per_rank"]][:2] == [
+        bytes_of_heads(range(0, 6)),
+        bytes_of_heads(range(6, 12)),
+    ]
+    assert main(["plan", "--preset", "deepseek-v4.1-flash", *args]) == 0
+    assert "shard layout: vllm (vLLM 0.33's per-rank layout)\n" in capsys.readouterr().out
+    four = ("--data-parallel-size", "4", "--engram-config.dp_shared_memory", "false")
+    assert main(["plan", "--preset", "deepseek-v4.1-flash", "--tensor-parallel-size", "4", *four]) == 0
+    assert (
+        "  vLLM 0.33 would refuse this deployment (Engram sharding leaves ranks without hash heads: 24 heads over "
+        "16 shards); engram serves it with row shards\n"
+    ) in capsys.readouterr().out
+
+
 def test_v41_dp8_shared_against_private(capsys: pytest.CaptureFixture[str]) -> None:
     shared = plan(
         capsys, "--tensor-parallel-size", "4", "--data-parallel-size", "8", "--engram-config.dp_shared_memory", "true"
@@ -77,14 +106,27 @@ def test_v41_dp8_shared_against_private(capsys: pytest.CaptureFixture[str]) -> N
     ]
     assert len(shared["per_rank"]) == 32 and all(r["pinned_host_bytes"] == 0 for r in shared["per_rank"])
     assert [c["group"] for c in shared["collectives"]] == ["TP ranks of a replica"]  # no DP collective
+    replica = plan(
+        capsys,
+        *("--tensor-parallel-size", "4", "--data-parallel-size", "8", "--engram-config.dp_shared_memory", "false"),
+        *("--engram-config.shard_layout", "replica"),
+    )
+    assert replica["per_node"] == [
+        {"node": 0, "host_bytes": 8 * V41_TABLE, "shm_bytes": 0, "device_bytes": 0, "page_cache_bytes": 0}
+    ]
+    assert replica["shard_layout"].startswith("replica") and replica["vllm_refusal"] is None
+    # vLLM 0.33's layout: one copy per node over TP 4 x EDP 8; 24 heads over 32 shards, which vLLM refuses
     private = plan(
         capsys, "--tensor-parallel-size", "4", "--data-parallel-size", "8", "--engram-config.dp_shared_memory", "false"
     )
     assert private["per_node"] == [
-        {"node": 0, "host_bytes": 8 * V41_TABLE, "shm_bytes": 0, "device_bytes": 0, "page_cache_bytes": 0}
+        {"node": 0, "host_bytes": V41_TABLE, "shm_bytes": 0, "device_bytes": 0, "page_cache_bytes": 0}
     ]
+    assert private["vllm_refusal"] == "Engram sharding leaves ranks without hash heads: 24 heads over 32 shards"
     across = plan(
         capsys,
+        "--engram-config.shard_layout",
+        "replica",
         "--tensor-parallel-size",
         "4",
         "--data-parallel-size",
@@ -252,8 +294,9 @@ def test_v41_file_backed_counts_pages_once_per_node(capsys: pytest.CaptureFixtur
     assert report["per_node"] == [
         {"node": n, "host_bytes": 0, "shm_bytes": 0, "device_bytes": 0, "page_cache_bytes": V41_TABLE} for n in (0, 1)
     ]
-    assert report["copying_instead"] == {"private": 2 * V41_TABLE, "dp_shared_memory": V41_TABLE}
+    # unshared copies in vLLM 0.33's layout: one per node, heads split over TP x EDP (the node's 2 replicas)
+    assert report["copying_instead"] == {"private": V41_TABLE, "dp_shared_memory": V41_TABLE}
     assert main(["plan", "--preset", "deepseek-v4.1-flash", "--engram-config.file_backed", "true", *args]) == 0
-    assert "the copying placements would first read and write, per node: private 405,516,064,800 bytes" in (
+    assert "the copying placements would first read and write, per node: private 202,758,032,400 bytes" in (
         capsys.readouterr().out
     )

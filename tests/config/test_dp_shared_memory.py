@@ -55,9 +55,10 @@ def test_the_command_line_says_how_null_was_resolved(capsys: pytest.CaptureFixtu
     assert "dp_shared_memory: null, resolved to false (" in capsys.readouterr().out
     assert main(["plan", "--preset", "tiny", "--data-parallel-size", "2"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].endswith("tables shm: 678,150 table bytes") and out[1].startswith(
+    assert out[0].endswith("tables shm: 678,150 table bytes") and out[2].startswith(
         "dp_shared_memory: null, resolved to true"
     )
+    assert out[1] == "shard layout: vllm (vLLM 0.33's per-rank layout)"
 
 
 def test_the_host_memory_check_resolves_null_first() -> None:

@@ -26,14 +26,18 @@ FIELDS = ("cpu_offload", "embedding_across_dp", "dp_shared_memory", "use_thp")
 
 
 def valid_configs(parallel: ParallelConfig) -> list[EngramConfig]:
+    """Every valid setting of the four fields, in vLLM 0.33's shard layout, and where DP > 1 and the tables
+    are not shared (the layouts differ only there) in the seed's replica layout too."""
     out = []
     for values in itertools.product([False, True], repeat=4):
-        try:
-            config = load_config(dict(zip(FIELDS, values, strict=True)), env={})
-            config.verify_parallel_config(parallel)
-        except ConfigError:
-            continue
-        out.append(config)
+        for layout in ("vllm", "replica"):
+            try:
+                config = load_config({**dict(zip(FIELDS, values, strict=True)), "shard_layout": layout}, env={})
+                config.verify_parallel_config(parallel)
+            except ConfigError:
+                continue
+            if layout == "vllm" or (parallel.data_parallel_size > 1 and not config.dp_shared_memory):
+                out.append(config)
     return out
 
 
@@ -140,7 +144,7 @@ def check_all(
             reports.append(
                 {
                     "spec": spec_name,
-                    "config": {f: getattr(config, f) for f in FIELDS},
+                    "config": {f: getattr(config, f) for f in (*FIELDS, "shard_layout")},
                     "match": all(matches),
                     "steps": len(matches),
                     "guard_works": guard_works,
@@ -154,18 +158,20 @@ def check_all(
     return reports
 
 
-def build_over_limit(rank: int, world: int, checkpoint: str) -> str:
-    """Private tables that the (pretended) node cannot hold: refused before anything is allocated."""
+def build_over_limit(rank: int, world: int, checkpoint: str, layout: str) -> str:
+    """Private tables that the (pretended) node of 1.5 tables' bytes cannot hold: refused before anything
+    is allocated. In vLLM 0.33's layout the node holds one copy (split over its replicas) and it fits."""
     from engram.config import ParallelConfig, load_config
     from engram.memory.host import HostLimits
 
     spec = SPECS["ds7"]
     EngramTables.build(
         spec,
-        load_config({"dp_shared_memory": False}, env={}),
+        load_config({"dp_shared_memory": False, "shard_layout": layout}, env={}),
         ParallelConfig(data_parallel_size=world),
         checkpoint,
-        host_limits=HostLimits(spec.table_bytes),
+        host_limits=HostLimits(spec.table_bytes * 3 // 2),
+        progress=False,
     )
     return "built"
 

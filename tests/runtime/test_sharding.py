@@ -63,7 +63,7 @@ def test_uneven_heads_and_row_fallback() -> None:
 def test_groups_in_the_plan() -> None:
     across = plan_deployment(
         DS7,
-        load_config({"embedding_across_dp": True, "dp_shared_memory": False}, env={}),
+        load_config({"embedding_across_dp": True, "dp_shared_memory": False, "shard_layout": "replica"}, env={}),
         ParallelConfig(tensor_parallel_size=2, data_parallel_size=2),
     )
     assert [(r.rank, r.tp_rank, r.dp_rank, r.shard_index) for r in across.ranks] == [
@@ -95,6 +95,36 @@ def test_groups_in_the_plan() -> None:
         plan_deployment(DS7, load_config(env={}), ParallelConfig(data_parallel_size=4, data_parallel_size_local=3))
 
 
+def test_vllm_layout_groups() -> None:
+    """vLLM 0.33's layout: DeepSeek heads over TP x EDP, EDP the gcd of DP and the replicas per node, TP-major
+    (shard = tp * EDP + dp in block), whatever embedding_across_dp says for host tables; EDP = DP for GPU
+    tables at TP 1 with embedding_across_dp. Qwen with embedding_across_dp: vLLM's ETP group, DP-major."""
+    parallel = ParallelConfig(tensor_parallel_size=2, data_parallel_size=4, data_parallel_size_local=2)
+    for across in (False, True):
+        plan = plan_deployment(
+            DS7, load_config({"embedding_across_dp": across, "dp_shared_memory": False}, env={}), parallel
+        )
+        assert [r.shard_index for r in plan.ranks] == [0, 2, 1, 3] * 2
+        assert [tuple(r.embedding_group) for r in plan.ranks[::4]] == [(0, 2, 1, 3), (4, 6, 5, 7)]
+        assert [tuple(r.dp_group) for r in plan.ranks[:2]] == [(0, 2), (1, 3)] and plan.across_dp
+    gpu = load_config({"cpu_offload": False, "embedding_across_dp": True}, env={})
+    plan = plan_deployment(DS7, gpu, ParallelConfig(data_parallel_size=4, data_parallel_size_local=2))
+    assert tuple(plan.ranks[0].embedding_group) == (0, 1, 2, 3) and [r.shard_index for r in plan.ranks] == [0, 1, 2, 3]
+    qwen = load_config({"embedding_across_dp": True, "dp_shared_memory": False}, env={})
+    plan = plan_deployment(QWEN, qwen, ParallelConfig(tensor_parallel_size=2, data_parallel_size=2))
+    assert [(r.tp_rank, r.dp_rank, r.shard_index) for r in plan.ranks] == [(0, 0, 0), (1, 0, 1), (0, 1, 2), (1, 1, 3)]
+    assert tuple(plan.ranks[0].embedding_group) == (0, 1, 2, 3)  # ETP rank = dp * TP + tp
+    rows = QWEN.layout.table_rows
+    assert [(t.row_start, t.row_stop) for t in plan.ranks[2].tables] == [(r // 2, 3 * r // 4) for r in rows]
+    seed = plan_deployment(DS7, load_config({"dp_shared_memory": False, "shard_layout": "replica"}, env={}), parallel)
+    assert [tuple(r.embedding_group) for r in seed.ranks[::2]] == [
+        (0, 1),
+        (2, 3),
+        (4, 5),
+        (6, 7),
+    ] and not seed.across_dp
+
+
 # -- real processes -------------------------------------------------------------------------------
 
 
@@ -104,7 +134,7 @@ def test_sharded_equals_unsharded(tp: int, dp: int, checkpoints: dict[str, str],
     names = ["ds7", "ds3", "qwen-small"]
     reports = values(run_local(tp * dp, sharding_workers.check_all, tp, dp, dp, checkpoints, names, timeout=600))
     configs = len(sharding_workers.valid_configs(ParallelConfig(tensor_parallel_size=tp, data_parallel_size=dp)))
-    assert configs == (8 if dp > 1 else 6)
+    assert configs == (14 if dp > 1 else 6)  # DP > 1: 8 in vLLM 0.33's layout, 6 unshared in the replica layout
     for rank_reports in reports:
         assert len(rank_reports) == configs * len(names)
         for report in rank_reports:
@@ -187,8 +217,15 @@ def test_two_simulated_nodes(checkpoints: dict[str, str], shm_tmp: Path) -> None
         if config["dp_shared_memory"]:
             paths = [r["shm_path"] for r in per_rank]
             assert paths[0] == paths[1] and paths[2] == paths[3] and paths[0] != paths[2]  # a copy per node
-        if config["embedding_across_dp"] and not config["dp_shared_memory"]:
-            assert all(r["group"] == [0, 1, 2, 3] for r in per_rank)  # spans both nodes
+        if config["dp_shared_memory"]:
+            continue
+        if config["shard_layout"] == "replica":  # the seed's: TP x DP with embedding_across_dp, else a replica
+            want = [[0, 1, 2, 3]] * 4 if config["embedding_across_dp"] else [[0], [1], [2], [3]]
+        elif not config["cpu_offload"] and config["embedding_across_dp"]:  # GPU tables at TP 1: EDP = DP
+            want = [[0, 1, 2, 3]] * 4
+        else:  # vLLM's node-local Engram DP group: gcd(DP 4, 2 replicas per node)
+            want = [[0, 1], [0, 1], [2, 3], [2, 3]]
+        assert [r["group"] for r in per_rank] == want, config
 
 
 @pytest.mark.slow
@@ -207,8 +244,14 @@ def test_torchrun(checkpoints: dict[str, str], tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_private_tables_that_do_not_fit_are_refused(checkpoints: dict[str, str]) -> None:
-    outcomes = run_local(2, sharding_workers.build_over_limit, checkpoints["ds7"], timeout=300)
-    need = 2 * DS7.table_bytes
+    assert values(run_local(2, sharding_workers.build_over_limit, checkpoints["ds7"], "vllm", timeout=300)) == [
+        "built",
+        "built",
+    ]
+    outcomes = run_local(2, sharding_workers.build_over_limit, checkpoints["ds7"], "replica", timeout=300)
+    replica = load_config({"dp_shared_memory": False, "shard_layout": "replica"}, env={})
+    need = plan_deployment(DS7, replica, ParallelConfig(data_parallel_size=2), "cpu").pinned_bytes_per_node()
+    assert 2 * DS7.table_bytes <= need < 2 * DS7.table_bytes + 1024  # each shard's scales start 128-aligned
     for outcome in outcomes:
         assert outcome.error is not None and outcome.error.startswith(
             f"/engram/cpu_offload: Engram tables need {need:,} bytes"

@@ -351,6 +351,7 @@ def table_pieces(
     """Where `part` of `table` lies in a checkpoint, and what is wrong with it: one tensor `{table}.{part}`,
     or vLLM's split (Qwen4Exp's split_ngram_parts) into `{table}.shard_{k}.{part}` of ceil(rows / parts)
     rows each, which must tile the table exactly (vLLM would leave a missing part's rows unset)."""
+
     def wrong(name: str, rows: int) -> str | None:
         got_shape, got_dtype = shapes[name]
         if got_shape != (rows, width):
@@ -468,7 +469,9 @@ def load_shards(
             source = checkpoint.files.get(name)
             loaded = None if source is not None else checkpoint.sources[name]()  # safetensors: read from the file
             shard_weight_loader(shard, name, group, count, source)(param, loaded, checkpoint_start=piece.start)
-    return sum(t.numel() * t.element_size() for s in shards for t in (s.weight, s.scale) if t is not None) if writer else 0
+    return (
+        sum(t.numel() * t.element_size() for s in shards for t in (s.weight, s.scale) if t is not None) if writer else 0
+    )
 
 
 def check_hash_buffers(spec: ModelSpec, checkpoint: Checkpoint) -> None:
