@@ -107,10 +107,12 @@ def row_range(index: int, size: int, rows: int) -> tuple[int, int]:
     return min(index * per, rows), min((index + 1) * per, rows)
 
 
-def table_shards(spec: ModelSpec, index: int, size: int) -> tuple[TableShardPlan, ...]:
+def table_shards(spec: ModelSpec, index: int, size: int, rows_only: bool = False) -> tuple[TableShardPlan, ...]:
+    """Shard `index` of `size`: whole heads where the family and count allow, else (or with `rows_only`)
+    contiguous rows."""
     layout = spec.layout
     columns = layout.columns
-    use_heads = spec.family == "deepseek" and size <= columns
+    use_heads = spec.family == "deepseek" and size <= columns and not rows_only
     out = []
     for table, (name, rows) in enumerate(zip(spec.table_names(), layout.table_rows, strict=True)):
         if use_heads:
@@ -175,6 +177,9 @@ def plan_deployment(
         span, dp_major = (dp if config.embedding_across_dp else 1), True
     else:
         span, dp_major = engram_dp_size(spec, config, parallel), False
+    # vLLM's GPU tables at TP 1 over EDP > 1 split rows (each rank reads its peers' memory), not heads
+    peer_rows = config.shard_layout == "vllm" and spec.family == "deepseek" and not config.cpu_offload
+    peer_rows = peer_rows and tp == 1 and span > 1
     placement = placement_for(config, platform)
 
     def rank_of(tp_rank: int, dp_rank: int) -> int:
@@ -197,7 +202,7 @@ def plan_deployment(
             if config.dp_shared_memory:
                 shm = range(rank_of(tp_rank, node * local), rank_of(tp_rank, (node + 1) * local), tp)
             if (index, size) not in shards:
-                shards[(index, size)] = table_shards(spec, index, size)
+                shards[(index, size)] = table_shards(spec, index, size, peer_rows)
             ranks.append(
                 RankPlan(
                     rank=rank_of(tp_rank, dp_rank),
@@ -212,5 +217,5 @@ def plan_deployment(
                     tables=shards[(index, size)],
                 )
             )
-    refusal = vllm_refusal(spec, tp * span) if config.shard_layout == "vllm" else None
+    refusal = vllm_refusal(spec, tp * span) if config.shard_layout == "vllm" and not peer_rows else None
     return DeploymentPlan(spec, config, parallel, platform, tuple(ranks), refusal)

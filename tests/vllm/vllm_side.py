@@ -109,7 +109,92 @@ def checkpoint_config_case(case: dict) -> dict:
     return out
 
 
-KINDS = {"config": config_case, "qwen_ids": qwen_ids_case, "checkpoint_config": checkpoint_config_case}
+def deepseek_layout_case(case: dict) -> dict:
+    """Each rank's table slice as vLLM 0.33 builds it: the Engram DP group size from its own
+    _engram_dp_shard_size (nodes of `local` consecutive replicas) and initialize_model_parallel's rule,
+    then ParallelEngramEmbedding.__init__ on the meta device with the parallel state it reads patched in.
+    A layout it refuses answers with its message."""
+    from unittest import mock
+
+    import vllm.distributed.parallel_state as state
+    import vllm.models.deepseek_v41.common.engram as engram
+    from vllm.transformers_utils.configs.deepseek_v41 import DeepseekV41Config
+
+    tp, dp, local = case["tp"], case["dp"], case["local"]
+    cpu_offload, across, shared = case["cpu_offload"], case["embedding_across_dp"], case["dp_shared_memory"]
+    world = tp * dp
+
+    def same_node(group, start):
+        return [start <= r < start + local * tp for r in range(world)]
+
+    if not cpu_offload and across and tp == 1:
+        edp = dp
+    else:
+        with (
+            mock.patch.object(state, "get_node_count", lambda: dp // local),
+            mock.patch.object(state, "in_the_same_node_as", same_node),
+            mock.patch.object(state, "get_world_group", lambda: SimpleNamespace(cpu_group=None)),
+        ):
+            edp = state._engram_dp_shard_size(world, dp, tp)
+    layout = engram.EngramLayout(DeepseekV41Config(text_config=case["hf"]))
+    out = {"edp": edp, "ranks": []}
+    torch.set_default_device("meta")
+    for dp_rank in range(dp):
+        for tp_rank in range(tp):
+            group = SimpleNamespace(world_size=edp, rank_in_group=dp_rank % edp, cpu_group=None)
+            patches = [
+                mock.patch.object(engram, "get_engram_dp_size", lambda: edp),
+                mock.patch.object(engram, "get_engram_dp_group", lambda group=group: group if edp > 1 else None),
+                mock.patch.object(engram, "get_tensor_model_parallel_world_size", lambda: tp),
+                mock.patch.object(engram, "get_tensor_model_parallel_rank", lambda tp_rank=tp_rank: tp_rank),
+                mock.patch.object(engram, "is_uva_available", lambda: True),
+                mock.patch.object(engram, "in_the_same_node_as", lambda g, source_rank=0: [True] * edp),
+                mock.patch.object(
+                    torch.cuda, "get_device_properties", lambda i: SimpleNamespace(multi_processor_count=1)
+                ),
+                mock.patch.object(torch.accelerator, "current_device_index", lambda: 0),
+                mock.patch.object(
+                    engram.current_platform, "visible_device_id_to_physical_device_id", lambda i: i, create=True
+                ),
+                mock.patch.object(engram.current_platform, "is_fully_connected", lambda ids: True, create=True),
+                mock.patch.object(torch.distributed, "all_gather_object", lambda *a, **k: None),
+            ]
+            tables = []
+            for patch in patches:
+                patch.start()
+            try:
+                for index in range(len(layout.layer_ids)):
+                    sizes = tuple(p for order in layout.primes[index] for p in order)
+                    module = engram.ParallelEngramEmbedding(
+                        layout.num_embeddings[index], layout.head_dim, sizes,
+                        cpu_offload=cpu_offload, dp_shared_memory=shared,
+                    )  # fmt: skip
+                    tables.append(
+                        {
+                            "row_start": module.weight.engram_vocab_start,
+                            "rows": module.part_num_embeddings,
+                            "head_start": module.head_start,
+                            "heads": module.part_n_hash_cols,
+                            "peer_rows": module.peer_rows,
+                        }
+                    )
+            except AssertionError as exc:  # its own TODO: no row-wise sharding for too few heads
+                return {"edp": edp, "refused": str(exc)}
+            except ValueError as exc:  # e.g. dp_shared_memory with no co-located replicas
+                return {"edp": edp, "error": str(exc)}
+            finally:
+                for patch in patches:
+                    patch.stop()
+            out["ranks"].append(tables)
+    return out
+
+
+KINDS = {
+    "config": config_case,
+    "qwen_ids": qwen_ids_case,
+    "checkpoint_config": checkpoint_config_case,
+    "deepseek_layout": deepseek_layout_case,
+}
 
 for line in sys.stdin:
     case = json.loads(line)

@@ -1,0 +1,81 @@
+"""DeepSeek V4.1 per-rank layouts against vLLM 0.33.0's own code (tests/vllm/runner.py): for TP 1/2/4 x
+DP 1/2/4/8 on nodes of 1, 2 or all replicas, host and GPU tables, embedding_across_dp on and off, shared
+or not, every rank's table slice (first row, rows, first head) equals what vLLM's ParallelEngramEmbedding
+takes, and where vLLM refuses the layout, engram's plan names the same reason."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from engram.config import ParallelConfig, load_config
+from engram.errors import ConfigError
+from engram.ngram.spec import ModelSpec
+from engram.runtime.plan import plan_deployment
+from tests.vllm.runner import ask_vllm, needs_vllm
+
+pytestmark = needs_vllm
+HF = {
+    "engram_layer_ids": [1, 3],
+    "engram_max_ngram_size": 3,
+    "engram_n_heads": 4,
+    "engram_head_dim": 64,
+    "engram_vocab_size": 1_000,
+    "engram_compressed_vocab_size": 500,
+    "engram_pad_token_id": 2,
+}
+SPEC = ModelSpec("layout", "DeepseekV41ForCausalLM", HF, dtype="fp8")
+
+
+def cases() -> list[dict[str, Any]]:
+    out = []
+    for tp, dp, cpu_offload, across, shared in itertools.product((1, 2, 4), (1, 2, 4, 8), *[(False, True)] * 3):
+        for local in sorted({1, min(2, dp), dp}):
+            fields = {"cpu_offload": cpu_offload, "embedding_across_dp": across, "dp_shared_memory": shared}
+            parallel = {"tensor_parallel_size": tp, "data_parallel_size": dp, "data_parallel_size_local": local}
+            try:
+                load_config(fields, env={}).verify_parallel_config(ParallelConfig(**parallel))
+            except ConfigError:
+                continue
+            hf = {**HF, "engram_num_embeddings": list(SPEC.layout.table_rows)}
+            out.append({"tp": tp, "dp": dp, "local": local, **fields, "hf": hf, "fields": fields, "parallel": parallel})
+    return out
+
+
+def engram_side(case: dict[str, Any]) -> dict[str, Any]:
+    plan = plan_deployment(SPEC, load_config(case["fields"], env={}), ParallelConfig(**case["parallel"]))
+    if plan.vllm_refusal:
+        return {"refused": plan.vllm_refusal}
+    ranks = []
+    for rank in plan.ranks:
+        tables = []
+        for table in rank.tables:
+            peer = table.kind == "row"
+            tables.append(
+                {
+                    "row_start": table.row_start,
+                    "rows": table.rows,
+                    "head_start": 0 if peer else table.head_start,
+                    "heads": SPEC.layout.columns if peer else -(-SPEC.layout.columns // plan.group_size),
+                    "peer_rows": -(-table.table_rows // plan.group_size) if peer else 0,
+                }
+            )
+        ranks.append(tables)
+    return {"ranks": ranks}
+
+
+def test_deepseek_layouts_equal_vllm() -> None:
+    all_cases = cases()
+    theirs = ask_vllm(
+        "deepseek_layout", [{k: v for k, v in c.items() if k not in ("fields", "parallel")} for c in all_cases]
+    )
+    compared = refused = 0
+    for case, vllm in zip(all_cases, theirs, strict=True):
+        if "error" in vllm:  # vLLM's model rejects it (dp_shared_memory with one replica per node)
+            assert case["dp_shared_memory"] and case["local"] == 1, (case, vllm)
+            continue
+        ours = engram_side(case)
+        assert ours == {k: v for k, v in vllm.items() if k != "edp"}, (case, vllm["edp"])
+        compared += 1
+        refused += "refused" in vllm
+    assert (len(all_cases), compared, refused) == (156, 138, 12)
