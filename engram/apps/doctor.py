@@ -9,16 +9,18 @@ import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import msgspec
 import torch
 
 from engram.apps.planning import per_node, per_rank
+from engram.config import dp_shared_memory_resolution
 from engram.errors import EngramError
 from engram.memory.host import read_host_limits
 from engram.memory.registration import CudaRuntime
 from engram.ops import cpu
 from engram.runtime.placement.hugepages import thp_mode
-from engram.runtime.placement.shm import node_identity, shm_dir
-from engram.runtime.plan import DeploymentPlan
+from engram.runtime.placement.shm import node_identity, shared_capacity_error, shm_dir
+from engram.runtime.plan import DeploymentPlan, plan_deployment
 
 GIB = 1 << 30
 
@@ -51,6 +53,30 @@ def check_shm(plan: DeploymentPlan | None) -> Check:
         return Check("shm", "pass", detail)
     fix = "docker run --shm-size=<size> or --ipc=host; or a larger ENGRAM_SHM_DIR"
     return _against_plan("shm", detail, _most_per_node(plan, "shm_bytes"), free, "needs", fix)
+
+
+def check_dp_shared_memory(plan: DeploymentPlan, given: bool | None) -> Check:
+    """Shared tables as the plan has them, and what would stop them on this node: vLLM 0.33's veto reasons
+    (no shared memory file system, an Engram DP group of one replica per node, too little free space). A
+    null that resolved to true falls back to private copies with a warning; an explicit true fails."""
+    name = "dp_shared_memory"
+    resolution = (dp_shared_memory_resolution(given, plan.config.dp_shared_memory) or "").removeprefix(f"{name}: ")
+    if not plan.config.dp_shared_memory:
+        detail = resolution or "false: every replica keeps its tables to itself"
+        return Check(name, "pass", detail)
+    local = plan.parallel.data_parallel_size_local or plan.parallel.data_parallel_size
+    needed = _most_per_node(plan, "shm_bytes")
+    reason = "Engram DP size 1: one replica per node, nobody to share with" if local == 1 else None
+    reason = reason or shared_capacity_error(needed)
+    if reason is None:
+        return Check(
+            name, "pass", resolution or f"true: one copy of {_gib(needed)} per node, shared by {local} replicas"
+        )
+    if given is None:
+        detail = f"{resolution}; but here {reason}, so every replica would keep a private copy (a warning at start-up)"
+        return Check(name, "warn", detail, "make room as the reason says, or co-locate replicas on a node")
+    fix = "make room as the reason says, co-locate replicas on a node, or set dp_shared_memory to false"
+    return Check(name, "fail", f"true, but here {reason}", fix)
 
 
 def check_thp() -> Check:
@@ -201,10 +227,16 @@ def check_gpu_memory(plan: DeploymentPlan, total_bytes: int | None) -> Check:
     return _against_plan("GPU memory", f"{_gib(total_bytes)} per GPU", needed, total_bytes, "puts", fix, "per GPU")
 
 
-def run_checks(plan: DeploymentPlan | None = None) -> list[Check]:
+def run_checks(plan: DeploymentPlan | None = None, given: bool | None = False) -> list[Check]:
+    """`given`: the dp_shared_memory the user wrote (None: null, resolved by the plan)."""
     gpu_bytes = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
+    shared = [check_dp_shared_memory(plan, given)] if plan is not None else []
+    if plan is not None and shared[0].status == "warn":  # a vetoed null: the replicas fall back to private copies
+        private = msgspec.structs.replace(plan.config, dp_shared_memory=False)
+        plan = plan_deployment(plan.spec, private, plan.parallel, plan.platform)
     return [
         *([check_gpu_memory(plan, gpu_bytes)] if plan is not None else []),
+        *shared,
         check_shm(plan),
         check_thp(),
         check_memlock(),

@@ -38,10 +38,10 @@ def run(args: argparse.Namespace) -> int:
         for path in removed:
             print(f"  {path}")
     # Flags are checked even without a preset (a TP of 0 is an error, not ignored).
-    plan = build_plan(args)[0] if args.preset else None
+    plan, given = build_plan(args) if args.preset else (None, None)
     if plan is None:
         validate_deployment(document_from_args(args, {}))
-    checks = run_checks(plan)
+    checks = run_checks(plan, given)
     if args.json:
         print(json.dumps([c.as_dict() for c in checks], indent=2))
     else:

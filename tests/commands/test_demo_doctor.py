@@ -119,3 +119,43 @@ def test_doctor_against_a_plan_that_does_not_fit(capsys: pytest.CaptureFixture[s
     assert (
         memory["status"] == "fail" and "the plan pins 188.8 GiB per node" in memory["detail"]
     )  # one copy per node (vLLM 0.33 layout)
+
+
+def doctor_checks(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, dict[str, str]]:
+    main(["doctor", "--json", "--preset", "tiny", *argv])
+    return {c["name"]: c for c in json.loads(capsys.readouterr().out)}
+
+
+def test_doctor_shows_how_dp_shared_memory_resolves_and_why_it_would_not_share(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A null resolved to true passes where the node can share, warns with vLLM 0.33's veto reason where it
+    cannot (and the other checks then see the private copies the replicas fall back to); an explicit true
+    fails there; false passes."""
+    resolved = "null, resolved to true (vLLM 0.33: on exactly when cpu_offload"
+    shared = doctor_checks(capsys, "--data-parallel-size", "2")["dp_shared_memory"]
+    assert shared["status"] == "pass" and shared["detail"].startswith(resolved)
+    lone = doctor_checks(capsys, "--data-parallel-size", "2", "--data-parallel-size-local", "1")["dp_shared_memory"]
+    assert lone["status"] == "warn" and lone["detail"].endswith(
+        "; but here Engram DP size 1: one replica per node, nobody to share with, so every replica would keep a "
+        "private copy (a warning at start-up)"
+    )
+    monkeypatch.setattr("engram.apps.doctor.shared_capacity_error", lambda size: f"{size:,} bytes do not fit")
+    checks = doctor_checks(capsys, "--data-parallel-size", "2")
+    assert (
+        checks["dp_shared_memory"]["status"] == "warn"
+        and "but here 678,214 bytes do not fit"
+        in (  # scales 128-aligned per shard
+            checks["dp_shared_memory"]["detail"]
+        )
+    )
+    assert checks["shm"]["detail"].endswith("the plan needs 0.0 MiB per node")  # the private fallback's
+    explicit = doctor_checks(capsys, "--data-parallel-size", "2", "--engram-config.dp_shared_memory", "true")
+    assert explicit["dp_shared_memory"] == {
+        "name": "dp_shared_memory",
+        "status": "fail",
+        "detail": "true, but here 678,214 bytes do not fit",
+        "fix": "make room as the reason says, co-locate replicas on a node, or set dp_shared_memory to false",
+    }
+    off = doctor_checks(capsys, "--data-parallel-size", "2", "--engram-config.dp_shared_memory", "false")
+    assert off["dp_shared_memory"]["status"] == "pass"
