@@ -2,8 +2,14 @@
 each naming its `kind`, and answers each with what vLLM's own code says, as JSON lines on stdout."""
 
 import json
+import os
 import sys
 from types import SimpleNamespace
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # vLLM's Triton kernels on the CPU
+# vLLM disables Triton where no GPU driver is active, except in a distributed worker whose visible devices
+# are empty (drivers come later): that branch keeps Triton, and the interpreter needs no driver.
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 import torch
 from vllm.config.engram import EngramConfig
@@ -189,11 +195,46 @@ def deepseek_layout_case(case: dict) -> dict:
     return out
 
 
+def deepseek_ids_case(case: dict) -> dict:
+    """Row ids of one batch step from vLLM's own NgramHashState.forward (its Triton hash kernel, V2 runner:
+    lookback ids instead of the slot cache), with an identity token map: the ids given are compressed."""
+    import vllm.models.deepseek_v41.common.engram as engram
+    from vllm.transformers_utils.configs.deepseek_v41 import DeepseekV41Config
+
+    layout = engram.EngramLayout(DeepseekV41Config(text_config=case["hf"]))
+    state = SimpleNamespace(
+        layout=layout,
+        use_slot_cache=False,
+        _cache=None,
+        block_size=64,
+        token_map=torch.arange(layout.compressed_vocab_size, dtype=torch.int32),
+        pad_id=layout.pad_token_id,
+        primes=torch.tensor(layout.primes),
+        offsets=layout.offsets,
+        multipliers=engram.compute_hash_multipliers(
+            layout.layer_ids, layout.max_ngram_size, layout.compressed_vocab_size
+        ),
+    )
+    ids = engram.NgramHashState.forward(
+        state,
+        torch.tensor(case["input_ids"], dtype=torch.int32),
+        torch.tensor(case["positions"], dtype=torch.int64),
+        torch.tensor(case["query_start_loc"], dtype=torch.int32),
+        torch.tensor(case["dead"], dtype=torch.bool),
+        torch.tensor(case["lookback_ids"], dtype=torch.int32),
+        torch.tensor(case["lookback_dead"], dtype=torch.bool),
+        None,
+        None,
+    )
+    return {"ids": ids.tolist()}
+
+
 KINDS = {
     "config": config_case,
     "qwen_ids": qwen_ids_case,
     "checkpoint_config": checkpoint_config_case,
     "deepseek_layout": deepseek_layout_case,
+    "deepseek_ids": deepseek_ids_case,
 }
 
 for line in sys.stdin:
