@@ -98,6 +98,52 @@ ENGRAM_HD int engram_vector_bytes(uintptr_t base, int64_t row_bytes) {
 /* Gather output formats. */
 enum { ENGRAM_OUT_RAW = 0, ENGRAM_OUT_F32 = 1, ENGRAM_OUT_BF16 = 2 };
 
+/* How dequantised rows are stored (out_kind F32 or BF16):
+ * FP8_BLOCK32: e4m3 values, one ue8m0 scale per block of 32 (DeepSeek V4.1);
+ * FP8_TABLE:   e4m3 values, one float scale for the whole table (Qwen4Exp FP8);
+ * NVFP4:       two e2m1 values a byte (even element in the low nibble), one e4m3 scale per block of 16,
+ *              times one float scale for the table (Qwen4Exp NVFP4). */
+enum { ENGRAM_QUANT_FP8_BLOCK32 = 0, ENGRAM_QUANT_FP8_TABLE = 1, ENGRAM_QUANT_NVFP4 = 2 };
+
+/* Stored bytes of a row of `dim` values, and its scale bytes, for each quant; 0 where dim does not fit. */
+ENGRAM_HD int64_t engram_quant_row_bytes(int quant, int64_t dim) {
+    if (quant == ENGRAM_QUANT_NVFP4) return dim % 16 ? 0 : dim / 2;
+    if (quant == ENGRAM_QUANT_FP8_BLOCK32) return dim % 32 ? 0 : dim;
+    return quant == ENGRAM_QUANT_FP8_TABLE ? dim : 0;
+}
+
+ENGRAM_HD int64_t engram_quant_scale_bytes(int quant, int64_t dim) {
+    return quant == ENGRAM_QUANT_NVFP4 ? dim / 16 : quant == ENGRAM_QUANT_FP8_BLOCK32 ? dim / 32 : 0;
+}
+
+/* e2m1 code (the low 4 bits) -> float: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives. */
+ENGRAM_HD float engram_e2m1_to_float(uint8_t code) {
+    const float magnitude[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    const float v = magnitude[code & 7];
+    return (code & 8) ? -v : v;
+}
+
+/* The table scale as the output dtype holds it: vLLM multiplies FP8 PLE rows by the scale cast to the
+ * activation dtype, so a bf16 output sees the scale rounded to bf16 first (the product of two bf16 values
+ * is exact in float, then rounds once, as torch's bf16 multiply does). */
+ENGRAM_HD float engram_table_scale(float scale, int out_kind) {
+    if (out_kind != ENGRAM_OUT_BF16) return scale;
+    union { uint32_t u; float f; } v;
+    v.u = (uint32_t)engram_float_to_bf16(scale) << 16;
+    return v.f;
+}
+
+/* Value i of a row stored in `quant` (FP8_TABLE and NVFP4: `table_scale` as engram_table_scale gives it
+ * for FP8_TABLE, the float scale for NVFP4, multiplied last as vLLM's NVFP4 kernel does). */
+ENGRAM_HD float engram_dequant_value(int quant, const uint8_t* w, const uint8_t* s, int64_t i, float table_scale) {
+    if (quant == ENGRAM_QUANT_NVFP4) {
+        const uint8_t code = (uint8_t)(w[i >> 1] >> ((i & 1) * 4));
+        return engram_e2m1_to_float(code) * engram_e4m3_to_float(s[i >> 4]) * table_scale;
+    }
+    if (quant == ENGRAM_QUANT_FP8_TABLE) return engram_e4m3_to_float(w[i]) * table_scale;
+    return engram_e4m3_to_float(w[i]) * engram_e8m0_to_float(s[i >> 5]);
+}
+
 /* One fp8 row with its block-32 scales, dequantised into out (f32 or bf16). */
 ENGRAM_HD void engram_dequant_row(const uint8_t* w, const uint8_t* s, int64_t dim, int out_kind, uint8_t* out) {
     for (int64_t i = 0; i < dim; ++i) {

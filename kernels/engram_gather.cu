@@ -1,5 +1,6 @@
-// Gather of table rows for global row ids, with fp8 e4m3 + ue8m0 block-32 dequantisation fused into the
-// store. The same kernel reads device tables and UVA views of pinned host tables.
+// Gather of table rows for global row ids, with dequantisation fused into the store: fp8 e4m3 with ue8m0
+// block-32 scales (DeepSeek V4.1), fp8 with one scale per table and NVFP4 (Qwen4Exp). The same kernels read
+// device tables and UVA views of pinned host tables.
 //
 // A row is handled by a sub-warp of LANES threads, each moving 16 bytes at a time (rows start 128-byte
 // aligned when the table does and rows are multiples of 16 bytes). Each sub-warp keeps ROWS_IN_FLIGHT rows
@@ -186,6 +187,46 @@ void launch_fp8(int vec, int blocks, cudaStream_t s, const uint8_t* w, const uin
     }
 }
 
+// Rows with one float scale per table (FP8_TABLE: e4m3 bytes; NVFP4: a byte holds two e2m1 values, with
+// one e4m3 scale per 16): each lane dequantises whole stored bytes, ROWS_IN_FLIGHT rows at once, and
+// stores element by element (rows are short: Qwen4Exp PLE heads are 80-256 values).
+template <int LANES>
+__global__ void gather_scaled(const uint8_t* __restrict__ weight, const uint8_t* __restrict__ scale, int64_t shard_rows,
+                              int64_t dim, int64_t row_bytes, int64_t row_start, int64_t table_rows,
+                              const int64_t* __restrict__ ids, const int64_t* __restrict__ order,
+                              const int64_t* __restrict__ leader, int64_t n, uint8_t* __restrict__ out, int out_kind,
+                              int quant, float table_scale, int* __restrict__ error_flag) {
+    const int lane = threadIdx.x % LANES;
+    const int64_t group = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / LANES;
+    const int64_t groups = static_cast<int64_t>(gridDim.x) * blockDim.x / LANES;
+    const int64_t scale_bytes = engram_quant_scale_bytes(quant, dim);
+    const int per_byte = quant == ENGRAM_QUANT_NVFP4 ? 2 : 1;
+    for (int64_t base = group * ROWS_IN_FLIGHT; base < n; base += groups * ROWS_IN_FLIGHT) {
+        int64_t local[ROWS_IN_FLIGHT];
+        int64_t dst_row[ROWS_IN_FLIGHT];
+#pragma unroll
+        for (int r = 0; r < ROWS_IN_FLIGHT; ++r) {
+            const RowPlan p = plan_row(base + r, n, ids, order, leader, shard_rows, row_start, table_rows, lane == 0, error_flag);
+            local[r] = p.local;
+            dst_row[r] = p.dst;
+        }
+        for (int64_t b = lane; b < row_bytes; b += LANES) {
+#pragma unroll
+            for (int r = 0; r < ROWS_IN_FLIGHT; ++r) {
+                if (dst_row[r] < 0) continue;
+                const uint8_t* w = local[r] >= 0 ? weight + local[r] * row_bytes : nullptr;
+                const uint8_t* sc = local[r] >= 0 && scale_bytes ? scale + local[r] * scale_bytes : nullptr;
+                for (int k = 0; k < per_byte; ++k) {
+                    const int64_t i = b * per_byte + k;
+                    const float v = w ? engram_dequant_value(quant, w, sc, i, table_scale) : 0.0f;
+                    if (out_kind == ENGRAM_OUT_F32) reinterpret_cast<float*>(out)[dst_row[r] * dim + i] = v;
+                    else reinterpret_cast<uint16_t*>(out)[dst_row[r] * dim + i] = w ? engram_float_to_bf16(v) : 0;
+                }
+            }
+        }
+    }
+}
+
 // The sorted form's second pass: every follower copies its leader's output row (device memory to device
 // memory). A leader outside [0, i) that is not its own leader, or an order entry outside [0, n) copies nothing and raises the flag.
 template <int LANES>
@@ -233,11 +274,13 @@ int blocks_for(int64_t groups_needed, int lanes, int max_blocks) {
 
 extern "C" int engram_gather_cuda(const void* weight, const void* scale, int64_t shard_rows, int64_t dim, int64_t row_bytes,
                                   int64_t row_start, int64_t table_rows, const int64_t* ids, const int64_t* order,
-                                  const int64_t* leader, int64_t n, void* out, int out_kind, int* error_flag,
-                                  int max_blocks, void* stream) {
+                                  const int64_t* leader, int64_t n, void* out, int out_kind, int quant,
+                                  float table_scale, int* error_flag, int max_blocks, void* stream) {
     if (n < 0 || shard_rows < 0 || dim < 1 || row_bytes < 1 || row_start < 0 || max_blocks < 0 || !error_flag) return ENGRAM_ERR_ARGUMENT;
     if (out_kind != ENGRAM_OUT_RAW && out_kind != ENGRAM_OUT_F32 && out_kind != ENGRAM_OUT_BF16) return ENGRAM_ERR_ARGUMENT;
-    if (out_kind != ENGRAM_OUT_RAW && (dim % 32 || row_bytes != dim || (shard_rows && !scale))) return ENGRAM_ERR_ARGUMENT;
+    const bool scaled = out_kind != ENGRAM_OUT_RAW;
+    if (scaled && (engram_quant_row_bytes(quant, dim) == 0 || row_bytes != engram_quant_row_bytes(quant, dim))) return ENGRAM_ERR_ARGUMENT;
+    if (scaled && shard_rows && engram_quant_scale_bytes(quant, dim) && !scale) return ENGRAM_ERR_ARGUMENT;
     if ((order == nullptr) != (leader == nullptr)) return ENGRAM_ERR_ARGUMENT;
     if (n == 0) return ENGRAM_OK;
     if (!ids || !out || (shard_rows && !weight)) return ENGRAM_ERR_ARGUMENT;
@@ -255,6 +298,10 @@ extern "C" int engram_gather_cuda(const void* weight, const void* scale, int64_t
         } else {
             gather_raw<32><<<blocks_for(groups, 32, max_blocks), THREADS, 0, s>>>(w, shard_rows, row_bytes, row_start, table_rows, ids, order, leader, n, o, error_flag);
         }
+    } else if (quant != ENGRAM_QUANT_FP8_BLOCK32) {
+        const auto* sc = static_cast<const uint8_t*>(scale);
+        const float factor = quant == ENGRAM_QUANT_FP8_TABLE ? engram_table_scale(table_scale, out_kind) : table_scale;
+        gather_scaled<16><<<blocks_for(groups, 16, max_blocks), THREADS, 0, s>>>(w, sc, shard_rows, dim, row_bytes, row_start, table_rows, ids, order, leader, n, o, out_kind, quant, factor, error_flag);
     } else {
         const auto* sc = static_cast<const uint8_t*>(scale);
         const int vec = engram_vector_bytes(reinterpret_cast<uintptr_t>(weight), dim);

@@ -26,11 +26,14 @@ int engram_ngram_hash_cpu(const int64_t* ext, const int64_t* start, int64_t toke
                           const int64_t* offsets, int64_t layers, int64_t max_ngram, int64_t heads, int64_t fill,
                           int64_t* out, int num_threads);
 
-/* Rows of a table shard for ids of the whole table. weight: [shard_rows, row_bytes] bytes; scale: fp8's
- * ue8m0 [shard_rows, dim / 32] or NULL. ids: int64 [n] global row ids. DEAD_ID (-1) and ids outside
- * [row_start, row_start + shard_rows) give zero rows; any id outside [-1, table_rows) makes the call
- * return ENGRAM_ERR_RANGE with *bad_id set, and nothing is read or written.
- * out_kind: ENGRAM_OUT_RAW copies row_bytes as stored; ENGRAM_OUT_F32 / ENGRAM_OUT_BF16 dequantise fp8.
+/* Rows of a table shard for ids of the whole table. weight: [shard_rows, row_bytes] bytes; scale: the
+ * per-row scales of the quant (engram_common.h: ue8m0 [shard_rows, dim / 32] for FP8_BLOCK32, e4m3
+ * [shard_rows, dim / 16] for NVFP4) or NULL (FP8_TABLE). ids: int64 [n] global row ids. DEAD_ID (-1) and
+ * ids outside [row_start, row_start + shard_rows) give zero rows; any id outside [-1, table_rows) makes
+ * the call return ENGRAM_ERR_RANGE with *bad_id set, and nothing is read or written.
+ * out_kind: ENGRAM_OUT_RAW copies row_bytes as stored; ENGRAM_OUT_F32 / ENGRAM_OUT_BF16 dequantise `dim`
+ * values a row as `quant` says (row_bytes must be engram_quant_row_bytes), FP8_TABLE and NVFP4 with the
+ * table's float scale `table_scale`.
  *
  * Sorted form: order and leader both given (else both NULL). ids are then sorted ascending, order [n] is
  * the permutation that sorted them (ids[i] belongs in out row order[i]) and leader [n] the first index of
@@ -38,7 +41,8 @@ int engram_ngram_hash_cpu(const int64_t* ext, const int64_t* start, int64_t toke
  * of its run. The CPU twin checks that contract and returns ENGRAM_ERR_ARGUMENT when it does not hold. */
 int engram_gather_cpu(const uint8_t* weight, const uint8_t* scale, int64_t shard_rows, int64_t dim, int64_t row_bytes,
                       int64_t row_start, int64_t table_rows, const int64_t* ids, const int64_t* order,
-                      const int64_t* leader, int64_t n, uint8_t* out, int out_kind, int64_t* bad_id, int num_threads);
+                      const int64_t* leader, int64_t n, uint8_t* out, int out_kind, int quant, float table_scale,
+                      int64_t* bad_id, int num_threads);
 
 /* engram_vector_bytes for a table at base with rows of row_bytes: the load width both gathers use. */
 int engram_vector_bytes_cpu(const void* base, int64_t row_bytes);
@@ -60,8 +64,8 @@ int engram_readahead_cpu(const uint8_t* base, int64_t shard_rows, int64_t row_by
  * cannot raise. max_blocks > 0 caps the grid, so a lookup running beside compute leaves it SMs. */
 int engram_gather_cuda(const void* weight, const void* scale, int64_t shard_rows, int64_t dim, int64_t row_bytes,
                        int64_t row_start, int64_t table_rows, const int64_t* ids, const int64_t* order,
-                       const int64_t* leader, int64_t n, void* out, int out_kind, int* error_flag, int max_blocks,
-                       void* stream);
+                       const int64_t* leader, int64_t n, void* out, int out_kind, int quant, float table_scale,
+                       int* error_flag, int max_blocks, void* stream);
 
 /* A range check over ids [n]: sets *error_flag for any id outside [lo, hi). With lo = -1 and hi the table's
  * rows, engram_gather_cuda's check, for a rank that gathers some columns of a step whose other columns its

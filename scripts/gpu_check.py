@@ -60,6 +60,9 @@ FORMATS = [
     ("bf16 rows", "bf16", 256, torch.bfloat16),
     ("fp16 rows", "fp16", 64, torch.float16),
     ("fp32 rows", "fp32", 512, torch.float32),
+    ("fp8-table->bf16", "fp8-table", 80, torch.bfloat16),  # Qwen4Exp: one scale per table
+    ("nvfp4->bf16", "nvfp4", 80, torch.bfloat16),  # Qwen4Exp: e2m1 pairs, e4m3 block-16 scales
+    ("nvfp4->fp32", "nvfp4", 256, torch.float32),
 ]
 # (stage name, engram config, TP, DP, extra checks): every placement through EngramTables on the GPU
 PLACEMENTS: list[tuple[str, dict[str, bool], int, int, tuple[str, ...]]] = [
@@ -198,10 +201,13 @@ def fill_random(shard: TableShard, seed: int) -> None:
     for start in range(0, data.numel(), block.numel()):
         piece = data[start : start + block.numel()]
         piece.copy_(block[: piece.numel()])
-    if shard.scale is not None:
+    if shard.scale is not None:  # ue8m0 near 2^0; e4m3 block scales any byte (NaNs included)
+        low, high = (110, 140) if shard.scale.dtype == torch.float8_e8m0fnu else (0, 256)
         shard.scale.view(torch.uint8).copy_(
-            torch.randint(110, 140, shard.scale.shape, dtype=torch.uint8, generator=generator).to(shard.scale.device)
+            torch.randint(low, high, shard.scale.shape, dtype=torch.uint8, generator=generator).to(shard.scale.device)
         )
+    if shard.table_scale is not None:
+        shard.table_scale.fill_(0.0123456789)
 
 
 def make_shard(
@@ -229,7 +235,10 @@ def launch_gather(
     """The kernel through its C ABI (cuda.gather_cuda), with a flag of the check's own, past the op's
     argument checks."""
     flat, order, leader = kernel_ids(ids, dedup)
-    cuda.gather_cuda(library, shard.weight, shard.scale, flat, order, leader, shard.row_start, table_rows, out, flag)
+    table_scale = None if shard.table_scale is None else float(shard.table_scale[0])
+    cuda.gather_cuda(
+        library, shard.weight, shard.scale, flat, order, leader, shard.row_start, table_rows, out, flag, 0, table_scale
+    )
 
 
 BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -274,6 +283,7 @@ def check_gather(
             row_start,
             table_rows,
             out_dtype,
+            None if shard.table_scale is None else float(shard.table_scale[0]),
         )
         bad = ids.clone()
         bad[7] = table_rows  # an id outside the table: zeros and the flag, never a read out of bounds
@@ -451,10 +461,17 @@ def step_time(shape: str, fn: Callable[[], object]) -> float:
 def bench_formats(
     library: ctypes.CDLL, runtime: cuda.LibraryRuntime, table_gib: float, ceilings: dict[str, float]
 ) -> list[dict[str, Any]]:
-    """The kernels' raw reach: 1M uniform lookups of three row formats, pinned host and device tables."""
+    """The kernels' raw reach: 1M uniform lookups of each row format, pinned host and device tables."""
     rows_out: list[dict[str, Any]] = []
     lookups = 1 << 20
-    for label, dtype, dim in (("264 B (fp8 + scales)", "fp8", 256), ("512 B", "bf16", 256), ("2 KiB", "fp32", 512)):
+    formats = (
+        ("264 B (fp8 + scales)", "fp8", 256),
+        ("512 B", "bf16", 256),
+        ("2 KiB", "fp32", 512),
+        ("80 B (Qwen fp8-table)", "fp8-table", 80),
+        ("45 B (Qwen nvfp4 + scales)", "nvfp4", 80),
+    )
+    for label, dtype, dim in formats:
         fmt = ShardFormat(1, dim, dtype)
         for placement in ("pinned", "device"):
             table = table_gib if placement == "pinned" else min(table_gib, 16.0)
@@ -462,7 +479,7 @@ def bench_formats(
             shard = make_shard(dtype, dim, rows, placement, runtime)
             fill_random(shard, seed=rows % 997)
             ids = torch.randint(0, rows, (lookups,), device="cuda")
-            out_dtype = torch.bfloat16 if dtype == "fp8" else shard.weight.dtype
+            out_dtype = torch.bfloat16 if dtype in ("fp8", "fp8-table", "nvfp4") else shard.weight.dtype
             out = torch.empty((lookups, dim), dtype=out_dtype, device="cuda")
             flag = torch.zeros(1, dtype=torch.int32, device="cuda")
             seconds = gpu_time(functools.partial(launch_gather, library, shard, ids, rows, out, flag))

@@ -8,6 +8,7 @@ from typing import Any
 
 from engram.apps.presets import PRESETS, get_preset
 from engram.errors import EngramError
+from engram.ops.formats import FORMATS
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.checkpoints.writer import vllm_refusals, write_checkpoint
 
@@ -29,7 +30,12 @@ def register(subparsers: Any) -> None:
         type=Path,
         help="directory to write model.safetensors (or model.pt) and config.json into",
     )
-    parser.add_argument("--dtype", choices=["fp8", "bf16", "fp16", "fp32"], help="row format (default: the preset's)")
+    parser.add_argument(
+        "--dtype",
+        choices=sorted(FORMATS),
+        help="row format (default: the preset's): fp8 with ue8m0 block-32 scales (DeepSeek V4.1), fp8-table "
+        "(one scale per table) or nvfp4 (Qwen4Exp), bf16, fp16, fp32",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--format", choices=["safetensors", "pt"], default="safetensors")
     parser.add_argument(

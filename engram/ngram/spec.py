@@ -14,15 +14,13 @@ from engram.errors import EngramError
 from engram.ngram.hash import NgramHasher
 from engram.ngram.layout import Family, Layout, QwenTables, deepseek_layout, qwen_layout
 from engram.ngram.vocab import compressed_lookup, deepseek_v4_tokenizer_file
+from engram.ops.formats import FORMATS
 
 FAMILIES: dict[str, Family] = {
     "DeepseekV41ForCausalLM": "deepseek",
     "Qwen4ExpForCausalLM": "qwen",
     "Qwen4ExpForConditionalGeneration": "qwen",
 }
-# Bytes per row element, and whether rows carry ue8m0 block-32 scales.
-DTYPES = {"fp8": (1, True), "bf16": (2, False), "fp16": (2, False), "fp32": (4, False)}
-SCALE_BLOCK = 32
 QWEN_PREFIX = "model.language_model"
 
 
@@ -152,16 +150,15 @@ class ModelSpec:
 
     @property
     def row_bytes(self) -> int:
-        """Bytes of one table row in the checkpoint format, scales included."""
-        size, scaled = DTYPES[self.dtype]
-        return self.head_dim * size + (self.head_dim // SCALE_BLOCK if scaled else 0)
+        """Bytes of one table row in the checkpoint format, block scales included."""
+        return FORMATS[self.dtype].row_bytes(self.head_dim)
 
     @property
     def table_bytes(self) -> int:
         return sum(self.layout.table_rows) * self.row_bytes
 
     def table_names(self) -> list[str]:
-        """Checkpoint tensor prefixes, one per table: `{prefix}.weight` and, for fp8, `{prefix}.scale`.
+        """Checkpoint tensor prefixes, one per table: `{prefix}.weight` and its format's scales.
         Qwen's per-layer tables take vLLM's names: the module of 1-based layer L sits on `layers.{L-1}`."""
         if self.family == "deepseek":
             return [f"layers.{i}.engram.embed" for i in self.layer_ids]

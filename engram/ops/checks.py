@@ -9,10 +9,11 @@ from dataclasses import dataclass
 import torch
 
 from engram.errors import EngramError
+from engram.ops.formats import FORMATS
 
 DEAD_ID = -1
 
-SCALE_BLOCK = 32
+SCALE_BLOCK = FORMATS["fp8"].block
 
 OUT_KINDS = {torch.float32: 1, torch.bfloat16: 2}
 
@@ -21,6 +22,21 @@ ID_DTYPES = (torch.int64, torch.int32)
 TABLE_DTYPES = (torch.float8_e4m3fn, torch.bfloat16, torch.float16, torch.float32, torch.uint8)
 
 SCALE_DTYPE = torch.float8_e8m0fnu
+
+# How dequantised rows are stored (kernels/engram_common.h): fp8 with ue8m0 block-32 scales (DeepSeek
+# V4.1), fp8 with one float scale per table, NVFP4 (two e2m1 a byte, e4m3 block-16 scales and one float
+# scale per table; Qwen4Exp). None: rows are copied (or converted) as stored.
+QUANT_FP8_BLOCK32, QUANT_FP8_TABLE, QUANT_NVFP4 = 0, 1, 2
+NVFP4_BLOCK = FORMATS["nvfp4"].block
+
+
+def row_format(weight: torch.Tensor, scale: torch.Tensor | None, table_scale: float | None) -> tuple[int | None, int]:
+    """(quant, values per row) of a table: which dequantisation its rows take, and the output's width."""
+    if table_scale is None:
+        return (QUANT_FP8_BLOCK32 if scale is not None else None), weight.shape[1]
+    if weight.dtype == torch.uint8:
+        return QUANT_NVFP4, 2 * weight.shape[1]
+    return QUANT_FP8_TABLE, weight.shape[1]
 
 
 def check_ids(ids: torch.Tensor, table_rows: int) -> None:
@@ -44,6 +60,7 @@ def check_gather_args(
     row_start: int,
     table_rows: int,
     out_dtype: torch.dtype,
+    table_scale: float | None = None,
 ) -> None:
     """Every argument of a gather against the others, before any kernel runs: the kernels trust these
     extents (a scale with fewer rows than the weight would be read past its end)."""
@@ -58,6 +75,9 @@ def check_gather_args(
         raise EngramError(
             f"the shard's rows [{row_start}, {row_start + rows}) must lie inside the table's {table_rows} rows"
         )
+    if table_scale is not None:
+        _check_table_scaled(weight, scale, out_dtype)
+        return
     if scale is None:
         if weight.dtype == torch.float8_e4m3fn and out_dtype != weight.dtype:
             raise EngramError("fp8 rows need their ue8m0 block scales to be dequantised: pass scale")
@@ -77,6 +97,36 @@ def check_gather_args(
         raise EngramError(f"scale and weight must be on one device; got {scale.device} and {weight.device}")
     if out_dtype not in OUT_KINDS:
         raise EngramError(f"fp8 rows dequantise into {' or '.join(map(str, OUT_KINDS))}; got {out_dtype}")
+
+
+def _check_table_scaled(weight: torch.Tensor, scale: torch.Tensor | None, out_dtype: torch.dtype) -> None:
+    """Rows with one float scale per table: fp8 (no per-row scales) or NVFP4 (e4m3 block-16 scales)."""
+    rows, width = weight.shape
+    if out_dtype not in OUT_KINDS:
+        raise EngramError(f"scaled rows dequantise into {' or '.join(map(str, OUT_KINDS))}; got {out_dtype}")
+    if weight.dtype == torch.float8_e4m3fn:
+        if scale is not None:
+            raise EngramError("fp8 rows take ue8m0 block scales or one table scale, not both")
+        return
+    if weight.dtype != torch.uint8:
+        raise EngramError(
+            f"a table scale goes with fp8 (float8_e4m3fn) or NVFP4 (uint8, two values a byte) rows; the weight is {weight.dtype}"
+        )
+    expected = (rows, 2 * width // NVFP4_BLOCK)
+    if (2 * width) % NVFP4_BLOCK:
+        raise EngramError(f"NVFP4 rows need a dim divisible by {NVFP4_BLOCK}; got {2 * width}")
+    if (
+        scale is None
+        or scale.dtype != torch.float8_e4m3fn
+        or tuple(scale.shape) != expected
+        or not scale.is_contiguous()
+    ):
+        got = "none" if scale is None else describe(scale)
+        raise EngramError(
+            f"NVFP4 rows need a contiguous float8_e4m3fn scale of shape {list(expected)} (one per block of {NVFP4_BLOCK}); got {got}"
+        )
+    if scale.device != weight.device:
+        raise EngramError(f"scale and weight must be on one device; got {scale.device} and {weight.device}")
 
 
 def check_out(ids: torch.Tensor, dim: int, out: torch.Tensor) -> None:
@@ -108,6 +158,15 @@ class GatherCall:
     out: torch.Tensor
     dedup: bool
     check: torch.Tensor | None
+    table_scale: float | None = None  # rows with one float scale per table (fp8, NVFP4)
+
+    @property
+    def quant(self) -> int | None:
+        return row_format(self.weight, self.scale, self.table_scale)[0]
+
+    @property
+    def dim(self) -> int:
+        return row_format(self.weight, self.scale, self.table_scale)[1]
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ SIGNATURES: dict[str, list[type]] = {
     "engram_readahead_cpu": [_VP, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, _I64P, ctypes.c_int64],
     "engram_gather_cpu": [
         _VP, _VP, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-        _I64P, _I64P, _I64P, ctypes.c_int64, _VP, ctypes.c_int, _I64P, ctypes.c_int,
+        _I64P, _I64P, _I64P, ctypes.c_int64, _VP, ctypes.c_int, ctypes.c_int, ctypes.c_float, _I64P, ctypes.c_int,
     ],
 }  # fmt: skip
 
@@ -93,15 +93,17 @@ def launch_gather(call: GatherCall) -> None:
         check_ids(call.check, table_rows)
     library = cpu_library()
     if library is None:
-        out.copy_(gather_reference(weight, scale, ids, call.row_start, table_rows, out.dtype))
+        out.copy_(gather_reference(weight, scale, ids, call.row_start, table_rows, out.dtype, call.table_scale))
         return
     flat, order, leader = kernel_ids(ids, call.dedup)
     bad = ctypes.c_int64(0)
+    quant = call.quant
     status = library.engram_gather_cpu(
-        weight.data_ptr() or None, scale.data_ptr() if scale is not None else None, weight.shape[0], weight.shape[1],
+        weight.data_ptr() or None, scale.data_ptr() if scale is not None else None, weight.shape[0], call.dim,
         weight.shape[1] * weight.element_size(), call.row_start, table_rows, ptr(flat),
         None if order is None else ptr(order), None if leader is None else ptr(leader), flat.numel(),
-        out.data_ptr() or None, 0 if scale is None else OUT_KINDS[out.dtype], ctypes.byref(bad), threads_for(flat.numel()),
+        out.data_ptr() or None, 0 if quant is None else OUT_KINDS[out.dtype], quant or 0,
+        1.0 if call.table_scale is None else call.table_scale, ctypes.byref(bad), threads_for(flat.numel()),
     )  # fmt: skip
     if status == 2:
         raise EngramError(f"row id {bad.value} is outside the table's {table_rows} rows (DEAD_ID is {DEAD_ID})")

@@ -27,7 +27,7 @@ from engram.memory import registration
 from engram.memory.mapping import map_anonymous
 from engram.ops import DEAD_ID, HASHERS, LAUNCHERS, OUT_KINDS, cpu, gather, kernel_ids
 from engram.ops.build import KERNELS, build_library
-from engram.ops.checks import GatherCall, HashCall
+from engram.ops.checks import GatherCall, HashCall, row_format
 
 _VP, _I64, _I64P = ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)
 SIGNATURES: dict[str, list[type]] = {
@@ -45,6 +45,8 @@ SIGNATURES: dict[str, list[type]] = {
         _I64,
         _VP,
         ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_float,
         _VP,
         ctypes.c_int,
         _VP,
@@ -281,6 +283,7 @@ def launch_cuda(call: GatherCall) -> None:
             call.out,
             flag,
             _max_blocks.get(),
+            call.table_scale,
         )
 
 
@@ -304,15 +307,17 @@ def gather_cuda(
     out: torch.Tensor,
     flag: torch.Tensor,
     max_blocks: int = 0,
+    table_scale: float | None = None,
 ) -> None:
     """engram_gather_cuda on the current stream, for ids as ops.kernel_ids gives them: the one place that
     spells out the C ABI call (the op and scripts/gpu_check.py's raw kernel checks both use it)."""
+    quant, dim = row_format(weight, scale, table_scale)
     status = library.engram_gather_cuda(
-        weight.data_ptr() or None, scale.data_ptr() if scale is not None and scale.numel() else None, weight.shape[0], weight.shape[1],
+        weight.data_ptr() or None, scale.data_ptr() if scale is not None and scale.numel() else None, weight.shape[0], dim,
         weight.shape[1] * weight.element_size(), row_start, table_rows, ids.data_ptr() or None,
         None if order is None else order.data_ptr(), None if leader is None else leader.data_ptr(), ids.numel(),
-        out.data_ptr() or None, 0 if scale is None else OUT_KINDS[out.dtype], flag.data_ptr(), max_blocks,
-        _stream(ids.device),
+        out.data_ptr() or None, 0 if quant is None else OUT_KINDS[out.dtype], quant or 0,
+        1.0 if table_scale is None else table_scale, flag.data_ptr(), max_blocks, _stream(ids.device),
     )  # fmt: skip
     check(library, status, "engram_gather_cuda")
 

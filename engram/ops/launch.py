@@ -10,7 +10,7 @@ import torch
 
 from engram.errors import EngramError
 from engram.ops import cpu
-from engram.ops.checks import ID_DTYPES, GatherCall, HashCall, check_gather_args, check_out, describe
+from engram.ops.checks import ID_DTYPES, GatherCall, HashCall, check_gather_args, check_out, describe, row_format
 
 Launch = Callable[[GatherCall], None]
 
@@ -28,6 +28,7 @@ def run_gather(
     out: torch.Tensor,
     dedup: bool = False,
     check: torch.Tensor | None = None,
+    table_scale: float | None = None,
 ) -> None:
     """The one body of engram::gather and engram::gather_into on every device: check every argument,
     then launch the device's kernel. A dtype conversion the kernels do not make (rows stored as one float
@@ -41,16 +42,16 @@ def run_gather(
         for name, t in (("weight", weight), ("scale", scale), ("out", out)):
             if t is not None and t.device.type != "cpu":
                 raise EngramError(f"ids are on the CPU but {name} is on {t.device}: put them on one device")
-    check_gather_args(weight, scale, ids, row_start, table_rows, out.dtype)
-    check_out(ids, weight.shape[1], out)
+    check_gather_args(weight, scale, ids, row_start, table_rows, out.dtype, table_scale)
+    check_out(ids, row_format(weight, scale, table_scale)[1], out)
     if check is not None and (check.dtype not in ID_DTYPES or check.device != ids.device):
         raise EngramError(f"check must hold int64 or int32 row ids on {ids.device}; got {describe(check)}")
-    if scale is None and out.dtype != weight.dtype:
+    if scale is None and table_scale is None and out.dtype != weight.dtype:
         raw = torch.empty(out.shape, dtype=weight.dtype, device=out.device)
         launch(GatherCall(weight, None, ids, row_start, table_rows, raw, dedup, check))
         out.copy_(raw)
     else:
-        launch(GatherCall(weight, scale, ids, row_start, table_rows, out, dedup, check))
+        launch(GatherCall(weight, scale, ids, row_start, table_rows, out, dedup, check, table_scale))
 
 
 HashLaunch = Callable[[HashCall], None]

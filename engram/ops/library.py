@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from engram.memory.mapping import empty_cpu
+from engram.ops.checks import row_format
 from engram.ops.launch import run_gather, run_hash
 
 
@@ -22,14 +23,15 @@ def _gather(
     out_dtype: torch.dtype,
     dedup: bool = False,
     check: torch.Tensor | None = None,
+    table_scale: float | None = None,
 ) -> torch.Tensor:
-    shape = (*ids.shape, weight.shape[1])
+    shape = (*ids.shape, row_format(weight, scale, table_scale)[1])
     out = (
         empty_cpu(shape, out_dtype)
         if ids.device.type == "cpu"
         else torch.empty(shape, dtype=out_dtype, device=ids.device)
     )
-    run_gather(weight, scale, ids, row_start, table_rows, out, dedup, check)
+    run_gather(weight, scale, ids, row_start, table_rows, out, dedup, check, table_scale)
     return out
 
 
@@ -42,8 +44,9 @@ def _gather_fake(
     out_dtype: torch.dtype,
     dedup: bool = False,
     check: torch.Tensor | None = None,
+    table_scale: float | None = None,
 ) -> torch.Tensor:
-    return ids.new_empty((*ids.shape, weight.shape[1]), dtype=out_dtype)
+    return ids.new_empty((*ids.shape, row_format(weight, scale, table_scale)[1]), dtype=out_dtype)
 
 
 def _no_result(*args: object) -> None:
@@ -58,13 +61,13 @@ def _no_result(*args: object) -> None:
 OPS: dict[str, tuple[str, Callable[..., Any], Callable[..., Any]]] = {  # name: schema, kernel, fake kernel
     "gather": (
         "(Tensor weight, Tensor? scale, Tensor ids, int row_start, int table_rows, ScalarType out_dtype, "
-        "bool dedup=False, Tensor? check=None) -> Tensor",
+        "bool dedup=False, Tensor? check=None, float? table_scale=None) -> Tensor",
         _gather,
         _gather_fake,
     ),
     "gather_into": (
         "(Tensor weight, Tensor? scale, Tensor ids, int row_start, int table_rows, Tensor(a!) out, "
-        "bool dedup=False, Tensor? check=None) -> ()",
+        "bool dedup=False, Tensor? check=None, float? table_scale=None) -> ()",
         run_gather,
         _no_result,
     ),
@@ -89,7 +92,8 @@ for _name, (_schema, _kernel, _fake) in OPS.items():
 # table of `table_rows` rows, in out_dtype. DEAD_ID and rows of other shards read zeros. Any device: a
 # fresh output, filled by that device's kernel. `dedup` takes the sorted form (each distinct row read
 # once, in address order; see use_sorted). `check`: more ids to range-check alike (a head shard's peers
-# read the step's other columns: all ranks must agree).
+# read the step's other columns: all ranks must agree). `table_scale`: rows with one float scale per
+# table, fp8 (weight float8_e4m3fn, no scale) or NVFP4 (weight uint8 [rows, dim/2], scale e4m3 [rows, dim/16]).
 gather = torch.ops.engram.gather.default
 
 # gather_into(..., out, dedup=False, check=None): the same into a buffer the caller keeps ([.., dim], its

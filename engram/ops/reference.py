@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import torch
 
-from engram.ops.checks import SCALE_BLOCK, check_gather_args, check_ids
+from engram.ops.checks import (
+    NVFP4_BLOCK,
+    QUANT_NVFP4,
+    SCALE_BLOCK,
+    check_gather_args,
+    check_ids,
+    row_format,
+)
+
+E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
 
 
 def gather_reference(
@@ -15,10 +24,14 @@ def gather_reference(
     row_start: int,
     table_rows: int,
     out_dtype: torch.dtype,
+    table_scale: float | None = None,
 ) -> torch.Tensor:
     """The gather in plain torch: what every kernel is tested against, and the fallback."""
-    check_gather_args(weight, scale, ids, row_start, table_rows, out_dtype)
+    check_gather_args(weight, scale, ids, row_start, table_rows, out_dtype, table_scale)
     check_ids(ids, table_rows)
+    quant, dim = row_format(weight, scale, table_scale)
+    if table_scale is not None:
+        return _table_scaled(weight, scale, ids, row_start, out_dtype, table_scale, quant == QUANT_NVFP4, dim)
     flat = ids.reshape(-1).to(torch.int64)
     local = flat - row_start
     owned = (flat >= 0) & (local >= 0) & (local < weight.shape[0])
@@ -38,6 +51,37 @@ def gather_reference(
         values = rows.to(out_dtype)
     values[~owned] = 0
     return values.view(*ids.shape, weight.shape[1])
+
+
+def _table_scaled(
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    ids: torch.Tensor,
+    row_start: int,
+    out_dtype: torch.dtype,
+    table_scale: float,
+    nvfp4: bool,
+    dim: int,
+) -> torch.Tensor:
+    """Rows with one scale per table, as vLLM 0.33 dequantises Qwen4Exp's: fp8 times the scale cast to the
+    output dtype; NVFP4 as (e2m1 value * its block's e4m3 scale) * the table scale, in float."""
+    flat = ids.reshape(-1).to(torch.int64)
+    local = flat - row_start
+    owned = (flat >= 0) & (local >= 0) & (local < weight.shape[0])
+    index = torch.where(owned, local, 0)
+    rows = weight.index_select(0, index) if weight.shape[0] else weight.new_zeros((flat.numel(), weight.shape[1]))
+    if nvfp4:
+        assert scale is not None
+        scales = scale.index_select(0, index) if scale.shape[0] else scale.new_zeros((flat.numel(), scale.shape[1]))
+        codes = torch.stack([rows & 0xF, rows >> 4], dim=2).reshape(flat.numel(), dim).long()
+        blocks = scales.float().repeat_interleave(NVFP4_BLOCK, dim=1)
+        values = (E2M1[codes] * blocks) * torch.tensor(table_scale, dtype=torch.float32)
+    else:
+        factor = torch.tensor(table_scale, dtype=torch.float32).to(out_dtype).float()
+        values = rows.float() * factor
+    values = values.to(out_dtype)
+    values[~owned] = 0
+    return values.view(*ids.shape, dim)
 
 
 def ngram_hash_reference(

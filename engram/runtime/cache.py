@@ -18,12 +18,12 @@ from engram.errors import EngramError
 from engram.ops import DEAD_ID, gather
 from engram.runtime.checkpoints.files import check_regular
 from engram.runtime.placement.filemap import files_named_on_fault
-from engram.runtime.placement.storage import SCALE_DTYPE, TableShard
+from engram.runtime.placement.storage import TableShard
 
 
 @dataclass(frozen=True)
 class HotRows:
-    """Cached rows of one shard: `ids` ascending global row ids, `weight` (and fp8 `scale`) their rows."""
+    """Cached rows of one shard: `ids` ascending global row ids, `weight` (and `scale`) their rows as stored."""
 
     ids: torch.Tensor
     weight: torch.Tensor
@@ -67,7 +67,7 @@ def _rows(shard: TableShard, part: torch.Tensor, rows: torch.Tensor) -> torch.Te
     gather kernel, so a file-backed table whose file shrank is an error here too, never SIGBUS."""
     if part.device.type != "cpu":
         return part.index_select(0, rows.to(part.device) - shard.row_start)
-    raw = part.view(torch.uint8) if part.dtype == SCALE_DTYPE else part
+    raw = part.view(torch.uint8) if part.dtype == torch.float8_e8m0fnu else part  # not a table dtype
     out: torch.Tensor = gather(raw, None, rows, shard.row_start, shard.row_stop, raw.dtype)
     return out.view(part.dtype)
 
@@ -82,16 +82,16 @@ def cached_gather(
     out_dtype: torch.dtype,
     dedup: bool = False,
     check: torch.Tensor | None = None,
+    table_scale: float | None = None,
 ) -> torch.Tensor:
     """engram::gather with hits served from `cache`: the same rows, bit for bit."""
     flat = ids.reshape(-1).to(torch.int64)
     slot = torch.searchsorted(cache.ids, flat).clamp_(max=cache.ids.numel() - 1)
     hit = cache.ids[slot] == flat
-    from_cache = gather(
-        cache.weight, cache.scale, torch.where(hit, slot, DEAD_ID).view(ids.shape), 0, cache.ids.numel(), out_dtype
-    )
+    slots = torch.where(hit, slot, DEAD_ID).view(ids.shape)
+    from_cache = gather(cache.weight, cache.scale, slots, 0, cache.ids.numel(), out_dtype, table_scale=table_scale)
     misses = torch.where(hit, DEAD_ID, flat).view(ids.shape)  # an id outside the table never hits: the host path raises
-    from_host = gather(weight, scale, misses, row_start, table_rows, out_dtype, dedup, check)
+    from_host = gather(weight, scale, misses, row_start, table_rows, out_dtype, dedup, check, table_scale)
     return torch.where(hit.view(*ids.shape, 1), from_cache, from_host)
 
 

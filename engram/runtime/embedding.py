@@ -46,6 +46,9 @@ class EngramEmbedding(nn.Module):
             )
         self.weight = nn.Parameter(shard.weight, requires_grad=False)
         self.scale = nn.Parameter(shard.scale, requires_grad=False) if shard.scale is not None else None
+        # fp8-table and nvfp4: one float32 in host memory, passed to the kernels by value (no device read)
+        table_scale = shard.table_scale
+        self.table_scale = nn.Parameter(table_scale, requires_grad=False) if table_scale is not None else None
         self.plan = plan
         self.columns = columns
         self.dim = shard.format.dim
@@ -90,7 +93,9 @@ class EngramEmbedding(nn.Module):
         if self.group is None:
             if out is not None and self.cache is None and not (self.staged and ids.is_cuda):
                 dedup = use_sorted(ids.numel(), self.weight, ids.device)
-                gather_into(self.weight, self.scale, ids, plan.row_start, plan.table_rows, out, dedup)
+                gather_into(
+                    self.weight, self.scale, ids, plan.row_start, plan.table_rows, out, dedup, None, self._scale_value()
+                )
                 return out
             local = self._gather_local(ids)
             return local if out is None else out.copy_(local)
@@ -110,17 +115,24 @@ class EngramEmbedding(nn.Module):
         if self.staged and ids.is_cuda:  # host threads read the file's pages; one copy to the GPU
             host_check = None if check is None else check.cpu()
             staged: torch.Tensor = gather(
-                self.weight, self.scale, ids.cpu(), plan.row_start, plan.table_rows, self.out_dtype, dedup, host_check
-            )
+                self.weight, self.scale, ids.cpu(), plan.row_start, plan.table_rows, self.out_dtype, dedup, host_check,
+                self._scale_value(),
+            )  # fmt: skip
             return staged.pin_memory().to(ids.device, non_blocking=True)
         if self.cache is not None:
             return cached_gather(
-                self.cache, self.weight, self.scale, ids, plan.row_start, plan.table_rows, self.out_dtype, dedup, check
-            )
+                self.cache, self.weight, self.scale, ids, plan.row_start, plan.table_rows, self.out_dtype, dedup, check,
+                self._scale_value(),
+            )  # fmt: skip
         rows: torch.Tensor = gather(
-            self.weight, self.scale, ids, plan.row_start, plan.table_rows, self.out_dtype, dedup, check
-        )
+            self.weight, self.scale, ids, plan.row_start, plan.table_rows, self.out_dtype, dedup, check,
+            self._scale_value(),
+        )  # fmt: skip
         return rows
+
+    def _scale_value(self) -> float | None:
+        """The table scale as the kernels take it, read at each call: a weight loader may set it late."""
+        return None if self.table_scale is None else float(self.table_scale[0])
 
     def _combine_heads(self, rows: torch.Tensor) -> torch.Tensor:
         group = self.group

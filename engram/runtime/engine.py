@@ -18,7 +18,7 @@ from engram.memory.host import HostLimits, check_pinned_bytes
 from engram.memory.registration import CudaRuntime
 from engram.ngram.spec import ModelSpec
 from engram.runtime.cache import caches_for, read_profile
-from engram.runtime.checkpoints.loader import Checkpoint, shard_weight_loader
+from engram.runtime.checkpoints.loader import Checkpoint, shard_weight_loader, table_scale_loader
 from engram.runtime.dist import Group, new_group, timeout_s
 from engram.runtime.embedding import EngramEmbedding, gather_replica_ids
 from engram.runtime.nodes import align_to_nodes
@@ -186,9 +186,13 @@ class EngramTables:
         ]
         for layer in layers:  # engines that load checkpoints themselves call param.weight_loader(param, tensor)
             shard = shards[mine.tables.index(layer.plan)]
-            for part, param in (("weight", layer.weight), ("scale", layer.scale)):
+            f = shard.format.row_format
+            for suffix, param in (("weight", layer.weight), (f.scale_name, layer.scale)):
                 if param is not None:
-                    param.weight_loader = shard_weight_loader(shard, f"{shard.name}.{part}", groups.shm)  # type: ignore[attr-defined]
+                    param.weight_loader = shard_weight_loader(shard, f"{shard.name}.{suffix}", groups.shm)  # type: ignore[attr-defined]
+            if layer.table_scale is not None:
+                loader = table_scale_loader(shard, f"{shard.name}.{f.table_scale_name}", groups.shm)
+                layer.table_scale.weight_loader = loader  # type: ignore[attr-defined]
         return cls(plan, mine, groups, shards, layers, device)
 
     def lookup(self, rows: torch.Tensor) -> list[torch.Tensor]:

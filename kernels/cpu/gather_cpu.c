@@ -1,5 +1,6 @@
 /* CPU twin of the gather: every argument is checked first (nothing is read or written if one is wrong),
- * then rows are copied or dequantised in parallel. Row math is engram_dequant_row, shared with CUDA.
+ * then rows are copied or dequantised in parallel. Row math is shared with CUDA (engram_common.h): fp8 with
+ * block-32 scales in steps of the CUDA gather's loads, per-table fp8 and NVFP4 value by value.
  *
  * The sorted form (order and leader given) reads each distinct row once, in address order, then copies it
  * to the other positions that asked for it: the access pattern that makes host tables fast on a GPU.
@@ -52,8 +53,18 @@ typedef struct {
     const uint8_t* weight;
     const uint8_t* scale;
     int64_t shard_rows, dim, row_bytes, row_start, out_bytes;
-    int out_kind, vec;
+    int out_kind, vec, quant;
+    float table_scale; /* FP8_TABLE and NVFP4 (engram_table_scale for FP8_TABLE) */
 } table_t;
+
+/* A row stored one scale per table (FP8_TABLE) or as NVFP4, value by value. */
+static void dequant_scaled_row_cpu(const table_t* t, const uint8_t* w, const uint8_t* s, uint8_t* out) {
+    for (int64_t i = 0; i < t->dim; ++i) {
+        const float v = engram_dequant_value(t->quant, w, s, i, t->table_scale);
+        if (t->out_kind == ENGRAM_OUT_F32) ((float*)out)[i] = v;
+        else ((uint16_t*)out)[i] = engram_float_to_bf16(v);
+    }
+}
 
 static void prefetch_row(const table_t* t, int64_t id) {
     const int64_t local = id - t->row_start;
@@ -69,6 +80,9 @@ static void read_row(const table_t* t, int64_t id, uint8_t* dst) {
         memset(dst, 0, (size_t)t->out_bytes);
     } else if (t->out_kind == ENGRAM_OUT_RAW) {
         memcpy(dst, t->weight + local * t->row_bytes, (size_t)t->row_bytes);
+    } else if (t->quant != ENGRAM_QUANT_FP8_BLOCK32) {
+        const int64_t scale_bytes = engram_quant_scale_bytes(t->quant, t->dim);
+        dequant_scaled_row_cpu(t, t->weight + local * t->row_bytes, t->scale ? t->scale + local * scale_bytes : NULL, dst);
     } else {
         dequant_row_cpu(t->weight + local * t->row_bytes, t->scale + local * (t->dim / 32), t->dim, t->out_kind, t->vec, dst);
     }
@@ -133,18 +147,22 @@ static __attribute__((noinline)) int read_part(const table_t* t, const int64_t* 
 
 int engram_gather_cpu(const uint8_t* weight, const uint8_t* scale, int64_t shard_rows, int64_t dim, int64_t row_bytes,
                       int64_t row_start, int64_t table_rows, const int64_t* ids, const int64_t* order,
-                      const int64_t* leader, int64_t n, uint8_t* out, int out_kind, int64_t* bad_id, int num_threads) {
+                      const int64_t* leader, int64_t n, uint8_t* out, int out_kind, int quant, float table_scale,
+                      int64_t* bad_id, int num_threads) {
     if (n < 0 || shard_rows < 0 || dim < 1 || row_bytes < 1 || num_threads < 1 || row_start < 0) return ENGRAM_ERR_ARGUMENT;
     if (out_kind != ENGRAM_OUT_RAW && out_kind != ENGRAM_OUT_F32 && out_kind != ENGRAM_OUT_BF16) return ENGRAM_ERR_ARGUMENT;
-    if (out_kind != ENGRAM_OUT_RAW && (dim % 32 || row_bytes != dim)) return ENGRAM_ERR_ARGUMENT;
+    const int scaled = out_kind != ENGRAM_OUT_RAW;
+    if (scaled && (engram_quant_row_bytes(quant, dim) == 0 || row_bytes != engram_quant_row_bytes(quant, dim))) return ENGRAM_ERR_ARGUMENT;
+    const int needs_scale = scaled && engram_quant_scale_bytes(quant, dim) > 0;
     if ((order == NULL) != (leader == NULL)) return ENGRAM_ERR_ARGUMENT;
     if (n == 0) return ENGRAM_OK;
-    if (!ids || !out || !bad_id || (shard_rows && (!weight || (out_kind != ENGRAM_OUT_RAW && !scale)))) return ENGRAM_ERR_ARGUMENT;
+    if (!ids || !out || !bad_id || (shard_rows && (!weight || (needs_scale && !scale)))) return ENGRAM_ERR_ARGUMENT;
     const int range = check_range(ids, n, table_rows, bad_id, num_threads);
     if (range != ENGRAM_OK) return range;
+    const float factor = quant == ENGRAM_QUANT_FP8_TABLE ? engram_table_scale(table_scale, out_kind) : table_scale;
     const table_t t = {weight, scale, shard_rows, dim, row_bytes, row_start,
                        out_kind == ENGRAM_OUT_RAW ? row_bytes : dim * (out_kind == ENGRAM_OUT_F32 ? 4 : 2), out_kind,
-                       engram_vector_bytes((uintptr_t)weight, row_bytes)};
+                       engram_vector_bytes((uintptr_t)weight, row_bytes), quant, factor};
     if (order != NULL) {
         const int sorted = check_sorted(ids, order, leader, n);
         if (sorted != ENGRAM_OK) return sorted;

@@ -15,9 +15,9 @@ int stub_registered(void) { return registered; }
 
 int engram_gather_cuda(const void* w, const void* s, int64_t rows, int64_t dim, int64_t rb, int64_t start, int64_t table,
                        const int64_t* ids, const int64_t* order, const int64_t* leader, int64_t n, void* out, int kind,
-                       int* flag, int max_blocks, void* stream) {
+                       int quant, float table_scale, int* flag, int max_blocks, void* stream) {
     (void)w; (void)s; (void)rows; (void)dim; (void)rb; (void)start; (void)table; (void)ids; (void)order; (void)leader; (void)n;
-    (void)out; (void)kind; (void)flag; (void)max_blocks; (void)stream;
+    (void)out; (void)kind; (void)quant; (void)table_scale; (void)flag; (void)max_blocks; (void)stream;
     return next_status;
 }
 int engram_check_ids_cuda(const int64_t* ids, int64_t n, int64_t lo, int64_t hi, int* flag, void* stream) {

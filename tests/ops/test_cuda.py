@@ -51,13 +51,15 @@ def stub() -> ctypes.CDLL:
 def test_status_codes(stub: ctypes.CDLL) -> None:
     stub.stub_set(0, 0, 0, 0)
     cuda.check(
-        stub, stub.engram_gather_cuda(None, None, 0, 1, 1, 0, 0, None, None, None, 0, None, 0, None, 0, None), "gather"
+        stub,
+        stub.engram_gather_cuda(None, None, 0, 1, 1, 0, 0, None, None, None, 0, None, 0, 0, 1.0, None, 0, None),
+        "gather",
     )
     stub.stub_set(3, 2, 0, 0)
     with pytest.raises(EngramError, match=r"^engram_gather_cuda failed: CUDA error 2 \(out of memory\)$"):
         cuda.check(
             stub,
-            stub.engram_gather_cuda(None, None, 0, 1, 1, 0, 0, None, None, None, 0, None, 0, None, 0, None),
+            stub.engram_gather_cuda(None, None, 0, 1, 1, 0, 0, None, None, None, 0, None, 0, 0, 1.0, None, 0, None),
             "engram_gather_cuda",
         )
     stub.stub_set(1, 0, 0, 0)

@@ -75,7 +75,7 @@ def call_cpu(
     bad = ctypes.c_int64(0)
     status = library.engram_gather_cpu(
         weight.data_ptr(), None, weight.shape[0], weight.shape[1], weight.shape[1] * weight.element_size(), 0,
-        weight.shape[0], cpu.ptr(ids), cpu.ptr(order), cpu.ptr(leader), ids.numel(), out.data_ptr(), 0,
+        weight.shape[0], cpu.ptr(ids), cpu.ptr(order), cpu.ptr(leader), ids.numel(), out.data_ptr(), 0, 0, 1.0,
         ctypes.byref(bad), 1,
     )  # fmt: skip
     return int(status)

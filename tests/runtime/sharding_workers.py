@@ -98,9 +98,11 @@ def reload_with_weight_loaders(tables: EngramTables, checkpoint: str, wipe_first
     the checkpoint itself would (private tables are wiped first, so the lookups below prove the reload)."""
     files = Checkpoint(checkpoint)
     done = set()
+    f = tables.shards[0].format.row_format
     for layer in tables.layers:
-        for part, param in (("weight", layer.weight), ("scale", layer.scale)):
-            name = f"{layer.plan.table}.{part}"
+        parts = (("weight", layer.weight), (f.scale_name, layer.scale), (f.table_scale_name, layer.table_scale))
+        for suffix, param in parts:
+            name = f"{layer.plan.table}.{suffix}"
             if param is None or name in done:
                 continue
             done.add(name)

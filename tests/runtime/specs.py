@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from engram.ngram.spec import ModelSpec
 
 DS7 = ModelSpec(  # 7 heads: 2 ranks split them 4 + 3
@@ -48,4 +50,5 @@ QWEN = ModelSpec(
     },
     dtype="bf16",
 )
-SPECS = {spec.name: spec for spec in (DS7, DS3, QWEN)}
+QWEN_NVFP4 = dataclasses.replace(QWEN, name="qwen-nvfp4", dtype="nvfp4")  # vLLM's NVFP4 PLE tables
+SPECS = {spec.name: spec for spec in (DS7, DS3, QWEN, QWEN_NVFP4)}

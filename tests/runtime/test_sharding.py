@@ -131,7 +131,7 @@ def test_vllm_layout_groups() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize(("tp", "dp"), [(1, 1), (2, 1), (1, 2), (2, 2)])
 def test_sharded_equals_unsharded(tp: int, dp: int, checkpoints: dict[str, str], shm_tmp: Path) -> None:
-    names = ["ds7", "ds3", "qwen-small"]
+    names = ["ds7", "ds3", "qwen-small", *(["qwen-nvfp4"] if tp * dp == 4 else [])]
     reports = values(run_local(tp * dp, sharding_workers.check_all, tp, dp, dp, checkpoints, names, timeout=600))
     configs = len(sharding_workers.valid_configs(ParallelConfig(tensor_parallel_size=tp, data_parallel_size=dp)))
     assert configs == (14 if dp > 1 else 6)  # DP > 1: 8 in vLLM 0.33's layout, 6 unshared in the replica layout

@@ -229,12 +229,42 @@ def deepseek_ids_case(case: dict) -> dict:
     return {"ids": ids.tolist()}
 
 
+def ple_rows_case(case: dict) -> dict:
+    """Qwen4Exp PLE rows as vLLM 0.33 returns them for a table in `case["dtype"]`: FP8, F.embedding then
+    Qwen4ExpPLEFp8EmbeddingMethod.dequantize (rows times the scale, in the output dtype); NVFP4, its
+    Triton lookup kernel (_lookup_nvfp4_ple_embedding_kernel, under the interpreter)."""
+    import vllm.models.qwen4_exp.common.ngram_embedding as ple
+    from vllm.triton_utils import triton
+
+    out_dtype = getattr(torch, case["out_dtype"])
+    weight = torch.tensor(case["weight"], dtype=torch.uint8)
+    ids = torch.tensor(case["ids"], dtype=torch.int64)
+    table_scale = torch.tensor([case["table_scale"]], dtype=torch.float32)
+    if case["dtype"] == "fp8-table":
+        weight = weight.view(torch.float8_e4m3fn)
+        layer = SimpleNamespace(weight_scale=table_scale)
+        rows = torch.nn.functional.embedding(ids, weight)
+        out = ple.Qwen4ExpPLEFp8EmbeddingMethod().dequantize(layer, rows, out_dtype)
+    else:
+        scale = torch.tensor(case["scale"], dtype=torch.uint8)
+        dim = weight.shape[1] * 2
+        # Triton's interpreter truncates a float32 stored into bf16, where the GPU's store rounds to nearest
+        # even: the kernel writes float32 here, and torch rounds it as the GPU would.
+        out = torch.empty(ids.numel(), dim, dtype=torch.float32)
+        ple._lookup_nvfp4_ple_embedding_kernel[(ids.numel(),)](
+            weight, scale, table_scale, ids, out, dim, 0, weight.shape[0], BLOCK_D=triton.next_power_of_2(dim)
+        )
+        out = out.to(out_dtype)
+    return {"bits": out.view(torch.int16 if out_dtype == torch.bfloat16 else torch.int32).tolist()}
+
+
 KINDS = {
     "config": config_case,
     "qwen_ids": qwen_ids_case,
     "checkpoint_config": checkpoint_config_case,
     "deepseek_layout": deepseek_layout_case,
     "deepseek_ids": deepseek_ids_case,
+    "ple_rows": ple_rows_case,
 }
 
 for line in sys.stdin:

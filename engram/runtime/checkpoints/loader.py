@@ -30,7 +30,7 @@ from engram.ngram.spec import ModelSpec
 from engram.runtime.checkpoints.digests import verify_files
 from engram.runtime.checkpoints.files import check_regular
 from engram.runtime.dist import Group, barrier
-from engram.runtime.placement.storage import SCALE_BLOCK, SCALE_DTYPE, WEIGHT_DTYPES, TableShard
+from engram.runtime.placement.storage import ShardFormat, TableShard
 
 SAFETENSORS_DTYPES = {
     "F8_E4M3": torch.float8_e4m3fn,
@@ -322,13 +322,28 @@ class Checkpoint:
         self.shapes[name] = (shape, dtype)
 
 
-def expected_parts(shard: TableShard) -> dict[str, tuple[int, torch.dtype]]:
-    """The checkpoint tensors of a table, by part: width and dtype of their rows."""
-    fmt = shard.format
-    out = {"weight": (fmt.dim, WEIGHT_DTYPES[fmt.dtype])}
-    if fmt.scaled:
-        out["scale"] = (fmt.dim // SCALE_BLOCK, SCALE_DTYPE)
+def expected_parts(fmt: ShardFormat) -> dict[str, tuple[str, int, torch.dtype]]:
+    """A table's row tensors in the checkpoint, by part ("weight", "scale"): suffix, width and dtype."""
+    f = fmt.row_format
+    out = {"weight": ("weight", fmt.weight_shape[1], f.weight)}
+    if f.scale is not None:
+        out["scale"] = (f.scale_name, fmt.scale_shape[1], f.scale)
     return out
+
+
+def table_scale_tensor(checkpoint: Checkpoint, table: str, fmt: ShardFormat) -> tuple[str | None, str | None]:
+    """(name, problem) of a table's scale in the checkpoint: float32, of shape [] or [1] (vLLM's per-tensor
+    scale loader takes both); (None, None) for formats without one."""
+    f = fmt.row_format
+    if not f.table_scale:
+        return None, None
+    name = f"{table}.{f.table_scale_name}"
+    if name not in checkpoint.shapes:
+        return name, f"{name} is missing: the table's {fmt.dtype} rows need their float32 scale"
+    shape, dtype = checkpoint.shapes[name]
+    if shape not in ((), (1,)) or dtype != torch.float32:
+        return name, f"{name} is {dtype} {list(shape)}, the model needs one float32 (shape [] or [1])"
+    return name, None
 
 
 @dataclass(frozen=True)
@@ -423,6 +438,21 @@ def shard_weight_loader(
     return load
 
 
+def table_scale_loader(shard: TableShard, tensor: str, group: Group | None) -> Callable[..., None]:
+    """The weight loader of a shard's table scale, `(param, loaded)`: one float32 ([] or [1]), written by
+    the group's leader only, with the same barrier as the row loaders."""
+
+    def load(param: torch.Tensor, loaded: torch.Tensor) -> None:
+        if loaded.numel() != 1 or loaded.dtype != torch.float32:
+            raise EngramError(f"{tensor}: a table scale is one float32, got {loaded.dtype} {list(loaded.shape)}")
+        if shard.placement != "file" and (group is None or group.rank == 0):
+            param.data.copy_(loaded.reshape(1))
+        if group is not None:
+            barrier(group, f"load {tensor}")
+
+    return load
+
+
 def _copy_rows(rows: torch.Tensor, param: torch.Tensor, on_bytes: Callable[[int], None] | None) -> None:
     step = max(1, COPY_CHUNK // max(1, rows[:1].numel() * rows.element_size()))
     for start in range(0, rows.shape[0], step):
@@ -446,11 +476,15 @@ def load_shards(
     time left) appears for loads that take over a second; `on_bytes` hears of every chunk copied."""
     wanted: list[tuple[str, TableShard, str, Piece]] = []
     problems = []
+    scales: list[tuple[str, TableShard]] = []
     for shard in shards:
-        for part, (width, dtype) in expected_parts(shard).items():
-            pieces, found = table_pieces(checkpoint.shapes, shard.name, part, table_rows[shard.name], width, dtype)
+        for part, (suffix, width, dtype) in expected_parts(shard.format).items():
+            pieces, found = table_pieces(checkpoint.shapes, shard.name, suffix, table_rows[shard.name], width, dtype)
             problems += found
             wanted += [(piece.tensor, shard, part, piece) for piece in pieces]
+        name, problem = table_scale_tensor(checkpoint, shard.name, shard.format)
+        problems += [problem] if problem else []
+        scales += [(name, shard)] if name and not problem else []
     if problems:
         raise EngramError("checkpoint does not match the model: " + "; ".join(problems))
     writer = group is None or group.rank == 0
@@ -469,6 +503,8 @@ def load_shards(
             source = checkpoint.files.get(name)
             loaded = None if source is not None else checkpoint.sources[name]()  # safetensors: read from the file
             shard_weight_loader(shard, name, group, count, source)(param, loaded, checkpoint_start=piece.start)
+        for name, shard in sorted(scales, key=lambda s: s[0]):
+            table_scale_loader(shard, name, group)(shard.table_scale, checkpoint.sources[name]())
     return (
         sum(t.numel() * t.element_size() for s in shards for t in (s.weight, s.scale) if t is not None) if writer else 0
     )

@@ -1,8 +1,8 @@
 """Deterministic synthetic checkpoints in the real tensor naming, for tests and the demo.
 
-`{table}.weight` [rows, D] and, for fp8, `{table}.scale` [rows, D/32] (ue8m0: one power-of-two scale per
-block of 32, chosen so the block's largest value fits e4m3's range), plus a config.json with the
-model's architecture and n-gram fields in the layout vLLM 0.33 reads (hf_config). Same preset, dtype and seed: same bytes."""
+`{table}.weight` [rows, D] and the scales of its row format (engram.ops.formats, quantize), plus a
+config.json with the model's architecture and n-gram fields in the layout vLLM 0.33 reads (hf_config).
+Same preset, dtype and seed: same bytes."""
 
 from __future__ import annotations
 
@@ -17,35 +17,42 @@ from safetensors.torch import save_file
 
 from engram.errors import EngramError
 from engram.ngram.spec import ModelSpec
+from engram.ops.formats import FORMATS
 from engram.runtime.checkpoints.digests import write_manifest
-from engram.runtime.placement.storage import SCALE_BLOCK, SCALE_DTYPE, WEIGHT_DTYPES, ShardFormat
+from engram.runtime.checkpoints.quantize import E2M1_MAX, E4M3_MAX, quantize_fp8, quantize_fp8_table, quantize_nvfp4
+from engram.runtime.placement.storage import ShardFormat
 
-E4M3_MAX = 448.0
+TABLE_RANGE = 0.25  # what a table scale covers in the synthetic tables
 TORCH_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+VLLM_PLE_DTYPES = {"fp8-table": "float8_e4m3fn", "nvfp4": "nvfp4"}  # Qwen4Exp's ple_embedding_dtype
 CHUNK_ROWS = 1 << 16
 
 
-def quantize_fp8(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """float32 [rows, D] -> (e4m3 [rows, D], ue8m0 [rows, D/32]) with value = fp8 * 2^(e - 127)."""
-    blocks = values.view(values.shape[0], -1, SCALE_BLOCK)
-    amax = blocks.abs().amax(dim=2).clamp_min(2.0**-100)
-    scale = torch.exp2(torch.ceil(torch.log2(amax / E4M3_MAX)))
-    quantized = (blocks / scale[:, :, None]).to(torch.float8_e4m3fn).view(values.shape)
-    return quantized, scale.to(SCALE_DTYPE)
-
-
 def synthetic_table(rows: int, dim: int, dtype: str, seed: int) -> dict[str, torch.Tensor]:
+    """A table's checkpoint tensors by suffix (weight, block scales, the table scale), drawn from one seed:
+    normal values of spread 0.05, clamped to [-0.25, 0.25] where a table scale must cover them."""
+    f = FORMATS[dtype]
     generator = torch.Generator().manual_seed(seed)
-    weight = torch.empty((rows, dim), dtype=WEIGHT_DTYPES[dtype])
-    scale = torch.empty((rows, dim // SCALE_BLOCK), dtype=SCALE_DTYPE) if dtype == "fp8" else None
+    weight = torch.empty((rows, f.weight_width(dim)), dtype=f.weight)
+    scale = torch.empty((rows, f.scale_width(dim)), dtype=f.scale) if f.scale is not None else None
+    table_scale = TABLE_RANGE / (E4M3_MAX if dtype == "fp8-table" else E2M1_MAX * E4M3_MAX)
     for start in range(0, rows, CHUNK_ROWS):
         stop = min(rows, start + CHUNK_ROWS)
         values = torch.randn((stop - start, dim), generator=generator) * 0.05
-        if scale is not None:
-            weight[start:stop], scale[start:stop] = quantize_fp8(values)
+        if dtype == "fp8":
+            weight[start:stop], scale[start:stop] = quantize_fp8(values)  # type: ignore[index]
+        elif dtype == "fp8-table":
+            weight[start:stop] = quantize_fp8_table(values, table_scale)
+        elif dtype == "nvfp4":
+            weight[start:stop], scale[start:stop] = quantize_nvfp4(values.clamp(-TABLE_RANGE, TABLE_RANGE), table_scale)  # type: ignore[index]
         else:
             weight[start:stop] = values.to(weight.dtype)
-    return {"weight": weight} if scale is None else {"weight": weight, "scale": scale}
+    out = {"weight": weight}
+    if scale is not None:
+        out[f.scale_name] = scale
+    if f.table_scale:
+        out[f.table_scale_name] = torch.tensor(table_scale, dtype=torch.float32)
+    return out
 
 
 def hf_config(spec: ModelSpec, dtype: str, seed: int) -> dict[str, Any]:
@@ -59,6 +66,8 @@ def hf_config(spec: ModelSpec, dtype: str, seed: int) -> dict[str, Any]:
     if spec.family == "qwen":
         fields.setdefault("seed", fields.pop("ngram_seed", 1234))
         fields["dtype"] = TORCH_NAMES.get(dtype, "bfloat16")
+        if dtype in VLLM_PLE_DTYPES:
+            fields["ple_embedding_dtype"] = VLLM_PLE_DTYPES[dtype]
         return {"architectures": [spec.architecture], "model_type": "qwen4_exp_text", **fields, **ours}
     bases = fields["engram_vocab_size"]
     if isinstance(bases, list) and len(set(bases)) == 1:
@@ -74,15 +83,15 @@ def vllm_refusals(spec: ModelSpec, dtype: str) -> list[str]:
     fields = spec.hf_text_config
     if spec.family == "deepseek":
         if dtype != "fp8":
-            why.append(f"its DeepSeek V4.1 tables are always fp8 with ue8m0 scales, not {dtype}")
+            why.append(f"its DeepSeek V4.1 tables are always fp8 with ue8m0 block scales, not {dtype}")
         bases = fields.get("engram_vocab_size")
         if isinstance(bases, list) and len(set(bases)) > 1:
             why.append(f"it reads one engram_vocab_size for every order, not the per-order list {bases}")
         if fields.get("engram_seed", 0):
             why.append("it ignores engram_seed (its multipliers are seeded by the layer id alone)")
     else:
-        if dtype not in ("bf16", "fp16"):
-            why.append(f"its Qwen4Exp tables are bf16/fp16 here, not engram's {dtype} with ue8m0 block scales")
+        if dtype == "fp8":
+            why.append("its Qwen4Exp fp8 tables take one scale per table (fp8-table), not ue8m0 block scales")
         if spec.ple_tables == "shared":
             why.append("it gives every PLE layer a table of its own, not one shared table")
     return why
@@ -109,6 +118,9 @@ def split(name: str, tensors: dict[str, torch.Tensor], parts: int | None) -> dic
         return {f"{name}.{part}": tensor for part, tensor in tensors.items()}
     out = {}
     for part, tensor in tensors.items():
+        if tensor.dim() == 0:  # the table scale: one value for all parts
+            out[f"{name}.{part}"] = tensor
+            continue
         size = -(-tensor.shape[0] // parts)
         for k in range(parts):
             if k * size < tensor.shape[0]:

@@ -28,8 +28,8 @@ from engram.errors import EngramError
 from engram.memory.mapping import HUGETLBFS_MAGIC, PAGE, Mapping, madvise, map_readonly_file
 from engram.memory.registration import ATTRIBUTE_READ_ONLY_REGISTER, CudaRuntime, read_only_supported, register
 from engram.ops import cpu
-from engram.runtime.checkpoints.loader import Checkpoint, SafetensorsFile
-from engram.runtime.placement.storage import SCALE_BLOCK, SCALE_DTYPE, WEIGHT_DTYPES, ShardFormat, TableShard
+from engram.runtime.checkpoints.loader import Checkpoint, SafetensorsFile, expected_parts, table_scale_tensor
+from engram.runtime.placement.storage import TABLE_SCALE_DTYPE, ShardFormat, TableShard
 
 log = logging.getLogger("engram")
 TMPFS_MAGIC = 0x01021994
@@ -148,6 +148,28 @@ def uva_readable(mapped: MappedFile, runtime: CudaRuntime) -> bool:
     return True
 
 
+def _safetensors_file(checkpoint: Checkpoint, table: str, tensor: str) -> SafetensorsFile:
+    file = checkpoint.files.get(tensor)
+    if file is None and any(t.startswith(f"{table}.shard_") for t in checkpoint.shapes):
+        raise EngramError(
+            f"file_backed tables are served from one tensor per table, but {table} is split into shard_<k> parts; set file_backed to false, or write the table whole"
+        )
+    if file is None:
+        where = "is missing" if tensor not in checkpoint.shapes else "is not in a safetensors file"
+        raise EngramError(f"file_backed tables are served from safetensors checkpoints; {tensor} {where}")
+    return file
+
+
+def _mapped(checkpoint: Checkpoint, file: SafetensorsFile, runtime: CudaRuntime | None) -> MappedFile:
+    """The checkpoint's one read-only mapping of `file`, made on first use (registered for UVA where it can be)."""
+    mapped = checkpoint.mapped_files.get(file.path)
+    if mapped is None:
+        mapped = checkpoint.mapped_files[file.path] = map_file(file)
+        if runtime is not None and mapped.in_memory_fs:
+            mapped.uva = uva_readable(mapped, runtime)
+    return mapped
+
+
 def file_shard(
     name: str, fmt: ShardFormat, row_start: int, table_rows: int, checkpoint: Checkpoint, runtime: CudaRuntime | None
 ) -> TableShard:
@@ -158,32 +180,27 @@ def file_shard(
         raise EngramError("file_backed tables are read only by the guarded native kernels; install a C compiler (cc)")
     views = {}
     files: list[MappedFile] = []
-    parts = {"weight": (fmt.dim, WEIGHT_DTYPES[fmt.dtype])}
-    if fmt.scaled:
-        parts["scale"] = (fmt.dim // SCALE_BLOCK, SCALE_DTYPE)
-    for part, (width, dtype) in parts.items():
-        tensor = f"{name}.{part}"
-        file = checkpoint.files.get(tensor)
-        if file is None and any(t.startswith(f"{name}.shard_") for t in checkpoint.shapes):
-            raise EngramError(
-                f"file_backed tables are served from one tensor per table, but {name} is split into shard_<k> parts; set file_backed to false, or write the table whole"
-            )
-        if file is None:
-            where = "is missing" if tensor not in checkpoint.shapes else "is not in a safetensors file"
-            raise EngramError(f"file_backed tables are served from safetensors checkpoints; {tensor} {where}")
+    parts = {part: (f"{name}.{suffix}", width, dtype) for part, (suffix, width, dtype) in expected_parts(fmt).items()}
+    scale_name, problem = table_scale_tensor(checkpoint, name, fmt)
+    if problem:
+        raise EngramError(f"checkpoint does not match the model: {problem}")
+    for part, (tensor, width, dtype) in parts.items():
+        file = _safetensors_file(checkpoint, name, tensor)
         entry = file.entries[tensor]
         if entry.shape != (table_rows, width) or entry.dtype != dtype:
             raise EngramError(
                 f"checkpoint does not match the model: {tensor} is {entry.dtype} {list(entry.shape)}, the model needs {dtype} {[table_rows, width]}"
             )
-        mapped = checkpoint.mapped_files.get(file.path)
-        if mapped is None:
-            mapped = checkpoint.mapped_files[file.path] = map_file(file)
-            if runtime is not None and mapped.in_memory_fs:
-                mapped.uva = uva_readable(mapped, runtime)
-        row_bytes = width * dtype.itemsize
-        offset = file.data_start + entry.begin + row_start * row_bytes
+        mapped = _mapped(checkpoint, file, runtime)
+        offset = file.data_start + entry.begin + row_start * width * dtype.itemsize
         views[part] = mapped.mapping.view(offset, (fmt.rows, width), dtype)
+        files += [mapped] if mapped not in files else []
+    if scale_name is not None:  # one float32, read in place like the rows
+        file = _safetensors_file(checkpoint, name, scale_name)
+        mapped = _mapped(checkpoint, file, runtime)
+        views["table_scale"] = mapped.mapping.view(
+            file.data_start + file.entries[scale_name].begin, (1,), TABLE_SCALE_DTYPE
+        )
         files += [mapped] if mapped not in files else []
     in_memory = all(f.in_memory_fs for f in files)
     uva = all(f.uva for f in files)
@@ -193,5 +210,5 @@ def file_shard(
     pointer = views["weight"].data_ptr() if uva else None
     return TableShard(
         name, row_start, fmt, "file", views["weight"], views.get("scale"), None, pointer, note,
-        files=tuple(f.mapping for f in files), readahead=readahead,
+        files=tuple(f.mapping for f in files), readahead=readahead, table_scale=views.get("table_scale"),
     )  # fmt: skip

@@ -9,7 +9,7 @@
 | host      | cpu_offload=true on the CPU       | exact-size anonymous mapping (the CPU reference)        |
 | file      | file_backed=true                  | the checkpoint's own pages, mapped read-only (filemap)  |
 
-Weights and, for fp8, the ue8m0 block-32 scales share one mapping; the scales start 128-byte aligned."""
+Weights, block scales and the table scale (engram.ops.formats) share one mapping, each 128-byte aligned."""
 
 from __future__ import annotations
 
@@ -22,15 +22,14 @@ from engram.config import EngramConfig
 from engram.errors import EngramError
 from engram.memory.mapping import Mapping, map_anonymous, round_up
 from engram.memory.registration import CudaRuntime, register
+from engram.ops.formats import FORMATS, RowFormat
 from engram.runtime.dist import Group
 from engram.runtime.placement import shm
 from engram.runtime.placement.hugepages import map_huge
 
 Placement = Literal["device", "pinned", "hugepages", "shm", "host", "file"]
-SCALE_BLOCK = 32
 ALIGN = 128
-WEIGHT_DTYPES = {"fp8": torch.float8_e4m3fn, "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-SCALE_DTYPE = torch.float8_e8m0fnu
+TABLE_SCALE_DTYPE = torch.float32
 
 
 def placement_for(config: EngramConfig, platform: str) -> Placement:
@@ -47,38 +46,64 @@ def placement_for(config: EngramConfig, platform: str) -> Placement:
 
 @dataclass(frozen=True)
 class ShardFormat:
-    """Shape and bytes of a shard: `rows` rows of `dim` values in `dtype` (plus scales for fp8)."""
+    """Shape and bytes of a shard: `rows` rows of `dim` values stored as `dtype` (engram.ops.formats)."""
 
     rows: int
     dim: int
     dtype: str
 
     def __post_init__(self) -> None:
-        if self.dtype not in WEIGHT_DTYPES:
-            raise EngramError(f"table dtype must be one of {', '.join(WEIGHT_DTYPES)}, got {self.dtype!r}")
-        if self.dtype == "fp8" and self.dim % SCALE_BLOCK:
-            raise EngramError(f"fp8 rows need a dim divisible by {SCALE_BLOCK} (one scale per block), got {self.dim}")
+        if self.dtype not in FORMATS:
+            raise EngramError(f"table dtype must be one of {', '.join(FORMATS)}, got {self.dtype!r}")
+        problem = FORMATS[self.dtype].check_dim(self.dtype, self.dim)
+        if problem:
+            raise EngramError(problem)
+
+    @property
+    def row_format(self) -> RowFormat:
+        return FORMATS[self.dtype]
 
     @property
     def scaled(self) -> bool:
-        return self.dtype == "fp8"
+        """Rows carry block scales."""
+        return self.row_format.scale is not None
+
+    @property
+    def weight_shape(self) -> tuple[int, int]:
+        return self.rows, self.row_format.weight_width(self.dim)
+
+    @property
+    def scale_shape(self) -> tuple[int, int]:
+        return self.rows, self.row_format.scale_width(self.dim)
 
     @property
     def weight_bytes(self) -> int:
-        return self.rows * self.dim * WEIGHT_DTYPES[self.dtype].itemsize
+        return self.rows * self.row_format.weight_width(self.dim) * self.row_format.weight.itemsize
 
     @property
     def scale_offset(self) -> int:
         return round_up(self.weight_bytes, ALIGN)
 
     @property
+    def scale_end(self) -> int:
+        f = self.row_format
+        scales = self.rows * f.scale_width(self.dim) * f.scale.itemsize if f.scale is not None else 0
+        return self.scale_offset + scales if scales else self.weight_bytes
+
+    @property
+    def table_scale_offset(self) -> int:
+        return round_up(self.scale_end, ALIGN)
+
+    @property
     def nbytes(self) -> int:
-        """Bytes the shard occupies: weights, alignment, scales."""
-        return self.scale_offset + self.rows * (self.dim // SCALE_BLOCK) if self.scaled else self.weight_bytes
+        """Bytes the shard occupies: weights, block scales and the table scale, each 128-byte aligned."""
+        if self.row_format.table_scale:
+            return self.table_scale_offset + TABLE_SCALE_DTYPE.itemsize
+        return self.scale_end
 
     @property
     def row_bytes(self) -> int:
-        return self.dim * WEIGHT_DTYPES[self.dtype].itemsize + (self.dim // SCALE_BLOCK if self.scaled else 0)
+        return self.row_format.row_bytes(self.dim)
 
 
 @dataclass(eq=False)
@@ -96,6 +121,7 @@ class TableShard:
     # with every other shard of those files, and whether any was out of the page cache when mapped.
     files: tuple[Mapping, ...] = ()
     readahead: bool = False
+    table_scale: torch.Tensor | None = None  # float32 [1] in host memory: the scale of fp8-table and nvfp4 rows
 
     @property
     def rows(self) -> int:
@@ -108,7 +134,7 @@ class TableShard:
     def release(self) -> bool:
         """Free the shard now. True when its memory is gone; False when a view held elsewhere still
         keeps it (it goes with the last view). Also happens when the shard is garbage collected."""
-        self.weight = self.scale = torch.empty(0)
+        self.weight = self.scale = self.table_scale = torch.empty(0)
         if self.files:  # the file mappings are shared: each goes with its last view and its checkpoint
             return not any(f.mapped for f in self.files)
         return self.mapping.release() if self.mapping is not None else True
@@ -126,13 +152,15 @@ def allocate(
 ) -> TableShard:
     """Memory for one shard. `group` is the node-local DP group (placement shm, collective); `runtime` pins
     host memory for the GPU (placement pinned, and any host placement on a GPU platform)."""
+    f = fmt.row_format
     if placement == "device":
         target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        weight = torch.zeros((fmt.rows, fmt.dim), dtype=WEIGHT_DTYPES[fmt.dtype], device=target)
-        scale = (
-            torch.zeros((fmt.rows, fmt.dim // SCALE_BLOCK), dtype=SCALE_DTYPE, device=target) if fmt.scaled else None
+        weight = torch.zeros(fmt.weight_shape, dtype=f.weight, device=target)
+        scale = torch.zeros(fmt.scale_shape, dtype=f.scale, device=target) if f.scale is not None else None
+        table_scale = torch.zeros(1, dtype=TABLE_SCALE_DTYPE) if f.table_scale else None  # read by the host
+        return TableShard(
+            name, row_start, fmt, placement, weight, scale, note=f"device tensor on {target}", table_scale=table_scale
         )
-        return TableShard(name, row_start, fmt, placement, weight, scale, note=f"device tensor on {target}")
     note = ""
     if placement == "shm":
         if group is None:
@@ -148,6 +176,7 @@ def allocate(
     pointer = None
     if runtime is not None:
         pointer = register(mapping, runtime)
-    weight = mapping.view(0, (fmt.rows, fmt.dim), WEIGHT_DTYPES[fmt.dtype])
-    scale = mapping.view(fmt.scale_offset, (fmt.rows, fmt.dim // SCALE_BLOCK), SCALE_DTYPE) if fmt.scaled else None
-    return TableShard(name, row_start, fmt, placement, weight, scale, mapping, pointer, note)
+    weight = mapping.view(0, fmt.weight_shape, f.weight)
+    scale = mapping.view(fmt.scale_offset, fmt.scale_shape, f.scale) if f.scale is not None else None
+    table_scale = mapping.view(fmt.table_scale_offset, (1,), TABLE_SCALE_DTYPE) if f.table_scale else None
+    return TableShard(name, row_start, fmt, placement, weight, scale, mapping, pointer, note, table_scale=table_scale)

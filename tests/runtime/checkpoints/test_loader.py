@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -12,8 +13,11 @@ from safetensors.torch import save_file
 
 from engram.cli import main
 from engram.errors import EngramError
+from engram.ops import gather, gather_reference
+from engram.ops.formats import FORMATS
 from engram.runtime.checkpoints.loader import Checkpoint, SafetensorsFile, load_shards
-from engram.runtime.checkpoints.writer import quantize_fp8, synthetic_table, write_checkpoint
+from engram.runtime.checkpoints.quantize import quantize_fp8
+from engram.runtime.checkpoints.writer import synthetic_table, write_checkpoint
 from engram.runtime.placement.storage import ShardFormat, allocate
 from engram.runtime.tables import open_tables
 from tests.runtime.conftest import SMALL
@@ -203,7 +207,7 @@ def test_make_checkpoint_command(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert main(["make-checkpoint", "--preset", "tiny", "--out", str(tmp_path), "--dtype", "bf16", "--seed", "5"]) == 0
     assert capsys.readouterr().out == (
         f"wrote {tmp_path / 'model.safetensors'} ({(tmp_path / 'model.safetensors').stat().st_size:,} bytes)\n"
-        "note: vLLM 0.33 cannot load this checkpoint: its DeepSeek V4.1 tables are always fp8 with ue8m0 scales, not bf16\n"
+        "note: vLLM 0.33 cannot load this checkpoint: its DeepSeek V4.1 tables are always fp8 with ue8m0 block scales, not bf16\n"
         "note: vLLM 0.33 cannot load this checkpoint: it reads one engram_vocab_size for every order, not the per-order list [1000, 1500]\n"
     )
     config = json.loads((tmp_path / "config.json").read_text())
@@ -249,3 +253,36 @@ def test_qwen_checkpoint_in_vllm_naming_split_into_parts(tmp_path: Path, capsys:
         open_tables(QWEN, Checkpoint(parts), "host")
     assert main(["make-checkpoint", "--preset", "tiny", "--out", str(tmp_path / "x"), "--split-parts", "0"]) == 2
     assert "split parts must be between 1 and 1048576, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dtype", ["fp8-table", "nvfp4"])
+def test_qwen_scaled_tables_load_and_read_like_vllm_names_them(dtype: str, tmp_path: Path) -> None:
+    """Qwen4Exp fp8 (one float32 `weight_scale` a table) and NVFP4 (`weight` packed, e4m3 block-16
+    `weight_scale`, float32 `weight_scale_2`): split into parts, loaded into host tables or served in place
+    from the file, every placement returns the rows of the whole checkpoint's tensors."""
+    spec = dataclasses.replace(QWEN, dtype=dtype)
+    whole = Checkpoint(write_checkpoint(spec, tmp_path / "whole", seed=2))
+    parts = Checkpoint(write_checkpoint(spec, tmp_path / "parts", seed=2, split_parts=4))
+    table = spec.table_names()[1]
+    names = {"fp8-table": ["weight", "weight_scale"], "nvfp4": ["weight", "weight_scale", "weight_scale_2"]}[dtype]
+    assert sorted(n.removeprefix(table + ".") for n in whole.shapes if n.startswith(table + ".")) == sorted(names)
+    f = FORMATS[dtype]
+    weight = whole.sources[f"{table}.weight"]()
+    scale = whole.sources[f"{table}.{f.scale_name}"]() if f.scale is not None else None
+    table_scale = float(whole.sources[f"{table}.{f.table_scale_name}"]())
+    rows = spec.layout.table_rows[1]
+    ids = torch.tensor([[0, rows - 1, -1], [7, 7, rows // 2]])
+    want = gather_reference(weight, scale, ids, 0, rows, torch.bfloat16, table_scale)
+    assert torch.count_nonzero(want) > 0
+    for checkpoint, placement in ((whole, "host"), (parts, "host"), (whole, "file")):
+        shard = open_tables(spec, checkpoint, placement, progress=False)[1]
+        assert shard.table_scale is not None and float(shard.table_scale[0]) == table_scale
+        got = gather(shard.weight, shard.scale, ids, 0, rows, torch.bfloat16, table_scale=float(shard.table_scale[0]))
+        assert torch.equal(got, want), placement
+    scaleless = {n: whole.sources[n]() for n in whole.shapes if not n.endswith(f.table_scale_name)}
+    save_file(scaleless, str(tmp_path / "whole" / "model.safetensors"))
+    with pytest.raises(
+        EngramError,
+        match=rf"{table}.{f.table_scale_name} is missing: the table's {dtype} rows need their float32 scale",
+    ):
+        open_tables(spec, Checkpoint(tmp_path / "whole"), "host", progress=False)

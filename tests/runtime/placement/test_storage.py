@@ -40,8 +40,16 @@ def test_format_bytes() -> None:
     assert ShardFormat(rows=10, dim=80, dtype="bf16").nbytes == 1600
     with pytest.raises(EngramError, match="fp8 rows need a dim divisible by 32"):
         ShardFormat(rows=1, dim=48, dtype="fp8")
-    with pytest.raises(EngramError, match="table dtype must be one of fp8, bf16, fp16, fp32"):
+    with pytest.raises(EngramError, match="table dtype must be one of fp8, fp8-table, nvfp4, bf16, fp16, fp32"):
         ShardFormat(rows=1, dim=32, dtype="int4")
+    # Qwen4Exp's: fp8 with one float32 per table; NVFP4, two values a byte, e4m3 per 16, a float32 per table
+    table = ShardFormat(rows=3, dim=80, dtype="fp8-table")
+    assert (table.weight_shape, table.table_scale_offset, table.nbytes, table.row_bytes) == ((3, 80), 256, 260, 80)
+    nvfp4 = ShardFormat(rows=3, dim=80, dtype="nvfp4")
+    assert (nvfp4.weight_shape, nvfp4.scale_shape, nvfp4.row_bytes) == ((3, 40), (3, 5), 45)
+    assert (nvfp4.scale_offset, nvfp4.table_scale_offset, nvfp4.nbytes) == (128, 256, 260)
+    with pytest.raises(EngramError, match="nvfp4 rows need a dim divisible by 16, got 40"):
+        ShardFormat(rows=1, dim=40, dtype="nvfp4")
 
 
 def mapped_lengths(addr: int, length: int) -> int:
