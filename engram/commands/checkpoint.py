@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
             f"cannot write the checkpoint into {args.out}: {exc.strerror or exc}; choose another --out"
         ) from None
     print(f"wrote {path} ({path.stat().st_size:,} bytes)")
-    for reason in vllm_refusals(spec, args.dtype or spec.dtype):
+    for reason in vllm_refusals(spec, args.dtype or spec.dtype, args.split_parts):
         print(f"note: vLLM 0.33 cannot load this checkpoint: {reason}")
     return 0
 

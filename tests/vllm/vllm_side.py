@@ -258,6 +258,63 @@ def ple_rows_case(case: dict) -> dict:
     return {"bits": out.view(torch.int16 if out_dtype == torch.bfloat16 else torch.int32).tolist()}
 
 
+def qwen_load_case(case: dict) -> dict:
+    """A checkpoint directory loaded through vLLM 0.33's own Qwen4ExpNGramEmbedding (its constructor, its
+    load_weights with shard_{k} parts, hash buffers and table scales, its parameters' weight loaders), as
+    ETP rank `etp_rank` of `etp` ranks; answers the loaded parameters, or the error vLLM raises."""
+    from unittest import mock
+
+    import vllm.model_executor.parameter as parameter
+    import vllm.models.qwen4_exp.common.ngram_embedding as common
+    import vllm.models.qwen4_exp.nvidia.ngram_embedding as nvidia
+    from safetensors.torch import load_file
+    from transformers import Qwen4ExpTextConfig
+
+    config = Qwen4ExpTextConfig.from_pretrained(case["path"])
+    group = SimpleNamespace(world_size=case["etp"], rank_in_group=case["etp_rank"])
+    tp = SimpleNamespace(world_size=1, rank_in_group=0)
+    weights = load_file(f"{case['path']}/model.safetensors")
+    with (
+        mock.patch.object(common, "get_etp_group", lambda: group),
+        mock.patch.object(common, "get_tp_group", lambda: SimpleNamespace(world_size=case["etp"])),
+        mock.patch.object(nvidia, "get_etp_group", lambda: group),
+        mock.patch.object(nvidia, "get_tp_group", lambda: tp),
+        mock.patch.object(nvidia, "get_current_vllm_config", lambda: SimpleNamespace(engram_config=None)),
+        mock.patch.object(parameter, "get_tensor_model_parallel_rank", lambda: 0),
+        mock.patch.object(parameter, "get_tensor_model_parallel_world_size", lambda: 1),
+    ):
+        out = {}
+        for layer_id in config.ple_layer_ids:
+            dense = sorted(set(config.ple_layer_ids)).index(layer_id)
+            prefix = f"model.language_model.layers.{layer_id - 1}.ple.ple_embedding"
+            module = nvidia.Qwen4ExpNGramEmbedding(
+                config,
+                config.ple_embed_dim,
+                dense,
+                16,
+                data_parallel_rank=0,
+                prefix=prefix,
+                params_dtype=torch.bfloat16,
+            )
+            mine = [
+                (name.removeprefix(prefix + "."), w) for name, w in weights.items() if name.startswith(prefix + ".")
+            ]
+            try:
+                loaded = module.load_weights(mine)
+            except ValueError as exc:
+                return {"error": str(exc)}
+            table = module.ngram_embedding
+            start = table.shard_indices.org_vocab_start_index
+            params = {
+                name: param.data.contiguous().view(torch.uint8).tolist()
+                if param.dtype != torch.float32
+                else param.data.tolist()
+                for name, param in table.named_parameters()
+            }
+            out[str(layer_id)] = {"loaded": sorted(loaded), "row_start": start, "params": params}
+        return out
+
+
 KINDS = {
     "config": config_case,
     "qwen_ids": qwen_ids_case,
@@ -265,6 +322,7 @@ KINDS = {
     "deepseek_layout": deepseek_layout_case,
     "deepseek_ids": deepseek_ids_case,
     "ple_rows": ple_rows_case,
+    "qwen_load": qwen_load_case,
 }
 
 for line in sys.stdin:

@@ -77,7 +77,7 @@ def hf_config(spec: ModelSpec, dtype: str, seed: int) -> dict[str, Any]:
     return {"architectures": [spec.architecture], "model_type": "deepseek_v41", "text_config": fields, **ours}
 
 
-def vllm_refusals(spec: ModelSpec, dtype: str) -> list[str]:
+def vllm_refusals(spec: ModelSpec, dtype: str, split_parts: int | None = None) -> list[str]:
     """Why vLLM 0.33 could not serve these tables (empty where it can): engram serves them either way."""
     why = []
     fields = spec.hf_text_config
@@ -92,6 +92,8 @@ def vllm_refusals(spec: ModelSpec, dtype: str) -> list[str]:
     else:
         if dtype == "fp8":
             why.append("its Qwen4Exp fp8 tables take one scale per table (fp8-table), not ue8m0 block scales")
+        if dtype == "nvfp4" and split_parts is None:
+            why.append("its Qwen4Exp NVFP4 tables load only as shard_<k> parts: pass --split-parts")
         if spec.ple_tables == "shared":
             why.append("it gives every PLE layer a table of its own, not one shared table")
     return why
