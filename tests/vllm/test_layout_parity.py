@@ -6,12 +6,18 @@ takes, and where vLLM refuses the layout, engram's plan names the same reason.""
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from typing import Any
+
+import torch
 
 from engram.config import ParallelConfig, load_config
 from engram.errors import ConfigError
 from engram.ngram.spec import ModelSpec
+from engram.runtime.checkpoints.loader import Checkpoint
+from engram.runtime.checkpoints.writer import write_checkpoint
 from engram.runtime.plan import plan_deployment
+from engram.runtime.tables import open_tables
 from tests.vllm.runner import ask_vllm, needs_vllm
 
 pytestmark = needs_vllm
@@ -79,3 +85,22 @@ def test_deepseek_layouts_equal_vllm() -> None:
         compared += 1
         refused += "refused" in vllm
     assert (len(all_cases), compared, refused) == (156, 138, 12)
+
+
+def test_deepseek_checkpoints_load_through_vllms_weight_loaders(tmp_path: Path) -> None:
+    """A checkpoint `engram make-checkpoint` writes, loaded by every rank's ParallelEngramEmbedding through
+    its own weight loaders (TP 2 x DP 2 on one node: heads over TP x EDP 4), equals engram's shards byte
+    for byte."""
+    write_checkpoint(SPEC, tmp_path, seed=6)
+    fields = {"cpu_offload": False, "embedding_across_dp": False, "dp_shared_memory": False}
+    parallel = {"tensor_parallel_size": 2, "data_parallel_size": 2, "data_parallel_size_local": 2}
+    hf = {**HF, "engram_num_embeddings": list(SPEC.layout.table_rows)}
+    [theirs] = ask_vllm("deepseek_layout", [{"tp": 2, "dp": 2, "local": 2, **fields, "hf": hf, "path": str(tmp_path)}])
+    plan = plan_deployment(SPEC, load_config(fields, env={}), ParallelConfig(**parallel), "cpu")
+    assert theirs["edp"] == 2 and len(theirs["ranks"]) == 4
+    for rank, vllm in zip(plan.ranks, theirs["ranks"], strict=True):
+        shards = open_tables(SPEC, Checkpoint(tmp_path), "host", plans=rank.tables, progress=False)
+        for shard, table in zip(shards, vllm, strict=True):
+            assert table["row_start"] == shard.row_start and table["rows"] == shard.rows
+            assert table["weight"] == shard.weight.view(torch.uint8).flatten().tolist()
+            assert table["scale"] == shard.scale.view(torch.uint8).flatten().tolist()

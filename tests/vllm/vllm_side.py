@@ -144,7 +144,13 @@ def deepseek_layout_case(case: dict) -> dict:
             edp = state._engram_dp_shard_size(world, dp, tp)
     layout = engram.EngramLayout(DeepseekV41Config(text_config=case["hf"]))
     out = {"edp": edp, "ranks": []}
-    torch.set_default_device("meta")
+    # With a checkpoint to load, real (CPU) tables; else the meta device, which allocates nothing.
+    checkpoint = None
+    if case.get("path"):
+        from safetensors.torch import load_file
+
+        checkpoint = load_file(f"{case['path']}/model.safetensors")
+    torch.set_default_device("cpu" if checkpoint else "meta")
     for dp_rank in range(dp):
         for tp_rank in range(tp):
             group = SimpleNamespace(world_size=edp, rank_in_group=dp_rank % edp, cpu_group=None)
@@ -175,15 +181,20 @@ def deepseek_layout_case(case: dict) -> dict:
                         layout.num_embeddings[index], layout.head_dim, sizes,
                         cpu_offload=cpu_offload, dp_shared_memory=shared,
                     )  # fmt: skip
-                    tables.append(
-                        {
-                            "row_start": module.weight.engram_vocab_start,
-                            "rows": module.part_num_embeddings,
-                            "head_start": module.head_start,
-                            "heads": module.part_n_hash_cols,
-                            "peer_rows": module.peer_rows,
-                        }
-                    )
+                    table = {
+                        "row_start": module.weight.engram_vocab_start,
+                        "rows": module.part_num_embeddings,
+                        "head_start": module.head_start,
+                        "heads": module.part_n_hash_cols,
+                        "peer_rows": module.peer_rows,
+                    }
+                    if checkpoint is not None:  # through the parameters' own weight loaders
+                        name = f"layers.{layout.layer_ids[index]}.engram.embed"
+                        module.weight.weight_loader(module.weight, checkpoint[f"{name}.weight"])
+                        module.weight_scale_inv.weight_loader(module.weight_scale_inv, checkpoint[f"{name}.scale"])
+                        table["weight"] = module.weight.data.view(torch.uint8).flatten().tolist()
+                        table["scale"] = module.weight_scale_inv.data.view(torch.uint8).flatten().tolist()
+                    tables.append(table)
             except AssertionError as exc:  # its own TODO: no row-wise sharding for too few heads
                 return {"edp": edp, "refused": str(exc)}
             except ValueError as exc:  # e.g. dp_shared_memory with no co-located replicas
