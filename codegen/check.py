@@ -5,6 +5,8 @@ engram's if/then rules, and keywords that are almost certainly mistakes."""
 from __future__ import annotations
 
 import difflib
+import re
+import string
 from typing import Any
 
 import jsonschema
@@ -51,6 +53,38 @@ EXTENSIONS = frozenset(
         "x-engram-older-names",
     }
 )
+# What engram's own keywords may hold: they reach generated code (as literals) and messages, so each has
+# a grammar, checked before anything compiles.
+GRAMMARS = {
+    "x-engram-rule": (re.compile(r"(?=.{1,64}$)[a-z][a-z0-9]*(-[a-z0-9]+)*", re.ASCII), "a rule id (lowercase words joined by '-', at most 64 characters)"),
+    "x-engram-env": (re.compile(r"[A-Z_][A-Z0-9_]{0,127}", re.ASCII), "an environment variable name (A-Z, 0-9, _)"),
+    "x-engram-cli": (re.compile(r"--[a-z][a-z0-9]*(-[a-z0-9]+)*", re.ASCII), "a command-line flag such as --data-parallel-size"),
+    "x-engram-default-from": (re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}", re.ASCII), "a field name"),
+}
+MAX_MESSAGE = 4096
+# A message is filled at validation time with str.format: only these fields, no attribute or index
+# access, no format spec (a width would let a message grow without bound), and only the !r conversion.
+MESSAGE_FIELDS = frozenset({"value", "problems"})
+
+
+def check_message(message: str, pointer: str) -> None:
+    """A rule's message template: `{value!r}` (the offending value, shown bounded) and `{problems}` only."""
+    if len(message) > MAX_MESSAGE:
+        raise SchemaError(f"{pointer}: a message of {len(message):,} characters; at most {MAX_MESSAGE:,}")
+    try:
+        parts = list(string.Formatter().parse(message))
+    except ValueError as exc:
+        raise SchemaError(f"{pointer}: not a message template ({exc}); write literal braces as {{{{ and }}}}") from None
+    for _, field, spec, conversion in parts:
+        if field is None:
+            continue
+        if field not in MESSAGE_FIELDS or spec or conversion not in (None, "r"):
+            shown = "{" + field + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
+            raise SchemaError(
+                f"{pointer}: {shown[:80]!r} is not a placeholder a message may use: {{value!r}} or {{problems}}"
+            )
+
+
 RULE_KEYS = frozenset({"if", "then", "x-engram-rule", "x-engram-message", "x-engram-path", "$comment"})
 
 
@@ -133,6 +167,13 @@ def _check_node(node: dict[str, Any], pointer: str) -> None:
     for key in ("x-engram-rule", "x-engram-message", "x-engram-path", "x-engram-cli", "x-engram-default-from"):
         if key in node and not isinstance(node[key], str):
             raise SchemaError(f"{pointer}/{key}: must be a string")
+    for key, (grammar, what) in GRAMMARS.items():
+        values = node.get(key, [])
+        for value in values if isinstance(values, list) else [values]:
+            if not isinstance(value, str) or not grammar.fullmatch(value):
+                raise SchemaError(f"{pointer}/{key}: {value[:80]!r} is not {what}")
+    if "x-engram-message" in node:
+        check_message(node["x-engram-message"], f"{pointer}/x-engram-message")
     older = node.get("x-engram-older-names")
     if older is not None and not (
         isinstance(older, list) and older and all(isinstance(n, str) and n.isidentifier() for n in older)

@@ -168,6 +168,10 @@ def _struct(name: str, pointer: str, schema: dict[str, Any]) -> StructSpec:
         annotation = {"object": "dict[str, Any]", "array": "list[Any]"}.get(kind, PY_TYPES.get(kind, "Any"))
         annotation = f"{annotation} | None" if nullable else annotation
         default_from = prop.get("x-engram-default-from")
+        if default_from is not None and default_from not in schema.get("properties", {}):
+            raise SchemaError(
+                f"/$defs/{name}/properties/{fname}/x-engram-default-from: {default_from!r} is not a field of {name}"
+            )
         if fname in required:
             default = None
         elif default_from is not None:

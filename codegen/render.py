@@ -31,6 +31,13 @@ NO_MODEL = (
 )
 
 
+def docstring_text(text: str) -> str:
+    """Schema text as the body of a triple-quoted docstring that can only end where the template ends it:
+    every backslash and quote escaped, and every character outside printable ASCII as an escape."""
+    out = text.replace("\\", "\\\\").replace('"', '\\"')
+    return "".join(c if c == "\n" or " " <= c <= "~" else c.encode("unicode_escape").decode("ascii") for c in out)
+
+
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATES),
@@ -41,6 +48,7 @@ def environment() -> jinja2.Environment:
         autoescape=False,
     )
     env.filters["pyrepr"] = repr
+    env.filters["docstring"] = docstring_text
     env.filters["snake"] = lambda name: re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
     return env
 

@@ -553,7 +553,7 @@ class _Node:
         problem = f"Problem(path + {rel!r}, {rule['x-engram-rule']!r}, {message})"
         test = self.branch(pointer + "/if")
         then = self.branch(pointer + "/then")
-        self.lines.append(f"    # rule {rule['x-engram-rule']}")
+        self.lines.append(f"    # rule {rule['x-engram-rule']!r}")
         if not self.track:
             self.lines += self.when("    ", f"{test}(v, path, None) and not {then}(v, path, None)", problem)
             return
