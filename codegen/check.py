@@ -56,9 +56,15 @@ EXTENSIONS = frozenset(
 # What engram's own keywords may hold: they reach generated code (as literals) and messages, so each has
 # a grammar, checked before anything compiles.
 GRAMMARS = {
-    "x-engram-rule": (re.compile(r"(?=.{1,64}$)[a-z][a-z0-9]*(-[a-z0-9]+)*", re.ASCII), "a rule id (lowercase words joined by '-', at most 64 characters)"),
+    "x-engram-rule": (
+        re.compile(r"(?=.{1,64}$)[a-z][a-z0-9]*(-[a-z0-9]+)*", re.ASCII),
+        "a rule id (lowercase words joined by '-', at most 64 characters)",
+    ),
     "x-engram-env": (re.compile(r"[A-Z_][A-Z0-9_]{0,127}", re.ASCII), "an environment variable name (A-Z, 0-9, _)"),
-    "x-engram-cli": (re.compile(r"--[a-z][a-z0-9]*(-[a-z0-9]+)*", re.ASCII), "a command-line flag such as --data-parallel-size"),
+    "x-engram-cli": (
+        re.compile(r"--[a-z][a-z0-9]*(-[a-z0-9]+)*", re.ASCII),
+        "a command-line flag such as --data-parallel-size",
+    ),
     "x-engram-default-from": (re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}", re.ASCII), "a field name"),
 }
 MAX_MESSAGE = 4096
