@@ -39,9 +39,10 @@ check: lint types drift test
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-$(VLLM_STAMP):
+$(VLLM_STAMP): pyproject.toml
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q vllm==0.33.0
+	$(VLLM_VENV)/bin/python -m pip install -q -e .   # engram beside it: its vllm.general_plugins entry point
 	touch $(VLLM_STAMP)
 
 test-vllm: setup $(VLLM_STAMP)

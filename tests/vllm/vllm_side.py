@@ -326,6 +326,94 @@ def qwen_load_case(case: dict) -> dict:
         return out
 
 
+def plugin_qwen_case(case: dict) -> dict:
+    """vLLM's Qwen4ExpNGramEmbedding built, loaded (its load_weights) and run (its own ids, its forward)
+    three times in one process: before any plugin is loaded, after vLLM loads the general plugins (engram's
+    entry point among them) with engram not enabled, and with `additional_config` enabling it. Answers the
+    rows of each, the table class, and whether the table lives in an engram mapping."""
+    from unittest import mock
+
+    import vllm.model_executor.parameter as parameter
+    import vllm.models.qwen4_exp.common.ngram_embedding as common
+    import vllm.models.qwen4_exp.nvidia.ngram_embedding as nvidia
+    from safetensors.torch import load_file
+    from transformers import Qwen4ExpTextConfig
+    from vllm.plugins import DEFAULT_PLUGINS_GROUP, load_plugins_by_group
+
+    config = Qwen4ExpTextConfig.from_pretrained(case["path"])
+    weights = load_file(f"{case['path']}/model.safetensors")
+    group = SimpleNamespace(world_size=case["etp"], rank_in_group=case["etp_rank"], all_reduce=lambda t: t)
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(0, config.vocab_size, (40,), generator=generator)
+    query_start_loc = torch.tensor([0, 17, 40])
+    ngram_context = torch.full((2, config.ngram_size - 1), config.eos_token_id)
+
+    def build(additional: dict) -> dict:
+        current = SimpleNamespace(engram_config=None, additional_config=additional)
+        patches = [
+            mock.patch.object(common, "get_etp_group", lambda: group),
+            mock.patch.object(common, "get_tp_group", lambda: SimpleNamespace(world_size=case["etp"])),
+            mock.patch.object(nvidia, "get_etp_group", lambda: group),
+            mock.patch.object(nvidia, "get_tp_group", lambda: SimpleNamespace(world_size=1, rank_in_group=0)),
+            mock.patch.object(nvidia, "get_current_vllm_config", lambda: current),
+            mock.patch.object(parameter, "get_tensor_model_parallel_rank", lambda: 0),
+            mock.patch.object(parameter, "get_tensor_model_parallel_world_size", lambda: 1),
+        ]
+        if "engram.integrations.vllm.qwen" in sys.modules:
+            patches.append(
+                mock.patch.object(
+                    sys.modules["engram.integrations.vllm.qwen"], "get_current_vllm_config", lambda: current
+                )
+            )
+        for patch in patches:
+            patch.start()
+        try:
+            out = {}
+            for layer_id in config.ple_layer_ids:
+                dense = sorted(set(config.ple_layer_ids)).index(layer_id)
+                prefix = f"model.language_model.layers.{layer_id - 1}.ple.ple_embedding"
+                module = nvidia.Qwen4ExpNGramEmbedding(
+                    config,
+                    config.ple_embed_dim,
+                    dense,
+                    64,
+                    data_parallel_rank=0,
+                    prefix=prefix,
+                    params_dtype=torch.bfloat16,
+                )
+                module.load_weights(
+                    [(n.removeprefix(prefix + "."), w) for n, w in weights.items() if n.startswith(prefix + ".")]
+                )
+                rows = module(torch.empty(40, 1), input_ids, query_start_loc, ngram_context)
+                table = module.ngram_embedding
+                mappings = getattr(table, "_mappings", [])
+                out[str(layer_id)] = {
+                    "class": type(table).__name__,
+                    "rows": rows.contiguous().view(torch.uint8).flatten().tolist(),
+                    "engram_storage": any(m.addr == table.weight.data_ptr() for m in mappings),
+                }
+            return out
+        except Exception as exc:  # the message is the answer
+            return {"error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            for patch in patches:
+                patch.stop()
+
+    from vllm.model_executor.custom_op import op_registry_oot
+
+    for name in ("Qwen4ExpPLEDeviceEmbedding", "Qwen4ExpPLEPinnedHostEmbedding"):  # an earlier case's swap
+        op_registry_oot.pop(name, None)
+    answer = {"vllm": build({})}
+    plugins = load_plugins_by_group(DEFAULT_PLUGINS_GROUP)  # vLLM's own plugin loading
+    for func in plugins.values():
+        func()
+    answer["plugins"] = sorted(plugins)
+    answer["disabled"] = build({})
+    for name, settings in case["enabled"].items():
+        answer[name] = build({"engram": settings})
+    return answer
+
+
 KINDS = {
     "config": config_case,
     "qwen_ids": qwen_ids_case,
@@ -334,6 +422,7 @@ KINDS = {
     "deepseek_ids": deepseek_ids_case,
     "ple_rows": ple_rows_case,
     "qwen_load": qwen_load_case,
+    "plugin_qwen": plugin_qwen_case,
 }
 
 for line in sys.stdin:

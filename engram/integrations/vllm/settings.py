@@ -1,0 +1,60 @@
+"""engram's settings inside vLLM: the `engram` section of `--additional-config` (or the JSON in
+ENGRAM_VLLM_CONFIG), checked by engram's schema together with vLLM's own Engram fields."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from engram.config import EngramConfig, load_config
+from engram.errors import EngramError
+
+ENV = "ENGRAM_VLLM_CONFIG"
+VLLM_FIELDS = ("cpu_offload", "embedding_across_dp", "dp_shared_memory", "use_thp")
+# What the plugin cannot honour yet inside vLLM's layout: refused with the reason, never ignored.
+NOT_YET = {
+    "file_backed": "file-backed tables are not served inside vLLM yet: vLLM's loader hands tensors, not files",
+    "device_cache_bytes": "the device cache is not built inside vLLM yet: it needs a profile of the served model",
+}
+
+
+def section(vllm_config: Any) -> dict[str, Any] | None:
+    """The engram section, or None when engram is not enabled for this model."""
+    additional = getattr(vllm_config, "additional_config", None) or {}
+    if isinstance(additional, dict) and "engram" in additional:
+        found = additional["engram"]
+        where = "--additional-config's engram section"
+    elif os.environ.get(ENV):
+        try:
+            found = json.loads(os.environ[ENV])
+        except json.JSONDecodeError as exc:
+            raise EngramError(
+                f"{ENV} is not JSON ({exc.msg} at character {exc.pos}); give an object such as {{}}"
+            ) from None
+        where = ENV
+    else:
+        return None
+    if not isinstance(found, dict):
+        raise EngramError(f"{where} must be a JSON object of engram settings, got {type(found).__name__}")
+    return found
+
+
+def engram_config(vllm_config: Any) -> EngramConfig | None:
+    """The validated EngramConfig for the model vLLM is building (vLLM's four fields and engram's own), or
+    None when engram is not enabled. A setting the plugin cannot honour is an error naming it."""
+    found = section(vllm_config)
+    if found is None:
+        return None
+    theirs = getattr(vllm_config, "engram_config", None)
+    document = {name: getattr(theirs, name) for name in VLLM_FIELDS if theirs is not None}
+    clash = sorted(set(found) & set(VLLM_FIELDS))
+    if clash:
+        raise EngramError(
+            f"engram setting {clash[0]!r} is vLLM's own: give it in --engram-config, not in engram's section"
+        )
+    config = load_config({**document, **found}, env={})
+    for field, reason in NOT_YET.items():
+        if getattr(config, field) != getattr(EngramConfig(), field):
+            raise EngramError(f"engram setting {field!r}: {reason}")
+    return config

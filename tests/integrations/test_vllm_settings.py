@@ -1,0 +1,81 @@
+"""The vLLM plugin outside vLLM: its entry point does nothing where vLLM is absent, and its settings (the
+`engram` section of --additional-config, or ENGRAM_VLLM_CONFIG) are engram's schema with vLLM's own Engram
+fields beside them; what it cannot honour yet is refused with the reason. (Inside vLLM: tests/vllm.)"""
+
+from __future__ import annotations
+
+import importlib.util
+import tomllib
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from engram.errors import ConfigError, EngramError
+from engram.integrations.vllm import register
+from engram.integrations.vllm.settings import ENV, engram_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def vllm_config(additional: object = None, **fields: object) -> SimpleNamespace:
+    engram = SimpleNamespace(cpu_offload=True, embedding_across_dp=False, dp_shared_memory=None, use_thp=False)
+    for name, value in fields.items():
+        setattr(engram, name, value)
+    return SimpleNamespace(additional_config=additional, engram_config=engram)
+
+
+def test_the_entry_point_is_declared_and_inert_without_vllm() -> None:
+    entry = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["vllm.general_plugins"]
+    assert entry == {"engram": "engram.integrations.vllm:register"}
+    assert importlib.util.find_spec("vllm") is None  # this venv: engram alone
+    assert register() is None
+
+
+def test_not_enabled_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ENV, raising=False)
+    assert engram_config(vllm_config()) is None
+    assert engram_config(vllm_config({"other": 1})) is None
+
+
+def test_the_section_with_vllms_fields_beside_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ENV, raising=False)
+    config = engram_config(vllm_config({"engram": {"shard_layout": "replica"}}, use_thp=True))
+    assert config is not None and (config.use_thp, config.shard_layout, config.cpu_offload) == (True, "replica", True)
+    monkeypatch.setenv(ENV, '{"shard_layout": "vllm"}')
+    from_env = engram_config(vllm_config())
+    assert from_env is not None and from_env.shard_layout == "vllm"
+    with pytest.raises(ConfigError, match=r"^/engram/shard_layout: .*\[enum\]$"):
+        engram_config(vllm_config({"engram": {"shard_layout": "rows"}}))
+
+
+@pytest.mark.parametrize(
+    ("additional", "env", "message"),
+    [
+        (
+            {"engram": []},
+            None,
+            "--additional-config's engram section must be a JSON object of engram settings, got list",
+        ),
+        (None, "{nope", f"{ENV} is not JSON \\(Expecting property name enclosed in double quotes at character 1\\)"),
+        (
+            {"engram": {"cpu_offload": False}},
+            None,
+            "engram setting 'cpu_offload' is vLLM's own: give it in --engram-config",
+        ),
+        (
+            {"engram": {"device_cache_bytes": 1}},
+            None,
+            "engram setting 'device_cache_bytes': the device cache is not built inside vLLM yet",
+        ),
+    ],
+)
+def test_bad_settings_are_one_line(
+    additional: object, env: str | None, message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if env is None:
+        monkeypatch.delenv(ENV, raising=False)
+    else:
+        monkeypatch.setenv(ENV, env)
+    with pytest.raises(EngramError, match=message):
+        engram_config(vllm_config(additional))

@@ -1,0 +1,46 @@
+"""engram's vLLM plugin (engram.integrations.vllm) inside vLLM 0.33.0 (tests/vllm/runner.py): vLLM loads it
+from the `vllm.general_plugins` entry point with its own plugin loader; vLLM's Qwen4ExpNGramEmbedding is
+then built, loaded through its load_weights from a checkpoint make-checkpoint wrote, and run on vLLM's own
+ids. Not enabled, the swapped class returns vLLM's rows from vLLM's storage; enabled, the table lives in an
+engram mapping and engram's gather returns the same rows, bit for bit, for bf16, fp8-table and nvfp4
+tables, one ETP rank or one of two. Settings engram's schema refuses, or the plugin cannot honour yet, are
+one-line errors naming the setting."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from engram.runtime.checkpoints.writer import write_checkpoint
+from tests.runtime.specs import QWEN
+from tests.vllm.runner import ask_vllm, needs_vllm
+
+pytestmark = needs_vllm
+ENABLED = {"on": {}, "bad": {"nope": 1}, "file": {"file_backed": True}, "theirs": {"use_thp": True}}
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8-table", "nvfp4"])
+def test_the_plugin_serves_qwen_tables_as_vllm_does(dtype: str, tmp_path: Path) -> None:
+    spec = dataclasses.replace(QWEN, dtype=dtype)
+    write_checkpoint(spec, tmp_path, seed=5, split_parts=3 if dtype == "nvfp4" else None)
+    cases = [{"path": str(tmp_path), "etp": etp, "etp_rank": etp - 1, "enabled": ENABLED} for etp in (1, 2)]
+    for answer in ask_vllm("plugin_qwen", cases):
+        assert "engram" in answer["plugins"]
+        vllm, disabled, on = answer["vllm"], answer["disabled"], answer["on"]
+        assert set(vllm) == set(disabled) == set(on) == {"1", "2"}
+        for layer in vllm:
+            assert vllm[layer]["class"] == "Qwen4ExpPLEDeviceEmbedding" and not vllm[layer]["engram_storage"]
+            assert disabled[layer]["class"] == on[layer]["class"] == "EngramQwenDeviceEmbedding"
+            assert not disabled[layer]["engram_storage"] and on[layer]["engram_storage"]
+            assert disabled[layer]["rows"] == vllm[layer]["rows"] == on[layer]["rows"]
+            assert any(vllm[layer]["rows"])
+        assert answer["bad"]["error"].startswith("ConfigError: /engram/nope: unknown field 'nope'")
+        assert answer["file"]["error"] == (
+            "EngramError: engram setting 'file_backed': file-backed tables are not served inside vLLM yet: "
+            "vLLM's loader hands tensors, not files"
+        )
+        assert answer["theirs"]["error"] == (
+            "EngramError: engram setting 'use_thp' is vLLM's own: give it in --engram-config, not in engram's section"
+        )
