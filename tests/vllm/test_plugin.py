@@ -12,12 +12,28 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+import torch
 
-from engram.runtime.checkpoints.writer import write_checkpoint
+from engram.ngram.spec import ModelSpec
+from engram.runtime.checkpoints.writer import hf_config, write_checkpoint
 from tests.runtime.specs import QWEN
 from tests.vllm.runner import ask_vllm, needs_vllm
 
 pytestmark = needs_vllm
+DS = ModelSpec(
+    "ds",
+    "DeepseekV41ForCausalLM",
+    {
+        "engram_layer_ids": [1, 3],
+        "engram_max_ngram_size": 3,
+        "engram_n_heads": 3,
+        "engram_head_dim": 64,
+        "engram_vocab_size": 700,
+        "engram_compressed_vocab_size": 300,
+        "engram_pad_token_id": 2,
+    },
+    dtype="fp8",
+)
 ENABLED = {"on": {}, "bad": {"nope": 1}, "file": {"file_backed": True}, "theirs": {"use_thp": True}}
 
 
@@ -44,3 +60,22 @@ def test_the_plugin_serves_qwen_tables_as_vllm_does(dtype: str, tmp_path: Path) 
         assert answer["theirs"]["error"] == (
             "EngramError: engram setting 'use_thp' is vLLM's own: give it in --engram-config, not in engram's section"
         )
+
+
+def test_the_plugin_serves_deepseek_tables_as_vllm_does(tmp_path: Path) -> None:
+    """Engram._create_embedding with the plugin loaded: not enabled, vLLM's own ParallelEngramEmbedding;
+    enabled, engram's subclass with the table in an engram mapping, whose lookups (bf16 rows and packed
+    fp8 bytes with their scales, TP 1 and each of TP 2's head shards) equal vLLM's kernel on vLLM's storage."""
+    write_checkpoint(DS, tmp_path, seed=8)
+    hf = hf_config(DS, "fp8", 0)["text_config"]
+    ids = DS.hasher().hash(torch.randint(0, DS.vocab, (24,), generator=torch.Generator().manual_seed(2)))
+    for tp in (1, 2):
+        [answer] = ask_vllm(
+            "plugin_deepseek", [{"path": str(tmp_path), "hf": hf, "tp": tp, "ids": ids.transpose(0, 1).tolist()}]
+        )
+        for vllm, disabled, on in zip(answer["vllm"], answer["disabled"], answer["on"], strict=True):
+            for theirs, off, ours in zip(vllm["tables"], disabled["tables"], on["tables"], strict=True):
+                assert theirs["class"] == off["class"] == "ParallelEngramEmbedding" and not off["engram_storage"]
+                assert ours["class"] == "EngramParallelEmbedding" and ours["engram_storage"]
+                assert theirs["rows"] == off["rows"] == ours["rows"] and any(theirs["rows"])
+                assert theirs["packed"] == off["packed"] == ours["packed"]

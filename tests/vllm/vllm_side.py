@@ -414,6 +414,79 @@ def plugin_qwen_case(case: dict) -> dict:
     return answer
 
 
+def plugin_deepseek_case(case: dict) -> dict:
+    """DeepSeek V4.1 tables from Engram._create_embedding (vLLM's own factory, then the one engram's entry
+    point installs), loaded through their weight loaders from a checkpoint, looked up by each TP rank on
+    each layer's ids:
+    bf16 rows (vLLM's Triton kernel under the interpreter, or engram's gather) and packed bytes."""
+    from unittest import mock
+
+    import vllm.models.deepseek_v41.common.engram as engram
+    from safetensors.torch import load_file
+    from vllm.plugins import DEFAULT_PLUGINS_GROUP, load_plugins_by_group
+    from vllm.transformers_utils.configs.deepseek_v41 import DeepseekV41Config
+
+    layout = engram.EngramLayout(DeepseekV41Config(text_config=case["hf"]))
+    weights = load_file(f"{case['path']}/model.safetensors")
+    tp = case["tp"]
+
+    def build(additional: dict, tp_rank: int) -> dict:
+        current = SimpleNamespace(
+            additional_config=additional,
+            engram_config=SimpleNamespace(
+                cpu_offload=False, dp_shared_memory=False, use_thp=False, embedding_across_dp=False
+            ),
+        )
+        patches = [
+            mock.patch.object(engram, "get_current_vllm_config", lambda: current),
+            mock.patch.object(engram, "get_engram_dp_size", lambda: 1),
+            mock.patch.object(engram, "get_engram_dp_group", lambda: None),
+            mock.patch.object(engram, "get_tensor_model_parallel_world_size", lambda: tp),
+            mock.patch.object(engram, "get_tensor_model_parallel_rank", lambda: tp_rank),
+            mock.patch.object(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(multi_processor_count=4)),
+            mock.patch.object(torch.accelerator, "current_device_index", lambda: 0),
+        ]
+        ours = sys.modules.get("engram.integrations.vllm.deepseek")
+        if ours is not None:
+            patches.append(mock.patch.object(ours, "get_current_vllm_config", lambda: current))
+        for patch in patches:
+            patch.start()
+        try:
+            out = []
+            for index, layer_id in enumerate(layout.layer_ids):
+                table = engram.Engram._create_embedding(None, layout, index)
+                ids = torch.tensor(case["ids"][index])  # this layer's ids [T, n_hash_cols]
+                ids = torch.tensor(case["ids"][index])  # this layer's ids [T, n_hash_cols]
+                name = f"layers.{layer_id}.engram.embed"
+                table.weight.weight_loader(table.weight, weights[f"{name}.weight"])
+                table.weight_scale_inv.weight_loader(table.weight_scale_inv, weights[f"{name}.scale"])
+                rows = torch.zeros(ids.shape[0], table.part_n_hash_cols, table.dim, dtype=torch.bfloat16)
+                table.lookup(ids, rows)
+                width = table.part_n_hash_cols * (table.dim + table.dim // table.block_size)
+                packed = torch.zeros(ids.shape[0], width, dtype=torch.uint8)
+                table.lookup(ids, packed)
+                mappings = getattr(table, "_mappings", [])
+                out.append(
+                    {
+                        "class": type(table).__name__,
+                        "engram_storage": any(m.addr == table.weight.data_ptr() for m in mappings),
+                        "rows": rows.view(torch.int16).flatten().tolist(),
+                        "packed": packed.flatten().tolist(),
+                    }
+                )
+            return {"tables": out}
+        finally:
+            for patch in patches:
+                patch.stop()
+
+    answer = {"vllm": [build({}, r) for r in range(tp)]}
+    for func in load_plugins_by_group(DEFAULT_PLUGINS_GROUP).values():
+        func()
+    answer["disabled"] = [build({}, r) for r in range(tp)]
+    answer["on"] = [build({"engram": {}}, r) for r in range(tp)]
+    return answer
+
+
 KINDS = {
     "config": config_case,
     "qwen_ids": qwen_ids_case,
@@ -423,6 +496,7 @@ KINDS = {
     "ple_rows": ple_rows_case,
     "qwen_load": qwen_load_case,
     "plugin_qwen": plugin_qwen_case,
+    "plugin_deepseek": plugin_deepseek_case,
 }
 
 for line in sys.stdin:

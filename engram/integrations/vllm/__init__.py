@@ -1,15 +1,16 @@
-"""engram inside vLLM 0.33: a `vllm.general_plugins` entry point that serves Qwen4Exp's PLE tables from
-engram's storage and lookups. vLLM keeps hashing (its ids equal engram's); only where the rows live and how
+"""engram inside vLLM 0.33: a `vllm.general_plugins` entry point that serves Qwen4Exp's PLE tables and
+DeepSeek V4.1's Engram tables from engram's storage and lookups. vLLM keeps hashing (its ids equal engram's); only where the rows live and how
 they are gathered move.
 
 vLLM loads the entry point in every process it starts, before any model is built; `register` only swaps
-the table classes by name (PluggableLayer.register_oot), so it is safe to run more than once. The swapped
+the Qwen table classes by name (PluggableLayer's out-of-tree registry) and routes DeepSeek's one table
+factory (Engram._create_embedding) through engram's, so it is safe to run more than once. The swapped
 classes behave exactly as vLLM's own unless engram is enabled for the model being built:
 `--additional-config '{"engram": {...}}'`, or the JSON in ENGRAM_VLLM_CONFIG. The section is checked by
 engram's schema with vLLM's own Engram fields beside it, so a mistake is one line naming the field.
 
-Not here yet (issue 22): DeepSeek V4.1 tables, shared tables across DP replicas, file-backed tables, the
-device cache and the sorted gather under vLLM's prefetch hooks."""
+Not here yet (issue 22): engram's shared tables across DP replicas (vLLM's own stay), file-backed tables,
+the device cache and the sorted gather under vLLM's prefetch hooks."""
 
 from __future__ import annotations
 
@@ -25,8 +26,9 @@ def register() -> None:
         from vllm.model_executor.custom_op import op_registry_oot
     except ImportError:  # not inside vLLM, or a vLLM without pluggable layers: nothing to do
         return
-    from engram.integrations.vllm import qwen
+    from engram.integrations.vllm import deepseek, qwen
 
     for name, cls in zip(SWAPPED, (qwen.EngramQwenDeviceEmbedding, qwen.EngramQwenPinnedHostEmbedding), strict=True):
         if op_registry_oot.get(name) is None:
             op_registry_oot[name] = cls
+    deepseek.install()
