@@ -54,8 +54,8 @@ def test_the_plugin_serves_qwen_tables_as_vllm_does(dtype: str, tmp_path: Path) 
             assert any(vllm[layer]["rows"])
         assert answer["bad"]["error"].startswith("ConfigError: /engram/nope: unknown field 'nope'")
         assert answer["file"]["error"] == (
-            "EngramError: engram setting 'file_backed': file-backed tables are not served inside vLLM yet: "
-            "vLLM's loader hands tensors, not files"
+            "EngramError: engram setting 'file_backed': Qwen4Exp tables are not served from the checkpoint's "
+            "file inside vLLM yet (DeepSeek V4.1's are); set it to false"
         )
         assert answer["theirs"]["error"] == (
             "EngramError: engram setting 'use_thp' is vLLM's own: give it in --engram-config, not in engram's section"
@@ -64,8 +64,10 @@ def test_the_plugin_serves_qwen_tables_as_vllm_does(dtype: str, tmp_path: Path) 
 
 def test_the_plugin_serves_deepseek_tables_as_vllm_does(tmp_path: Path) -> None:
     """Engram._create_embedding with the plugin loaded: not enabled, vLLM's own ParallelEngramEmbedding;
-    enabled, engram's subclass with the table in an engram mapping, whose lookups (bf16 rows and packed
-    fp8 bytes with their scales, TP 1 and each of TP 2's head shards) equal vLLM's kernel on vLLM's storage."""
+    enabled, engram's subclass with the table in an engram mapping, or with file_backed a view of the
+    checkpoint's own pages (vLLM's weight loaders copy nothing), whose lookups (bf16 rows and packed fp8
+    bytes with their scales, TP 1 and each of TP 2's head shards) equal vLLM's kernel on vLLM's storage.
+    The time from building the tables to the first lookup is printed for both (-s), not asserted."""
     write_checkpoint(DS, tmp_path, seed=8)
     hf = hf_config(DS, "fp8", 0)["text_config"]
     ids = DS.hasher().hash(torch.randint(0, DS.vocab, (24,), generator=torch.Generator().manual_seed(2)))
@@ -73,9 +75,15 @@ def test_the_plugin_serves_deepseek_tables_as_vllm_does(tmp_path: Path) -> None:
         [answer] = ask_vllm(
             "plugin_deepseek", [{"path": str(tmp_path), "hf": hf, "tp": tp, "ids": ids.transpose(0, 1).tolist()}]
         )
-        for vllm, disabled, on in zip(answer["vllm"], answer["disabled"], answer["on"], strict=True):
-            for theirs, off, ours in zip(vllm["tables"], disabled["tables"], on["tables"], strict=True):
+        ranks = zip(answer["vllm"], answer["disabled"], answer["on"], answer["file"], strict=True)
+        for vllm, disabled, on, file in ranks:
+            assert "error" not in file, file
+            tables = zip(vllm["tables"], disabled["tables"], on["tables"], file["tables"], strict=True)
+            for theirs, off, ours, mapped in tables:
                 assert theirs["class"] == off["class"] == "ParallelEngramEmbedding" and not off["engram_storage"]
-                assert ours["class"] == "EngramParallelEmbedding" and ours["engram_storage"]
-                assert theirs["rows"] == off["rows"] == ours["rows"] and any(theirs["rows"])
-                assert theirs["packed"] == off["packed"] == ours["packed"]
+                assert ours["class"] == mapped["class"] == "EngramParallelEmbedding" and ours["engram_storage"]
+                assert mapped["file_backed"] and not ours["file_backed"]  # the checkpoint's pages, no copy
+                assert theirs["rows"] == off["rows"] == ours["rows"] == mapped["rows"] and any(theirs["rows"])
+                assert theirs["packed"] == off["packed"] == ours["packed"] == mapped["packed"]
+                seconds = (theirs["seconds_to_first_lookup"], mapped["seconds_to_first_lookup"])
+                print(f"TP {tp}: start to first lookup, vLLM's load {seconds[0]:.4f} s, file-backed {seconds[1]:.4f} s")

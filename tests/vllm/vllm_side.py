@@ -4,6 +4,7 @@ each naming its `kind`, and answers each with what vLLM's own code says, as JSON
 import json
 import os
 import sys
+import time
 from types import SimpleNamespace
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # vLLM's Triton kernels on the CPU
@@ -430,12 +431,14 @@ def plugin_deepseek_case(case: dict) -> dict:
     weights = load_file(f"{case['path']}/model.safetensors")
     tp = case["tp"]
 
-    def build(additional: dict, tp_rank: int) -> dict:
+    def build(additional: dict, tp_rank: int, cpu_offload: bool = False) -> dict:
         current = SimpleNamespace(
             additional_config=additional,
             engram_config=SimpleNamespace(
-                cpu_offload=False, dp_shared_memory=False, use_thp=False, embedding_across_dp=False
+                cpu_offload=cpu_offload, dp_shared_memory=False, use_thp=False, embedding_across_dp=False
             ),
+            model_config=SimpleNamespace(model=case["path"]),
+            load_config=SimpleNamespace(load_format="safetensors"),
         )
         patches = [
             mock.patch.object(engram, "get_current_vllm_config", lambda: current),
@@ -445,6 +448,7 @@ def plugin_deepseek_case(case: dict) -> dict:
             mock.patch.object(engram, "get_tensor_model_parallel_rank", lambda: tp_rank),
             mock.patch.object(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(multi_processor_count=4)),
             mock.patch.object(torch.accelerator, "current_device_index", lambda: 0),
+            mock.patch.object(engram, "is_uva_available", lambda: True),  # host tables: no UVA on this CPU
         ]
         ours = sys.modules.get("engram.integrations.vllm.deepseek")
         if ours is not None:
@@ -453,6 +457,7 @@ def plugin_deepseek_case(case: dict) -> dict:
             patch.start()
         try:
             out = []
+            started = time.perf_counter()
             for index, layer_id in enumerate(layout.layer_ids):
                 table = engram.Engram._create_embedding(None, layout, index)
                 ids = torch.tensor(case["ids"][index])  # this layer's ids [T, n_hash_cols]
@@ -462,6 +467,7 @@ def plugin_deepseek_case(case: dict) -> dict:
                 table.weight_scale_inv.weight_loader(table.weight_scale_inv, weights[f"{name}.scale"])
                 rows = torch.zeros(ids.shape[0], table.part_n_hash_cols, table.dim, dtype=torch.bfloat16)
                 table.lookup(ids, rows)
+                first_lookup = time.perf_counter() - started
                 width = table.part_n_hash_cols * (table.dim + table.dim // table.block_size)
                 packed = torch.zeros(ids.shape[0], width, dtype=torch.uint8)
                 table.lookup(ids, packed)
@@ -472,9 +478,13 @@ def plugin_deepseek_case(case: dict) -> dict:
                         "engram_storage": any(m.addr == table.weight.data_ptr() for m in mappings),
                         "rows": rows.view(torch.int16).flatten().tolist(),
                         "packed": packed.flatten().tolist(),
+                        "file_backed": getattr(table, "_file_shard", None) is not None,
+                        "seconds_to_first_lookup": first_lookup,
                     }
                 )
             return {"tables": out}
+        except Exception as exc:  # the message is the answer
+            return {"error": f"{type(exc).__name__}: {exc}"}
         finally:
             for patch in patches:
                 patch.stop()
@@ -484,6 +494,7 @@ def plugin_deepseek_case(case: dict) -> dict:
         func()
     answer["disabled"] = [build({}, r) for r in range(tp)]
     answer["on"] = [build({"engram": {}}, r) for r in range(tp)]
+    answer["file"] = [build({"engram": {"file_backed": True}}, r, cpu_offload=True) for r in range(tp)]
     return answer
 
 

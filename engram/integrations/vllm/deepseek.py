@@ -4,6 +4,7 @@ Engram._create_embedding, vLLM's one factory for it, when engram is enabled for 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -11,29 +12,59 @@ from vllm.config import get_current_vllm_config
 from vllm.models.deepseek_v41.common import engram as vllm_engram
 
 from engram.config import EngramConfig
+from engram.errors import EngramError
 from engram.integrations.vllm.settings import engram_config
 from engram.memory.mapping import Mapping, map_anonymous
 from engram.memory.registration import register
 from engram.ops import gather
+from engram.runtime.checkpoints.loader import Checkpoint
+from engram.runtime.placement.filemap import file_shard, files_named_on_fault, read_ahead
 from engram.runtime.placement.hugepages import map_huge
-from engram.runtime.placement.storage import ShardFormat
+from engram.runtime.placement.storage import ShardFormat, TableShard
+
+
+def _load_unless_file_backed(param: torch.nn.Parameter, loaded_weight: torch.Tensor) -> None:
+    """vLLM's head-shard weight loader, except for a file-backed table: its rows are the checkpoint's own
+    read-only pages, so nothing is copied (a write would fault); the shapes are still checked."""
+    if not getattr(param, "engram_file_backed", False):
+        vllm_engram._engram_head_shard_weight_loader(param, loaded_weight)
+        return
+    rows = loaded_weight.narrow(0, param.engram_vocab_start, param.shape[0])  # type: ignore[attr-defined]
+    if rows.shape != param.shape:
+        raise EngramError(
+            f"engram file-backed table: the checkpoint's rows {list(rows.shape)} do not fit {list(param.shape)}"
+        )
+
+
+_CHECKPOINTS: dict[str, Checkpoint] = {}  # one open checkpoint per directory and process, shared by its tables
 
 
 class EngramParallelEmbedding(vllm_engram.ParallelEngramEmbedding):
     """Host tables (cpu_offload) in one exact-size engram mapping, weights then ue8m0 scales, huge pages
-    with use_thp, registered for UVA on a GPU; device tables, shared tables (dp_shared_memory) and peer
-    tables stay vLLM's. On the CPU engram's kernels gather; on a GPU vLLM's kernel reads the mapping."""
+    with use_thp, registered for UVA on a GPU; with file_backed, views of the checkpoint's own pages (no
+    load copy). Device tables, shared tables (dp_shared_memory) and peer tables stay vLLM's. On the CPU
+    engram's kernels gather (guarded for file-backed tables); on a GPU vLLM's kernel reads the mapping."""
 
-    def __init__(self, *args: Any, engram: EngramConfig, **kwargs: Any) -> None:
+    _weight_loader = staticmethod(_load_unless_file_backed)
+
+    def __init__(self, *args: Any, engram: EngramConfig, table: str, checkpoint: str | None, **kwargs: Any) -> None:
         self._engram = engram
+        self._table = table  # the checkpoint's name for it: layers.{id}.engram.embed
+        self._checkpoint = checkpoint
         self._mappings: list[Mapping] = []
+        self._file_shard: TableShard | None = None
         super().__init__(*args, **kwargs)
+        if self._file_shard is not None:
+            for param in (self.weight, self.weight_scale_inv):
+                param.engram_file_backed = True
 
     def _allocate_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         on_gpu = torch.cuda.is_available()
         vllms = torch.get_default_device().type == "meta" or self.peer_rows or self.dp_shared_memory
         if vllms or (on_gpu and not self.cpu_offload):
             return super()._allocate_weights()
+        if self._engram.file_backed:
+            return self._file_backed()
         fmt = ShardFormat(self.part_num_embeddings, self.dim, "fp8")
         mapping = map_huge(fmt.nbytes).mapping if self._engram.use_thp else map_anonymous(fmt.nbytes, kind="host")
         if on_gpu:
@@ -44,7 +75,29 @@ class EngramParallelEmbedding(vllm_engram.ParallelEngramEmbedding):
         weight = mapping.view(0, fmt.weight_shape, torch.float8_e4m3fn)
         return weight, mapping.view(fmt.scale_offset, fmt.scale_shape, torch.uint8)
 
+    def _file_backed(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's rows of the table, in place in the checkpoint's safetensors file."""
+        assert self._checkpoint is not None
+        if self._checkpoint not in _CHECKPOINTS:
+            _CHECKPOINTS[self._checkpoint] = Checkpoint(self._checkpoint)
+        fmt = ShardFormat(self.part_num_embeddings, self.dim, "fp8")
+        shard = file_shard(
+            self._table, fmt, self.vocab_start_idx, self.num_embeddings, _CHECKPOINTS[self._checkpoint], None
+        )
+        self._file_shard = shard
+        assert shard.scale is not None
+        return shard.weight, shard.scale.view(torch.uint8)
+
     def lookup(self, indices: torch.Tensor, out: torch.Tensor, background: bool = False) -> None:
+        if self._file_shard is None or indices.is_cuda:
+            self._lookup(indices, out, background)
+            return
+        if self._file_shard.readahead:
+            read_ahead(self._file_shard, indices)
+        with files_named_on_fault(self._file_shard):  # a file that shrank is named, never SIGBUS
+            self._lookup(indices, out, background)
+
+    def _lookup(self, indices: torch.Tensor, out: torch.Tensor, background: bool = False) -> None:
         """As vLLM's: this rank's heads of `indices` [T, n_hash_cols] into `out`, dequantised bf16 [T, heads,
         dim] or packed bytes (values, then scales, per head); heads past the last and rows of other ranks
         read zeros."""
@@ -72,9 +125,11 @@ _VLLMS_FACTORY = vllm_engram.Engram._create_embedding
 
 def create_embedding(self: Any, layout: Any, layer_hash_index: int) -> Any:
     """Engram._create_embedding: engram's table where engram is enabled, vLLM's own otherwise."""
-    config = engram_config(get_current_vllm_config())
+    vllm_config = get_current_vllm_config()
+    config = engram_config(vllm_config)
     if config is None:
         return _VLLMS_FACTORY(self, layout, layer_hash_index)
+    checkpoint = checkpoint_dir(vllm_config) if config.file_backed else None
     return EngramParallelEmbedding(
         layout.num_embeddings[layer_hash_index],
         layout.head_dim,
@@ -83,7 +138,24 @@ def create_embedding(self: Any, layout: Any, layer_hash_index: int) -> Any:
         dp_shared_memory=bool(config.dp_shared_memory),
         use_thp=config.use_thp,
         engram=config,
+        table=f"layers.{layout.layer_ids[layer_hash_index]}.engram.embed",
+        checkpoint=checkpoint,
     )
+
+
+def checkpoint_dir(vllm_config: Any) -> str:
+    """The model's local directory, whose safetensors files file-backed tables are served from."""
+    model = getattr(getattr(vllm_config, "model_config", None), "model", None)
+    load = getattr(getattr(vllm_config, "load_config", None), "load_format", "auto")
+    if not isinstance(model, str) or not Path(model).is_dir():
+        raise EngramError(
+            f"engram setting 'file_backed' serves tables from the model's safetensors files on local disk; {model!r} is not a directory (download the model first)"
+        )
+    if load == "dummy":
+        raise EngramError(
+            "engram setting 'file_backed' serves the checkpoint's own pages; load_format 'dummy' has none"
+        )
+    return model
 
 
 def install() -> None:

@@ -15,6 +15,7 @@ from vllm.models.qwen4_exp.common.ngram_embedding import (
 )
 
 from engram.config import EngramConfig
+from engram.errors import EngramError
 from engram.integrations.vllm.settings import engram_config
 from engram.memory.mapping import Mapping, map_anonymous
 from engram.ops import gather
@@ -53,7 +54,12 @@ class EngramStorage:
 
 
 def _init_engram(module: Any) -> None:
-    module._engram = _config()
+    config = _config()
+    if config is not None and config.file_backed:
+        raise EngramError(
+            "engram setting 'file_backed': Qwen4Exp tables are not served from the checkpoint's file inside vLLM yet (DeepSeek V4.1's are); set it to false"
+        )
+    module._engram = config
     module._mappings = []
 
 

@@ -14,7 +14,6 @@ ENV = "ENGRAM_VLLM_CONFIG"
 VLLM_FIELDS = ("cpu_offload", "embedding_across_dp", "dp_shared_memory", "use_thp")
 # What the plugin cannot honour yet inside vLLM's layout: refused with the reason, never ignored.
 NOT_YET = {
-    "file_backed": "file-backed tables are not served inside vLLM yet: vLLM's loader hands tensors, not files",
     "device_cache_bytes": "the device cache is not built inside vLLM yet: it needs a profile of the served model",
 }
 
