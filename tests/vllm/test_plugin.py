@@ -87,3 +87,28 @@ def test_the_plugin_serves_deepseek_tables_as_vllm_does(tmp_path: Path) -> None:
                 assert theirs["packed"] == off["packed"] == ours["packed"] == mapped["packed"]
                 seconds = (theirs["seconds_to_first_lookup"], mapped["seconds_to_first_lookup"])
                 print(f"TP {tp}: start to first lookup, vLLM's load {seconds[0]:.4f} s, file-backed {seconds[1]:.4f} s")
+
+
+def test_two_replicas_share_one_copy_and_a_kill_leaves_nothing(tmp_path: Path) -> None:
+    """dp_shared_memory through the plugin: two processes as two DP replicas on one node (vLLM's Engram DP
+    group a real gloo group) map one memfd copy of each table, loaded by the leader alone: each process's
+    PSS of it is half the table, and both read vLLM's rows. A replica killed in the middle of the load:
+    the survivor reports the dead peer in one line, and nothing is left in /dev/shm (a memfd dies with
+    its last holder)."""
+    write_checkpoint(DS, tmp_path, seed=9)
+    hf = hf_config(DS, "fp8", 0)["text_config"]
+    ids = DS.hasher().hash(torch.randint(0, DS.vocab, (16,), generator=torch.Generator().manual_seed(4)))
+    base = {"path": str(tmp_path), "hf": hf, "ids": ids.transpose(0, 1).tolist()}
+    [vllm] = ask_vllm("plugin_deepseek", [{**base, "tp": 1}])
+    shared, killed = ask_vllm("plugin_shared", [base, {**base, "kill_during_load": True}])
+    tables = ("engram-layers-", "vllm_engram")  # named tables of these (other tests may share the directory)
+    assert shared["exit_codes"] == [0, 0] and not [f for f in shared["shm_left"] if f.startswith(tables)]
+    replicas = [shared["replicas"][r] for r in ("0", "1")]
+    for index, table in enumerate(vllm["vllm"][0]["tables"]):
+        assert replicas[0][index]["rows"] == replicas[1][index]["rows"] == table["rows"]
+        size = replicas[0][index]["bytes"]
+        assert all(0.45 * size <= r[index]["pss"] <= 0.55 * size for r in replicas)  # one copy, two holders
+    assert killed["exit_codes"][1] == -9 and not [f for f in killed["shm_left"] if f.startswith(tables)]
+    assert killed["replicas"]["0"].startswith(
+        "EngramError: vLLM's Engram DP group: ranks [0, 1] did not all reach 'load "
+    )

@@ -6,6 +6,7 @@ import os
 import sys
 import time
 from types import SimpleNamespace
+from typing import Any
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # vLLM's Triton kernels on the CPU
 # vLLM disables Triton where no GPU driver is active, except in a distributed worker whose visible devices
@@ -510,6 +511,111 @@ KINDS = {
     "plugin_deepseek": plugin_deepseek_case,
 }
 
-for line in sys.stdin:
-    case = json.loads(line)
-    print(json.dumps(KINDS[case["kind"]](case)), flush=True)
+
+def shared_replica(rank: int, case: dict, port: int, results: Any) -> None:
+    """One of two DP replicas on this node building DeepSeek tables with engram's shared storage (vLLM's
+    node-local Engram DP group is a real gloo group here); rank 1 may die by SIGKILL in the middle of the
+    load (`kill_during_load`)."""
+    import signal
+    from unittest import mock
+
+    import torch.distributed as dist
+    import vllm.models.deepseek_v41.common.engram as engram
+    from safetensors.torch import load_file
+    from vllm.plugins import DEFAULT_PLUGINS_GROUP, load_plugins_by_group
+    from vllm.transformers_utils.configs.deepseek_v41 import DeepseekV41Config
+
+    from engram.memory.smaps import pss
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        group = SimpleNamespace(
+            cpu_group=dist.new_group([0, 1], backend="gloo"), ranks=[0, 1], rank_in_group=rank, world_size=2
+        )
+        for func in load_plugins_by_group(DEFAULT_PLUGINS_GROUP).values():
+            func()
+        current = SimpleNamespace(
+            additional_config={"engram": {}},
+            engram_config=SimpleNamespace(
+                cpu_offload=True, dp_shared_memory=True, use_thp=False, embedding_across_dp=False
+            ),
+        )
+        ours = sys.modules["engram.integrations.vllm.deepseek"]
+        patches = [
+            mock.patch.object(engram, "get_current_vllm_config", lambda: current),
+            mock.patch.object(ours, "get_current_vllm_config", lambda: current),
+            mock.patch.object(engram, "get_engram_dp_size", lambda: 2),
+            mock.patch.object(engram, "get_engram_dp_group", lambda: group),
+            mock.patch.object(engram, "get_tensor_model_parallel_world_size", lambda: 1),
+            mock.patch.object(engram, "get_tensor_model_parallel_rank", lambda: 0),
+            mock.patch.object(engram, "is_uva_available", lambda: True),
+            mock.patch.object(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(multi_processor_count=4)),
+            mock.patch.object(torch.accelerator, "current_device_index", lambda: 0),
+        ]
+        for patch in patches:
+            patch.start()
+        layout = engram.EngramLayout(DeepseekV41Config(text_config=case["hf"]))
+        weights = load_file(f"{case['path']}/model.safetensors")
+        out = []
+        for index, layer_id in enumerate(layout.layer_ids):
+            table = engram.Engram._create_embedding(None, layout, index)
+            name = f"layers.{layer_id}.engram.embed"
+            if rank == 1 and case.get("kill_during_load"):
+                os.kill(os.getpid(), signal.SIGKILL)
+            table.weight.weight_loader(table.weight, weights[f"{name}.weight"])
+            table.weight_scale_inv.weight_loader(table.weight_scale_inv, weights[f"{name}.scale"])
+            ids = torch.tensor(case["ids"][index])
+            rows = torch.zeros(ids.shape[0], table.part_n_hash_cols, table.dim, dtype=torch.bfloat16)
+            table.lookup(ids, rows)
+            [mapping] = table._mappings
+            out.append(
+                {
+                    "rows": rows.view(torch.int16).flatten().tolist(),
+                    "pss": pss(mapping.addr, mapping.length),
+                    "bytes": mapping.length,
+                }
+            )
+        dist.barrier()
+        results.put((rank, out))
+    except Exception as exc:  # the message is the answer
+        results.put((rank, f"{type(exc).__name__}: {exc}"))
+    finally:
+        dist.destroy_process_group()
+
+
+def plugin_shared_case(case: dict) -> dict:
+    """Two processes as two DP replicas on one node, sharing DeepSeek tables through the plugin: their rows
+    and the PSS of the shared mapping in each (one copy split between two), or, with a replica killed in
+    the middle of the load, what the survivor reports; and the shared-memory directory before and after."""
+    import multiprocessing
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    before = sorted(os.listdir("/dev/shm"))
+    os.environ["ENGRAM_DIST_TIMEOUT_S"] = "30"  # a dead peer is reported within this, not 5 minutes
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    workers = [context.Process(target=shared_replica, args=(rank, case, port, results)) for rank in (0, 1)]
+    for worker in workers:
+        worker.start()
+    answers = {}
+    for _ in range(1 if case.get("kill_during_load") else 2):
+        rank, answer = results.get(timeout=300)
+        answers[str(rank)] = answer
+    for worker in workers:
+        worker.join(timeout=120)
+    return {
+        "replicas": answers,
+        "exit_codes": [w.exitcode for w in workers],
+        "shm_left": sorted(set(os.listdir("/dev/shm")) - set(before)),
+    }
+
+
+KINDS["plugin_shared"] = plugin_shared_case
+
+if __name__ == "__main__":
+    for line in sys.stdin:
+        case = json.loads(line)
+        print(json.dumps(KINDS[case["kind"]](case)), flush=True)

@@ -18,8 +18,10 @@ from engram.memory.mapping import Mapping, map_anonymous
 from engram.memory.registration import register
 from engram.ops import gather
 from engram.runtime.checkpoints.loader import Checkpoint
+from engram.runtime.dist import Group, barrier, timeout_s
 from engram.runtime.placement.filemap import file_shard, files_named_on_fault, read_ahead
 from engram.runtime.placement.hugepages import map_huge
+from engram.runtime.placement.shm import create_shared
 from engram.runtime.placement.storage import ShardFormat, TableShard
 
 
@@ -41,8 +43,9 @@ _CHECKPOINTS: dict[str, Checkpoint] = {}  # one open checkpoint per directory an
 
 class EngramParallelEmbedding(vllm_engram.ParallelEngramEmbedding):
     """Host tables (cpu_offload) in one exact-size engram mapping, weights then ue8m0 scales, huge pages
-    with use_thp, registered for UVA on a GPU; with file_backed, views of the checkpoint's own pages (no
-    load copy). Device tables, shared tables (dp_shared_memory) and peer tables stay vLLM's. On the CPU
+    with use_thp, registered for UVA on a GPU; with dp_shared_memory one memfd for the node's Engram DP
+    group; with file_backed, views of the checkpoint's own pages (no load copy). Device tables and peer
+    tables stay vLLM's. On the CPU
     engram's kernels gather (guarded for file-backed tables); on a GPU vLLM's kernel reads the mapping."""
 
     _weight_loader = staticmethod(_load_unless_file_backed)
@@ -53,6 +56,7 @@ class EngramParallelEmbedding(vllm_engram.ParallelEngramEmbedding):
         self._checkpoint = checkpoint
         self._mappings: list[Mapping] = []
         self._file_shard: TableShard | None = None
+        self._group: Group | None = None  # the node's Engram DP group, for shared tables
         super().__init__(*args, **kwargs)
         if self._file_shard is not None:
             for param in (self.weight, self.weight_scale_inv):
@@ -60,13 +64,18 @@ class EngramParallelEmbedding(vllm_engram.ParallelEngramEmbedding):
 
     def _allocate_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         on_gpu = torch.cuda.is_available()
-        vllms = torch.get_default_device().type == "meta" or self.peer_rows or self.dp_shared_memory
+        vllms = torch.get_default_device().type == "meta" or self.peer_rows
         if vllms or (on_gpu and not self.cpu_offload):
             return super()._allocate_weights()
         if self._engram.file_backed:
             return self._file_backed()
         fmt = ShardFormat(self.part_num_embeddings, self.dim, "fp8")
-        mapping = map_huge(fmt.nbytes).mapping if self._engram.use_thp else map_anonymous(fmt.nbytes, kind="host")
+        if self.dp_shared_memory:
+            mapping = self._shared(fmt)
+        elif self._engram.use_thp:
+            mapping = map_huge(fmt.nbytes).mapping
+        else:
+            mapping = map_anonymous(fmt.nbytes, kind="host")
         if on_gpu:
             from engram.ops.cuda import library_runtime
 
@@ -74,6 +83,24 @@ class EngramParallelEmbedding(vllm_engram.ParallelEngramEmbedding):
         self._mappings.append(mapping)
         weight = mapping.view(0, fmt.weight_shape, torch.float8_e4m3fn)
         return weight, mapping.view(fmt.scale_offset, fmt.scale_shape, torch.uint8)
+
+    def _shared(self, fmt: ShardFormat) -> Mapping:
+        """One copy for vLLM's node-local Engram DP group: an anonymous memfd the group's leader makes and
+        hands to the others (engram.runtime.placement.memfd), so no crash at any instant leaves a file
+        behind. Weights load through the leader only, every member meeting at a barrier after each."""
+        coordinator = vllm_engram.get_engram_dp_group()
+        if coordinator is None:
+            raise EngramError("dp_shared_memory needs vLLM's node-local Engram DP group, and it has none here")
+        group = Group(coordinator.cpu_group, tuple(coordinator.ranks), "vLLM's Engram DP group", timeout_s())
+        self._group = group
+        self._weight_loader = self._load_shared
+        return create_shared(fmt.nbytes, group, tag=self._table.replace(".", "-"))
+
+    def _load_shared(self, param: torch.nn.Parameter, loaded_weight: torch.Tensor) -> None:
+        assert self._group is not None
+        if self._group.rank == 0:
+            vllm_engram._engram_head_shard_weight_loader(param, loaded_weight)
+        barrier(self._group, f"load {self._table}")
 
     def _file_backed(self) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's rows of the table, in place in the checkpoint's safetensors file."""
