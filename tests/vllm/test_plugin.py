@@ -76,15 +76,19 @@ def test_the_plugin_serves_deepseek_tables_as_vllm_does(tmp_path: Path) -> None:
             "plugin_deepseek", [{"path": str(tmp_path), "hf": hf, "tp": tp, "ids": ids.transpose(0, 1).tolist()}]
         )
         ranks = zip(answer["vllm"], answer["disabled"], answer["on"], answer["file"], strict=True)
-        for vllm, disabled, on, file in ranks:
+        for vllm_rank, (vllm, disabled, on, file) in enumerate(ranks):
             assert "error" not in file, file
             tables = zip(vllm["tables"], disabled["tables"], on["tables"], file["tables"], strict=True)
-            for theirs, off, ours, mapped in tables:
+            for index, (theirs, off, ours, mapped) in enumerate(tables):
                 assert theirs["class"] == off["class"] == "ParallelEngramEmbedding" and not off["engram_storage"]
                 assert ours["class"] == mapped["class"] == "EngramParallelEmbedding" and ours["engram_storage"]
                 assert mapped["file_backed"] and not ours["file_backed"]  # the checkpoint's pages, no copy
                 assert theirs["rows"] == off["rows"] == ours["rows"] == mapped["rows"] and any(theirs["rows"])
                 assert theirs["packed"] == off["packed"] == ours["packed"] == mapped["packed"]
+                for placement in ("host", "hugepages"):  # cpu_offload: engram's host mapping, huge pages with use_thp
+                    table = answer[placement][vllm_rank]["tables"][index]
+                    assert table["engram_storage"] and not table["file_backed"]
+                    assert table["rows"] == theirs["rows"] and table["packed"] == theirs["packed"]
                 seconds = (theirs["seconds_to_first_lookup"], mapped["seconds_to_first_lookup"])
                 print(f"TP {tp}: start to first lookup, vLLM's load {seconds[0]:.4f} s, file-backed {seconds[1]:.4f} s")
 

@@ -432,11 +432,11 @@ def plugin_deepseek_case(case: dict) -> dict:
     weights = load_file(f"{case['path']}/model.safetensors")
     tp = case["tp"]
 
-    def build(additional: dict, tp_rank: int, cpu_offload: bool = False) -> dict:
+    def build(additional: dict, tp_rank: int, cpu_offload: bool = False, use_thp: bool = False) -> dict:
         current = SimpleNamespace(
             additional_config=additional,
             engram_config=SimpleNamespace(
-                cpu_offload=cpu_offload, dp_shared_memory=False, use_thp=False, embedding_across_dp=False
+                cpu_offload=cpu_offload, dp_shared_memory=False, use_thp=use_thp, embedding_across_dp=False
             ),
             model_config=SimpleNamespace(model=case["path"]),
             load_config=SimpleNamespace(load_format="safetensors"),
@@ -496,6 +496,8 @@ def plugin_deepseek_case(case: dict) -> dict:
     answer["disabled"] = [build({}, r) for r in range(tp)]
     answer["on"] = [build({"engram": {}}, r) for r in range(tp)]
     answer["file"] = [build({"engram": {"file_backed": True}}, r, cpu_offload=True) for r in range(tp)]
+    answer["host"] = [build({"engram": {}}, r, cpu_offload=True) for r in range(tp)]
+    answer["hugepages"] = [build({"engram": {}}, r, cpu_offload=True, use_thp=True) for r in range(tp)]
     return answer
 
 
