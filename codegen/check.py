@@ -5,13 +5,14 @@ engram's if/then rules, and keywords that are almost certainly mistakes."""
 from __future__ import annotations
 
 import difflib
+import math
 import re
 import string
 from typing import Any
 
 import jsonschema
 
-from codegen.index import SchemaIndex
+from codegen.index import SchemaIndex, children, escape
 from codegen.load import SchemaError
 from codegen.validators import is_rule
 from engram.validation.patterns import is_pattern
@@ -106,6 +107,7 @@ def check_schema(document: dict[str, Any], *, require_dialect: bool = True) -> l
     """Raise SchemaError for what cannot be compiled or is almost surely a mistake; return warnings.
     `require_dialect`: the root must say `"$schema"` (a schema file must; a schema compiled on its own
     is read as 2020-12 without it)."""
+    _check_finite(document)
     error = jsonschema.exceptions.best_match(_meta_validator().iter_errors(document))
     if error is not None:
         pointer = "".join(f"/{p}" for p in error.absolute_path)
@@ -129,8 +131,40 @@ def check_schema(document: dict[str, Any], *, require_dialect: bool = True) -> l
             ]
             for key in ("$ref", "$dynamicRef"):  # a reference that leaves the document is refused now
                 if isinstance(node.get(key), str):
-                    index.resolve(node[key], index.base[pointer], f"{pointer}/{key}")
+                    target = index.resolve(node[key], index.base[pointer], f"{pointer}/{key}")
+                    if target not in index.base:  # inside an unknown keyword: checked as a schema here
+                        _check_subtree(index, target)
     return warnings
+
+
+def _check_finite(document: Any) -> None:
+    """Python's json reads 1e999 as inf and NaN as nan; neither is a JSON number, and neither can reach
+    generated code as a literal."""
+    stack: list[tuple[str, Any]] = [("", document)]
+    while stack:
+        pointer, value = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            raise SchemaError(f"{pointer or '/'}: {value!r} is not a JSON number (write a finite one)")
+        if isinstance(value, dict):
+            stack += [(f"{pointer}/{escape(k)}", v) for k, v in value.items()]
+        elif isinstance(value, list):
+            stack += [(f"{pointer}/{i}", v) for i, v in enumerate(value)]
+
+
+def _check_subtree(index: SchemaIndex, pointer: str) -> None:
+    """A schema reached only by a $ref (inside a keyword 2020-12 does not know), checked as every other:
+    against the meta-schema, then node by node."""
+    node = index.at(pointer)
+    error = jsonschema.exceptions.best_match(_meta_validator().iter_errors(node))
+    if error is not None:
+        at = pointer + "".join(f"/{p}" for p in error.absolute_path)
+        raise SchemaError(f"the schema a $ref names fails the 2020-12 meta-schema at {at}: {error.message}")
+    stack = [(pointer, node)]
+    while stack:
+        at, sub = stack.pop()
+        if isinstance(sub, dict):
+            _check_node(sub, at)
+        stack += children(sub, at)
 
 
 def _check_node(node: dict[str, Any], pointer: str) -> None:

@@ -31,6 +31,8 @@ SINGLE = (
     "contentSchema",
 )
 MAPS = ("$defs", "properties", "patternProperties", "dependentSchemas")
+# Keywords whose values are instance data, never schemas: a $ref into them is refused.
+DATA = frozenset({"default", "examples", "const", "enum"})
 LISTS = ("prefixItems", "allOf", "anyOf", "oneOf")
 
 
@@ -43,13 +45,20 @@ def unescape(token: str) -> str:
     return token.replace("~1", "/").replace("~0", "~")
 
 
-def join(base: str, ref: str) -> str:
-    """`ref` resolved against `base` (RFC 3986), also for bases urljoin does not know (urn:, tag:)."""
-    if urlsplit(ref).scheme:
-        return ref
-    if ref.startswith("#") or not ref:
-        return urldefrag(base)[0] + ref
-    return urljoin(base, ref)
+def join(base: str, ref: str, where: str = "") -> str:
+    """`ref` resolved against `base` (RFC 3986), also for bases urljoin does not know (urn:, tag:). A
+    reference Python cannot parse (`http://[::1`) is a SchemaError at `where`."""
+    try:
+        if urlsplit(ref).scheme:
+            joined = ref
+        elif ref.startswith("#") or not ref:
+            joined = urldefrag(base)[0] + ref
+        else:
+            joined = urljoin(base, ref)
+        urldefrag(joined)  # parseable, so every later split of it is too
+        return joined
+    except ValueError as exc:
+        raise SchemaError(f"{where or '/'}: {ref[:200]!r} is not a URI reference ({exc})") from None
 
 
 def children(schema: Any, pointer: str) -> list[tuple[str, Any]]:
@@ -92,7 +101,7 @@ class SchemaIndex:
             node = self.at(pointer)
             for key in ("$ref", "$dynamicRef"):
                 ref = node.get(key) if isinstance(node, dict) else None
-                uri = urldefrag(join(self.base[pointer], ref))[0] if isinstance(ref, str) else ""
+                uri = urldefrag(join(self.base[pointer], ref, f"{pointer}/{key}"))[0] if isinstance(ref, str) else ""
                 if uri.startswith(BUNDLED) and uri not in self.resources:
                     try:
                         contents = jsonschema_specifications.REGISTRY.contents(uri)
@@ -115,7 +124,7 @@ class SchemaIndex:
 
     def _enter(self, pointer: str, node: dict[str, Any], base: str) -> str:
         if isinstance(node.get("$id"), str):
-            base = urldefrag(join(base, node["$id"]))[0]
+            base = urldefrag(join(base, node["$id"], f"{pointer}/$id"))[0]
             if self.resources.get(base, pointer) != pointer:
                 raise SchemaError(f"{pointer}/$id: {base!r} already identifies {self.resources[base] or '/'}")
             self.resources[base] = pointer
@@ -145,7 +154,7 @@ class SchemaIndex:
 
     def resolve(self, ref: str, base: str, where: str) -> str:
         """The pointer of the node `ref` names, read against `base`; `where` is the referring keyword."""
-        uri, fragment = urldefrag(join(base, ref))
+        uri, fragment = urldefrag(join(base, ref, where))
         if uri not in self.resources:
             raise SchemaError(
                 f"{where}: remote reference {ref!r} (resolves to {uri!r}) is not supported: the generator "
@@ -162,7 +171,13 @@ class SchemaIndex:
             return target
         pointer = root + fragment
         node: Any = self.at(root)
+        at = root
         for token in fragment.split("/")[1:]:
+            if at in self.base and unescape(token) in DATA:
+                raise SchemaError(
+                    f"{where}: {ref!r} points into {unescape(token)!r} at {at or '/'}, which holds data, not schemas"
+                )
+            at = f"{at}/{token}"
             if isinstance(node, dict) and unescape(token) in node:
                 node = node[unescape(token)]
             elif isinstance(node, list) and token.isdigit() and int(token) < len(node):

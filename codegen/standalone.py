@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from codegen.check import check_schema
-from codegen.load import too_deep
+from codegen.load import SchemaError, too_deep
 from codegen.render import compiles, environment
 from codegen.validators import ValidatorCompiler
 from engram.errors import Problem
@@ -18,6 +18,8 @@ from engram.errors import Problem
 
 def validator_source(schema: Any) -> str:
     """Python source of a module whose `check_document(v, path, out)` validates against `schema`."""
+    if not isinstance(schema, dict | bool):
+        raise SchemaError(f"a schema is an object or a boolean, not {type(schema).__name__} {json.dumps(schema)[:80]}")
     try:
         if isinstance(schema, dict):
             check_schema(schema, require_dialect=False)

@@ -3,6 +3,7 @@ which differs from Python's (True is not 1 there, and 1.0 is an integer)."""
 
 from __future__ import annotations
 
+import math
 import reprlib
 from collections.abc import Callable
 from decimal import Decimal
@@ -43,6 +44,8 @@ def _multiple_of(v: int | float, m: int | float) -> bool:
     """multipleOf in exact decimal arithmetic: 0.3 is a multiple of 0.1, and 1e308 of nothing small."""
     if isinstance(v, int) and isinstance(m, int):
         return v % m == 0
+    if not math.isfinite(v):  # 1e999 and NaN, which Python's json reads: multiples of nothing
+        return False
     return _exact(v) % _exact(m) == 0
 
 
