@@ -15,7 +15,7 @@ import jsonschema
 from codegen.index import SchemaIndex, children, escape
 from codegen.load import SchemaError
 from codegen.validators import is_rule
-from engram.validation.patterns import is_pattern
+from engram.validation.patterns import bound_problem, is_pattern
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 # Every keyword of the 2020-12 core, applicator, unevaluated, validation, meta-data, format-annotation
@@ -111,7 +111,11 @@ def check_schema(document: dict[str, Any], *, require_dialect: bool = True) -> l
     error = jsonschema.exceptions.best_match(_meta_validator().iter_errors(document))
     if error is not None:
         pointer = "".join(f"/{p}" for p in error.absolute_path)
-        raise SchemaError(f"schema fails the 2020-12 meta-schema at {pointer or '/'}: {error.message}")
+        bounds = (
+            bound_problem(error.instance) if error.validator == "format" and isinstance(error.instance, str) else None
+        )
+        detail = f"{error.instance[:80]!r} is too big a pattern to compile: {bounds}" if bounds else error.message
+        raise SchemaError(f"schema fails the 2020-12 meta-schema at {pointer or '/'}: {detail}")
     if require_dialect and document.get("$schema") != DRAFT:
         raise SchemaError(f'the schema must declare "$schema": "{DRAFT}"')
     if "x-engram-format-assertion" in document and not isinstance(document["x-engram-format-assertion"], bool):

@@ -14,6 +14,7 @@ from codegen.load import SchemaError, too_deep
 from codegen.render import compiles, environment
 from codegen.validators import ValidatorCompiler
 from engram.errors import Problem
+from engram.validation.patterns import PatternTimeout
 
 
 def validator_source(schema: Any) -> str:
@@ -50,7 +51,10 @@ def load_validator(schema: Any) -> Callable[[Any], list[Problem]]:
 
     def problems(value: Any) -> list[Problem]:
         found: list[Problem] = []
-        check(value, "", found)
+        try:
+            check(value, "", found)
+        except PatternTimeout as exc:  # reported, never a hang
+            found.append(Problem("", "pattern-timeout", str(exc)))
         return found
 
     return problems

@@ -53,7 +53,7 @@ HELPERS = {
         "_shown",
         "_unique",
     ),
-    "engram.validation.patterns": ("compile_pattern",),
+    "engram.validation.patterns": ("compile_pattern", "pattern_search"),
     "engram.validation.formats": ("format_check",),
 }
 
@@ -306,7 +306,7 @@ class _Node:
         if "pattern" in self.s:
             pattern = self.c.constant(f"compile_pattern({self.s['pattern']!r})")
             expected = f"expected a match for the pattern {self.s['pattern']!r}"
-            body += self.when(i, f"{pattern}.search(v) is None", self.problem("pattern", expected))
+            body += self.when(i, f"not pattern_search({pattern}, v)", self.problem("pattern", expected))
         name = self.s.get("format")
         if self.c.assert_formats and isinstance(name, str):
             if name not in FORMAT_CHECKS:
@@ -410,7 +410,7 @@ class _Node:
         for pattern, (source, sub) in zip(patterns, s.get("patternProperties", {}).items(), strict=True):
             at = 'path + "/" + _escape(key)'
             lines = self.apply(i + "        ", sub, self.at("patternProperties", source), "x", at, "key")
-            loop = [f"{i}for key, x in v.items():", f"{i}    if {pattern}.search(key) is not None:"]
+            loop = [f"{i}for key, x in v.items():", f"{i}    if pattern_search({pattern}, key):"]
             body += [*loop, *lines] if lines else []
         for key, _ in s.get("dependentSchemas", {}).items():
             fn = self.child(self.at("dependentSchemas", key), inplace=True)
@@ -424,7 +424,7 @@ class _Node:
         sub = self.s["additionalProperties"]
         names = list(self.s.get("properties", {}))
         known = self.c.constant(f"frozenset({tuple(names)!r})")
-        test = "".join(f" and {p}.search(key) is None" for p in patterns)
+        test = "".join(f" and not pattern_search({p}, key)" for p in patterns)
         body = [f"{i}for key in sorted(v.keys() - {known}):"]
         inner = i + "        " if test else i + "    "
         if test:

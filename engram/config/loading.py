@@ -36,6 +36,7 @@ from engram.errors import ConfigError, Problem
 from engram.memory.host import HostLimits, verify_host_memory
 from engram.validation.env import env_bool, parse_bool
 from engram.validation.json_values import _shown
+from engram.validation.patterns import PatternTimeout
 
 __all__ = [
     "PARTS",
@@ -257,7 +258,10 @@ def validate_deployment(document: dict[str, Any], *, env: Mapping[str, str] | No
     engram = document.get("engram", {})
     if isinstance(engram, dict):
         _fill_env_defaults(engram, os.environ if env is None else env, problems)
-    check_document(document, "", problems)
+    try:
+        check_document(document, "", problems)
+    except PatternTimeout as exc:  # a value no pattern should take seconds over: refused, never a hang
+        problems.append(Problem("", "pattern-timeout", str(exc)))
     if problems:
         raise ConfigError(problems)
     parts: dict[str, Any] = {

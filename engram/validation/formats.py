@@ -9,7 +9,7 @@ import re
 from collections.abc import Callable
 from datetime import date
 
-from engram.validation.patterns import is_pattern
+from engram.validation.patterns import is_instance_pattern
 
 _DATE = re.compile(r"(\d{4})-(\d{2})-(\d{2})", re.ASCII)
 _TIME = re.compile(r"(\d{2}):(\d{2}):(\d{2})(\.\d+)?(?:[zZ]|([+-])(\d{2}):(\d{2}))", re.ASCII)
@@ -110,7 +110,7 @@ CHECKS: dict[str, Callable[[str], bool]] = {
     "uri": _uri,
     "uri-reference": _uri_reference,
     "uuid": lambda text: _UUID.fullmatch(text) is not None,
-    "regex": is_pattern,
+    "regex": is_instance_pattern,
     "json-pointer": lambda text: _POINTER.fullmatch(text) is not None,
 }
 

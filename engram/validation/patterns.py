@@ -1,6 +1,11 @@
 """JSON Schema patterns are ECMA-262 regular expressions. The `regex` package parses what Python's `re`
 cannot (`\\p{Letter}`), and the few places where the two dialects disagree on the same text are
-rewritten here: ECMA's `\\d` and `\\w` are ASCII only, and its `$` matches only at the very end."""
+rewritten here: ECMA's `\\d` and `\\w` are ASCII only, and its `$` matches only at the very end.
+
+Patterns are bounded before they are compiled: at most MAX_PATTERN characters, and at most
+MAX_EXPANSION characters once every counted repeat is written out (`a{10000000}` would take gigabytes to
+compile, `(?:a{1000}){1000}` seconds). Every match runs with a timeout (MATCH_SECONDS): a pattern that
+backtracks without end, `(a|a)*$` on a long key, raises PatternTimeout instead of hanging."""
 
 from __future__ import annotations
 
@@ -36,15 +41,104 @@ def translate(source: str) -> str:
     return "".join(out)
 
 
+MAX_PATTERN = 4096
+MAX_EXPANSION = 100_000
+MATCH_SECONDS = 1.0
+_REPEAT = regex.compile(r"\{(\d+)(?:,(\d*))?\}")
+
+
+class PatternTimeout(Exception):
+    """A match ran past MATCH_SECONDS."""
+
+
+def bound_problem(source: str) -> str | None:
+    """Why `source` is too big to compile, or None: its length, or its size with every counted repeat
+    written out (nested repeats multiply; alternatives add, an upper bound)."""
+    if len(source) > MAX_PATTERN:
+        return f"a pattern of {len(source):,} characters; at most {MAX_PATTERN:,}"
+    totals, last, i, in_class = [0], 0, 0, False
+    while i < len(source):
+        ch = source[i]
+        repeat = _REPEAT.match(source, i) if ch == "{" and not in_class else None
+        if ch == "\\":
+            i += 2
+            if i < len(source) and source[i - 1] in "pPNux" and source[i] == "{":
+                i = source.find("}", i) + 1 or len(source)
+            if not in_class:
+                totals[-1] += 1
+                last = 1
+            continue
+        if in_class:
+            in_class = ch != "]"
+        elif ch == "[":
+            in_class = True
+            totals[-1] += 1
+            last = 1
+        elif ch == "(":
+            totals.append(0)
+        elif ch == ")" and len(totals) > 1:
+            last = totals.pop()
+            totals[-1] += last
+        elif repeat is not None:
+            count = max(int(repeat.group(1)), int(repeat.group(2) or 0))
+            if count > MAX_EXPANSION:
+                return f"a repeat of {count:,}; at most {MAX_EXPANSION:,}"
+            totals[-1] += last * (count - 1)
+            last *= count
+            i = repeat.end()
+            if totals[-1] > MAX_EXPANSION:
+                break
+            continue
+        elif ch not in "*+?|^$":
+            totals[-1] += 1
+            last = 1
+        i += 1
+    size = max(totals)
+    return (
+        f"counted repeats that expand to {size:,}+ characters; at most {MAX_EXPANSION:,}"
+        if size > MAX_EXPANSION
+        else None
+    )
+
+
+def _compile(source: str, cache: bool) -> regex.Pattern[str]:
+    problem = bound_problem(source)
+    if problem:
+        raise ValueError(problem)
+    return regex.compile(translate(source), cache_pattern=cache)
+
+
 @functools.lru_cache(maxsize=4096)
 def compile_pattern(source: str) -> regex.Pattern[str]:
-    """The compiled pattern; raises regex.error for one no engine can parse."""
-    return regex.compile(translate(source))
+    """A schema's pattern, compiled once; raises regex.error for one no engine can parse and ValueError
+    for one past the bounds."""
+    return _compile(source, cache=True)
+
+
+def pattern_search(pattern: regex.Pattern[str], text: str) -> bool:
+    """Whether `pattern` matches somewhere in `text`; PatternTimeout past MATCH_SECONDS."""
+    try:
+        return pattern.search(text, timeout=MATCH_SECONDS) is not None
+    except TimeoutError:
+        raise PatternTimeout(
+            f"pattern {pattern.pattern[:80]!r} took more than {MATCH_SECONDS:g} s on a string of {len(text):,} characters"
+        ) from None
 
 
 def is_pattern(source: str) -> bool:
+    """A schema's pattern: compiled and kept."""
     try:
         compile_pattern(source)
-    except (regex.error, ValueError, OverflowError):
+    except (regex.error, ValueError, OverflowError, MemoryError):
+        return False
+    return True
+
+
+def is_instance_pattern(source: str) -> bool:
+    """A pattern in instance data (format "regex"): checked without keeping it, so data cannot fill a
+    cache with compiled patterns."""
+    try:
+        _compile(source, cache=False)
+    except (regex.error, ValueError, OverflowError, MemoryError):
         return False
     return True

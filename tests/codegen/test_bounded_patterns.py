@@ -1,0 +1,59 @@
+"""Patterns cost bounded work (issue 23, item 2, the pattern half): too long or too repetitive a pattern
+is refused when the schema is checked, with the reason, before anything compiles; a match that
+backtracks past its timeout is reported as a problem, never a hang; patterns in instance data are checked
+without being kept."""
+
+from __future__ import annotations
+
+import pytest
+
+from codegen.load import SchemaError
+from codegen.standalone import load_validator
+from engram.validation.patterns import MATCH_SECONDS, bound_problem, compile_pattern, is_instance_pattern
+
+
+@pytest.mark.parametrize(
+    ("pattern", "problem"),
+    [
+        ("a{10000000}", "a repeat of 10,000,000; at most 100,000"),
+        ("(?:a{1000}){1000}", "counted repeats that expand to 1,00"),
+        ("(?:a{65535}){65535}", "counted repeats that expand to"),
+        ("x" * 5000, "a pattern of 5,000 characters; at most 4,096"),
+    ],
+)
+def test_oversized_patterns_are_refused_with_the_reason(pattern: str, problem: str) -> None:
+    assert (bound_problem(pattern) or "").startswith(problem)
+    with pytest.raises(SchemaError, match="at /pattern: .* is too big a pattern to compile: " + problem[:20]):
+        load_validator({"pattern": pattern})
+
+
+@pytest.mark.parametrize(
+    "pattern", ["a{10000}", "(?:a{100}){100}", r"\p{Letter}{3}", "[a{99999999}]", "^[a-z]+$", "x{2,}"]
+)
+def test_patterns_within_bounds_compile(pattern: str) -> None:
+    assert bound_problem(pattern) is None
+    assert compile_pattern(pattern) is not None
+
+
+@pytest.mark.parametrize(
+    ("schema", "value"),
+    [
+        ({"propertyNames": {"pattern": "(a|a)*$"}}, {"a" * 31 + "b": 1}),
+        ({"patternProperties": {"(.*?,){11}P": {"type": "string"}}}, {"," * 26: 1}),
+        ({"pattern": "(a|a)*$"}, "a" * 31 + "b"),
+    ],
+)
+def test_catastrophic_backtracking_is_a_problem_not_a_hang(schema: dict, value: object) -> None:  # type: ignore[type-arg]
+    [problem] = load_validator(schema)(value)
+    assert problem.rule == "pattern-timeout"
+    assert problem.message.endswith(
+        f"took more than {MATCH_SECONDS:g} s on a string of {len(next(iter(value)) if isinstance(value, dict) else value)} characters"
+    )
+
+
+def test_instance_patterns_are_checked_but_not_kept() -> None:
+    before = compile_pattern.cache_info().currsize
+    assert is_instance_pattern("^ab+$") and not is_instance_pattern("a{10000000}") and not is_instance_pattern("(")
+    assert compile_pattern.cache_info().currsize == before
+    check = load_validator({"format": "regex", "x-engram-format-assertion": True})
+    assert [p.rule for p in check("a{10000000}")] == ["format"] and check("a{3}") == []
