@@ -51,6 +51,19 @@ __device__ __forceinline__ RowPlan plan_row(int64_t i, int64_t n, const int64_t*
     return p;
 }
 
+// plan_row for the ROWS_IN_FLIGHT rows from `base`: where each is read from and written to.
+__device__ __forceinline__ void plan_rows(int64_t base, int64_t n, const int64_t* ids, const int64_t* order,
+                                          const int64_t* leader, int64_t shard_rows, int64_t row_start,
+                                          int64_t table_rows, bool report, int* error_flag,
+                                          int64_t (&local)[ROWS_IN_FLIGHT], int64_t (&dst)[ROWS_IN_FLIGHT]) {
+#pragma unroll
+    for (int r = 0; r < ROWS_IN_FLIGHT; ++r) {
+        const RowPlan p = plan_row(base + r, n, ids, order, leader, shard_rows, row_start, table_rows, report, error_flag);
+        local[r] = p.local;
+        dst[r] = p.dst;
+    }
+}
+
 // Raw rows: 16-byte vectors when everything is aligned, bytes otherwise.
 template <int LANES>
 __global__ void gather_raw(const uint8_t* __restrict__ weight, int64_t shard_rows, int64_t row_bytes, int64_t row_start,
@@ -132,12 +145,7 @@ __global__ void gather_fp8(const uint8_t* __restrict__ weight, const uint8_t* __
     for (int64_t base = group * ROWS_IN_FLIGHT; base < n; base += groups * ROWS_IN_FLIGHT) {
         int64_t local[ROWS_IN_FLIGHT];
         int64_t dst_row[ROWS_IN_FLIGHT];
-#pragma unroll
-        for (int r = 0; r < ROWS_IN_FLIGHT; ++r) {
-            const RowPlan p = plan_row(base + r, n, ids, order, leader, shard_rows, row_start, table_rows, lane == 0, error_flag);
-            local[r] = p.local;
-            dst_row[r] = p.dst;
-        }
+        plan_rows(base, n, ids, order, leader, shard_rows, row_start, table_rows, lane == 0, error_flag, local, dst_row);
         for (int64_t v0 = lane * VEC; v0 < dim; v0 += LANES * VEC) {
             alignas(16) uint8_t w[ROWS_IN_FLIGHT][VEC];
             uint8_t s[ROWS_IN_FLIGHT];
@@ -204,12 +212,7 @@ __global__ void gather_scaled(const uint8_t* __restrict__ weight, const uint8_t*
     for (int64_t base = group * ROWS_IN_FLIGHT; base < n; base += groups * ROWS_IN_FLIGHT) {
         int64_t local[ROWS_IN_FLIGHT];
         int64_t dst_row[ROWS_IN_FLIGHT];
-#pragma unroll
-        for (int r = 0; r < ROWS_IN_FLIGHT; ++r) {
-            const RowPlan p = plan_row(base + r, n, ids, order, leader, shard_rows, row_start, table_rows, lane == 0, error_flag);
-            local[r] = p.local;
-            dst_row[r] = p.dst;
-        }
+        plan_rows(base, n, ids, order, leader, shard_rows, row_start, table_rows, lane == 0, error_flag, local, dst_row);
         for (int64_t b = lane; b < row_bytes; b += LANES) {
 #pragma unroll
             for (int r = 0; r < ROWS_IN_FLIGHT; ++r) {

@@ -1,10 +1,12 @@
 """Run inside the vLLM 0.33 venv (never imported by engram's tests): reads cases as JSON lines on stdin,
 each naming its `kind`, and answers each with what vLLM's own code says, as JSON lines on stdout."""
 
+import contextlib
 import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -271,61 +273,89 @@ def ple_rows_case(case: dict) -> dict:
     return {"bits": out.view(torch.int16 if out_dtype == torch.bfloat16 else torch.int32).tolist()}
 
 
-def qwen_load_case(case: dict) -> dict:
-    """A checkpoint directory loaded through vLLM 0.33's own Qwen4ExpNGramEmbedding (its constructor, its
-    load_weights with shard_{k} parts, hash buffers and table scales, its parameters' weight loaders), as
-    ETP rank `etp_rank` of `etp` ranks; answers the loaded parameters, or the error vLLM raises."""
+@contextlib.contextmanager
+def qwen_parallel_state(etp: int, etp_rank: int, current: SimpleNamespace) -> Iterator[None]:
+    """vLLM's parallel state and current config as Qwen4ExpNGramEmbedding reads them: ETP rank `etp_rank`
+    of `etp` (its all-reduce the identity, so each rank's own rows show), TP 1, config `current`."""
     from unittest import mock
 
     import vllm.model_executor.parameter as parameter
     import vllm.models.qwen4_exp.common.ngram_embedding as common
     import vllm.models.qwen4_exp.nvidia.ngram_embedding as nvidia
+
+    group = SimpleNamespace(world_size=etp, rank_in_group=etp_rank, all_reduce=lambda t: t)
+    patches = [
+        mock.patch.object(common, "get_etp_group", lambda: group),
+        mock.patch.object(common, "get_tp_group", lambda: SimpleNamespace(world_size=etp)),
+        mock.patch.object(nvidia, "get_etp_group", lambda: group),
+        mock.patch.object(nvidia, "get_tp_group", lambda: SimpleNamespace(world_size=1, rank_in_group=0)),
+        mock.patch.object(nvidia, "get_current_vllm_config", lambda: current),
+        mock.patch.object(parameter, "get_tensor_model_parallel_rank", lambda: 0),
+        mock.patch.object(parameter, "get_tensor_model_parallel_world_size", lambda: 1),
+    ]
+    if "engram.integrations.vllm.qwen" in sys.modules:  # the plugin reads the config too
+        patches.append(
+            mock.patch.object(sys.modules["engram.integrations.vllm.qwen"], "get_current_vllm_config", lambda: current)
+        )
+    for patch in patches:
+        patch.start()
+    try:
+        yield
+    finally:
+        for patch in patches:
+            patch.stop()
+
+
+def qwen_modules(config: Any, weights: dict, max_tokens: int) -> Iterator[tuple[int, Any, set]]:
+    """(layer id, module, names loaded) of each PLE layer's Qwen4ExpNGramEmbedding, built by vLLM's own
+    constructor (on `layers.{id - 1}`, its dense id the rank among the sorted ids) and loaded through its
+    load_weights from the checkpoint tensors under its prefix."""
+    import vllm.models.qwen4_exp.nvidia.ngram_embedding as nvidia
+
+    for layer_id in config.ple_layer_ids:
+        dense = sorted(set(config.ple_layer_ids)).index(layer_id)
+        prefix = f"model.language_model.layers.{layer_id - 1}.ple.ple_embedding"
+        module = nvidia.Qwen4ExpNGramEmbedding(
+            config,
+            config.ple_embed_dim,
+            dense,
+            max_tokens,
+            data_parallel_rank=0,
+            prefix=prefix,
+            params_dtype=torch.bfloat16,
+        )
+        mine = [(name.removeprefix(prefix + "."), w) for name, w in weights.items() if name.startswith(prefix + ".")]
+        yield layer_id, module, module.load_weights(mine)
+
+
+def qwen_load_case(case: dict) -> dict:
+    """A checkpoint directory loaded through vLLM 0.33's own Qwen4ExpNGramEmbedding (its constructor, its
+    load_weights with shard_{k} parts, hash buffers and table scales, its parameters' weight loaders), as
+    ETP rank `etp_rank` of `etp` ranks; answers the loaded parameters, or the error vLLM raises."""
     from safetensors.torch import load_file
     from transformers import Qwen4ExpTextConfig
 
     config = Qwen4ExpTextConfig.from_pretrained(case["path"])
-    group = SimpleNamespace(world_size=case["etp"], rank_in_group=case["etp_rank"])
-    tp = SimpleNamespace(world_size=1, rank_in_group=0)
     weights = load_file(f"{case['path']}/model.safetensors")
-    with (
-        mock.patch.object(common, "get_etp_group", lambda: group),
-        mock.patch.object(common, "get_tp_group", lambda: SimpleNamespace(world_size=case["etp"])),
-        mock.patch.object(nvidia, "get_etp_group", lambda: group),
-        mock.patch.object(nvidia, "get_tp_group", lambda: tp),
-        mock.patch.object(nvidia, "get_current_vllm_config", lambda: SimpleNamespace(engram_config=None)),
-        mock.patch.object(parameter, "get_tensor_model_parallel_rank", lambda: 0),
-        mock.patch.object(parameter, "get_tensor_model_parallel_world_size", lambda: 1),
-    ):
-        out = {}
-        for layer_id in config.ple_layer_ids:
-            dense = sorted(set(config.ple_layer_ids)).index(layer_id)
-            prefix = f"model.language_model.layers.{layer_id - 1}.ple.ple_embedding"
-            module = nvidia.Qwen4ExpNGramEmbedding(
-                config,
-                config.ple_embed_dim,
-                dense,
-                16,
-                data_parallel_rank=0,
-                prefix=prefix,
-                params_dtype=torch.bfloat16,
-            )
-            mine = [
-                (name.removeprefix(prefix + "."), w) for name, w in weights.items() if name.startswith(prefix + ".")
-            ]
-            try:
-                loaded = module.load_weights(mine)
-            except ValueError as exc:
-                return {"error": str(exc)}
-            table = module.ngram_embedding
-            start = table.shard_indices.org_vocab_start_index
-            params = {
-                name: param.data.contiguous().view(torch.uint8).tolist()
-                if param.dtype != torch.float32
-                else param.data.tolist()
-                for name, param in table.named_parameters()
-            }
-            out[str(layer_id)] = {"loaded": sorted(loaded), "row_start": start, "params": params}
-        return out
+    out = {}
+    with qwen_parallel_state(case["etp"], case["etp_rank"], SimpleNamespace(engram_config=None)):
+        try:
+            for layer_id, module, loaded in qwen_modules(config, weights, 16):
+                table = module.ngram_embedding
+                params = {
+                    name: param.data.tolist()
+                    if param.dtype == torch.float32
+                    else param.data.contiguous().view(torch.uint8).tolist()
+                    for name, param in table.named_parameters()
+                }
+                out[str(layer_id)] = {
+                    "loaded": sorted(loaded),
+                    "row_start": table.shard_indices.org_vocab_start_index,
+                    "params": params,
+                }
+        except ValueError as exc:
+            return {"error": str(exc)}
+    return out
 
 
 def plugin_qwen_case(case: dict) -> dict:
@@ -333,18 +363,12 @@ def plugin_qwen_case(case: dict) -> dict:
     three times in one process: before any plugin is loaded, after vLLM loads the general plugins (engram's
     entry point among them) with engram not enabled, and with `additional_config` enabling it. Answers the
     rows of each, the table class, and whether the table lives in an engram mapping."""
-    from unittest import mock
-
-    import vllm.model_executor.parameter as parameter
-    import vllm.models.qwen4_exp.common.ngram_embedding as common
-    import vllm.models.qwen4_exp.nvidia.ngram_embedding as nvidia
     from safetensors.torch import load_file
     from transformers import Qwen4ExpTextConfig
     from vllm.plugins import DEFAULT_PLUGINS_GROUP, load_plugins_by_group
 
     config = Qwen4ExpTextConfig.from_pretrained(case["path"])
     weights = load_file(f"{case['path']}/model.safetensors")
-    group = SimpleNamespace(world_size=case["etp"], rank_in_group=case["etp_rank"], all_reduce=lambda t: t)
     generator = torch.Generator().manual_seed(0)
     input_ids = torch.randint(0, config.vocab_size, (40,), generator=generator)
     query_start_loc = torch.tensor([0, 17, 40])
@@ -352,54 +376,21 @@ def plugin_qwen_case(case: dict) -> dict:
 
     def build(additional: dict) -> dict:
         current = SimpleNamespace(engram_config=None, additional_config=additional)
-        patches = [
-            mock.patch.object(common, "get_etp_group", lambda: group),
-            mock.patch.object(common, "get_tp_group", lambda: SimpleNamespace(world_size=case["etp"])),
-            mock.patch.object(nvidia, "get_etp_group", lambda: group),
-            mock.patch.object(nvidia, "get_tp_group", lambda: SimpleNamespace(world_size=1, rank_in_group=0)),
-            mock.patch.object(nvidia, "get_current_vllm_config", lambda: current),
-            mock.patch.object(parameter, "get_tensor_model_parallel_rank", lambda: 0),
-            mock.patch.object(parameter, "get_tensor_model_parallel_world_size", lambda: 1),
-        ]
-        if "engram.integrations.vllm.qwen" in sys.modules:
-            patches.append(
-                mock.patch.object(
-                    sys.modules["engram.integrations.vllm.qwen"], "get_current_vllm_config", lambda: current
-                )
-            )
-        for patch in patches:
-            patch.start()
+        out = {}
         try:
-            out = {}
-            for layer_id in config.ple_layer_ids:
-                dense = sorted(set(config.ple_layer_ids)).index(layer_id)
-                prefix = f"model.language_model.layers.{layer_id - 1}.ple.ple_embedding"
-                module = nvidia.Qwen4ExpNGramEmbedding(
-                    config,
-                    config.ple_embed_dim,
-                    dense,
-                    64,
-                    data_parallel_rank=0,
-                    prefix=prefix,
-                    params_dtype=torch.bfloat16,
-                )
-                module.load_weights(
-                    [(n.removeprefix(prefix + "."), w) for n, w in weights.items() if n.startswith(prefix + ".")]
-                )
-                rows = module(torch.empty(40, 1), input_ids, query_start_loc, ngram_context)
-                table = module.ngram_embedding
-                mappings = getattr(table, "_mappings", [])
-                out[str(layer_id)] = {
-                    "class": type(table).__name__,
-                    "rows": rows.contiguous().view(torch.uint8).flatten().tolist(),
-                    "engram_storage": any(m.addr == table.weight.data_ptr() for m in mappings),
-                }
-            return out
+            with qwen_parallel_state(case["etp"], case["etp_rank"], current):
+                for layer_id, module, _ in qwen_modules(config, weights, 64):
+                    rows = module(torch.empty(40, 1), input_ids, query_start_loc, ngram_context)
+                    table = module.ngram_embedding
+                    mappings = getattr(table, "_mappings", [])
+                    out[str(layer_id)] = {
+                        "class": type(table).__name__,
+                        "rows": rows.contiguous().view(torch.uint8).flatten().tolist(),
+                        "engram_storage": any(m.addr == table.weight.data_ptr() for m in mappings),
+                    }
         except Exception as exc:  # the message is the answer
             return {"error": f"{type(exc).__name__}: {exc}"}
-        finally:
-            for patch in patches:
-                patch.stop()
+        return out
 
     from vllm.model_executor.custom_op import op_registry_oot
 
