@@ -52,10 +52,14 @@ HELPERS = {
         "_multiple_of",
         "_shown",
         "_unique",
+        "_key",
     ),
     "engram.validation.patterns": ("compile_pattern", "pattern_search"),
     "engram.validation.formats": ("format_check",),
 }
+
+
+LOOKUP_FROM = 8  # a required or enum list longer than this compiles to a constant lookup
 
 
 @dataclass(frozen=True)
@@ -269,10 +273,17 @@ class _Node:
         return kinds[0] if len(kinds) == 1 else None
 
     def constant_check(self, key: str) -> None:
-        """const and enum, in JSON equality (true is not 1, 1 is 1.0)."""
+        """const and enum, in JSON equality (true is not 1, 1 is 1.0); a long enum is one set lookup of
+        the values' JSON-equality keys, so its cost does not grow with its length."""
         values = [self.s[key]] if key == "const" else self.s[key]
-        test = " or ".join(equals("v", c) for c in values) or "False"
-        expected = _json_text(values[0]) if key == "const" else "one of " + ", ".join(_json_text(c) for c in values)
+        if len(values) > LOOKUP_FROM:
+            keys = self.c.constant(f"frozenset(_key(c) for c in {values!r})")
+            test = f"_key(v) in {keys}"
+        else:
+            test = " or ".join(equals("v", c) for c in values) or "False"
+        shown = ", ".join(_json_text(c) for c in values[:LOOKUP_FROM])
+        more = f" and {len(values) - LOOKUP_FROM:,} more" if len(values) > LOOKUP_FROM else ""
+        expected = _json_text(values[0]) if key == "const" else f"one of {shown}{more}"
         self.lines += self.when("    ", f"not ({test})", self.problem(key, f"expected {expected}", kept=key))
 
     def numbers(self, indent: str | None) -> None:
@@ -384,9 +395,18 @@ class _Node:
         i, head = self.guard(indent, "isinstance(v, dict)")
         body: list[str] = []
         s = self.s
-        for key in s.get("required", []):
-            at = f"path + {'/' + escape(key)!r}"
-            body += self.when(i, f"{key!r} not in v", f"Problem({at}, 'required', {'missing required field ' + key!r})")
+        required = s.get("required", [])
+        if len(required) > LOOKUP_FROM:  # one loop over a constant tuple, not a test per name
+            names = self.c.constant(repr(tuple(required)))
+            at = "path + '/' + name.replace('~', '~0').replace('/', '~1')"
+            problem = f"Problem({at}, 'required', 'missing required field ' + name)"
+            body += [f"{i}for name in {names}:", *self.when(i + "    ", "name not in v", problem)]
+        else:
+            for key in required:
+                at = f"path + {'/' + escape(key)!r}"
+                body += self.when(
+                    i, f"{key!r} not in v", f"Problem({at}, 'required', {'missing required field ' + key!r})"
+                )
         for key, needed in s.get("dependentRequired", {}).items():
             for other in needed:
                 at = f"path + {'/' + escape(other)!r}"

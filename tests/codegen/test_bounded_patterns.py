@@ -1,4 +1,4 @@
-"""Patterns cost bounded work (issue 23, item 2, the pattern half): too long or too repetitive a pattern
+"""Bounded work (issue 23, item 2): too long or too repetitive a pattern
 is refused when the schema is checked, with the reason, before anything compiles; a match that
 backtracks past its timeout is reported as a problem, never a hang; patterns in instance data are checked
 without being kept."""
@@ -57,3 +57,20 @@ def test_instance_patterns_are_checked_but_not_kept() -> None:
     assert compile_pattern.cache_info().currsize == before
     check = load_validator({"format": "regex", "x-engram-format-assertion": True})
     assert [p.rule for p in check("a{10000000}")] == ["format"] and check("a{3}") == []
+
+
+def test_long_required_and_enum_lists_are_constant_lookups() -> None:
+    """A required or enum list longer than eight compiles to one lookup, not a test per name (100,000
+    names once cost 1.6 GB); its verdicts are the per-name ones, and an enum's message stays short."""
+    names = ["a~b/c", *(f"k{i}" for i in range(99))]
+    check = load_validator({"required": names, "enum": [{"k0": i} for i in range(50)]})
+    found = check({"k0": 3, "k1": 1})
+    assert [p.path for p in found if p.rule == "required"][:2] == ["/a~0b~1c", "/k2"]
+    assert len([p for p in found if p.rule == "required"]) == 98
+    assert [p.message for p in found if p.rule == "enum"] == [
+        "expected one of {'k0': 0}, {'k0': 1}, {'k0': 2}, {'k0': 3}, {'k0': 4}, {'k0': 5}, {'k0': 6}, "
+        "{'k0': 7} and 42 more; got an object"
+    ]
+    enum = load_validator({"enum": [1, True, "x", None, 2.5, [1], {"a": 1}, 3, 4, 5]})
+    verdicts = [enum(v) == [] for v in (1, 1.0, True, "x", None, [1], {"a": 1}, 0, False, 2, [True])]
+    assert verdicts == [True, True, True, True, True, True, True, False, False, False, False]
