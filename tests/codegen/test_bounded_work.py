@@ -1,7 +1,7 @@
-"""Bounded work (issue 23, item 2): too long or too repetitive a pattern
-is refused when the schema is checked, with the reason, before anything compiles; a match that
-backtracks past its timeout is reported as a problem, never a hang; patterns in instance data are checked
-without being kept."""
+"""Bounded work (issue 23, item 2): too long or too repetitive a pattern is refused when the schema is
+checked, with the reason, before anything compiles; a match that backtracks past its timeout is reported
+as a problem, never a hang; patterns in instance data are checked without being kept; long required and
+enum lists are constant lookups."""
 
 from __future__ import annotations
 
