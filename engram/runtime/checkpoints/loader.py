@@ -392,11 +392,16 @@ def table_pieces(
         return [], [f"{split[0]} holds no rows; parts hold ceil(rows / split_ngram_parts) rows each"]
     count = -(-table_rows // size)
     pieces, problems = [], []
-    for k in sorted(set(split) | set(range(count))):
+    missing = next((k for k in range(min(count, len(split) + 1)) if k not in split), None)  # bounded by the header
+    if missing is not None:
+        more = count - sum(1 for k in split if k < count) - 1
+        also = f" (and {more:,} more)" if more > 0 else ""
+        problems.append(
+            f"{head}{missing}{tail} is missing{also}: the parts of {size:,} rows must cover all {table_rows:,}"
+        )
+    for k in sorted(split):
         rows = max(0, min(size, table_rows - k * size))
-        if k not in split:
-            problems.append(f"{head}{k}{tail} is missing: the parts of {size:,} rows must cover all {table_rows:,}")
-        elif (problem := wrong(split[k], rows)) is not None:
+        if (problem := wrong(split[k], rows)) is not None:
             problems.append(problem)
         elif rows:
             pieces.append(Piece(split[k], k * size, rows))

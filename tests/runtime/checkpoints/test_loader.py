@@ -160,6 +160,10 @@ def test_split_parts_load_like_one_tensor(tmp_path: Path) -> None:
             {f"t.shard_{k}.{p}": PARTS[p](4 if k < 2 else 3) for k in (0, 1, 2) for p in PARTS},
             r"t.shard_2.weight has shape \[3, 32\], the model needs \[2, 32\]",
         ),
+        (  # one problem however many parts are missing (a 1-row part 0 of a huge table is not a huge list)
+            {f"t.shard_0.{p}": PARTS[p](1) for p in PARTS},
+            r"t.shard_1.weight is missing \(and 8 more\): the parts of 1 rows must cover all 10",
+        ),
         (
             {f"t.shard_{k}.{p}": PARTS[p](4) for k in (1, 2) for p in PARTS},
             r"t.shard_0.weight is missing: the parts of t.weight must start at part 0",
