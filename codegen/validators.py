@@ -60,6 +60,9 @@ HELPERS = {
 
 
 LOOKUP_FROM = 8  # a required or enum list longer than this compiles to a constant lookup
+# The compiled functions a schema may need: engram's takes 147; the bound stops a few kilobytes of
+# $dynamicRef bindings from compiling tens of thousands (seconds and hundreds of MB) before any use.
+MAX_FUNCTIONS = 5_000
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,11 @@ class ValidatorCompiler:
         if key in self._names:
             self._check_loop(key, inplace)
             return self._names[key]
+        if len(self._names) >= MAX_FUNCTIONS:
+            raise SchemaError(
+                f"{pointer or '/'}: this schema needs more than {MAX_FUNCTIONS:,} validator functions (each "
+                "$dynamicRef binding scope compiles its own); at most that many: bind fewer $dynamicAnchors"
+            )
         name = self._names[key] = f"_s{len(self._names)}"
         self._open.append((key, inplace))
         try:

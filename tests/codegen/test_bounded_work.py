@@ -74,3 +74,15 @@ def test_long_required_and_enum_lists_are_constant_lookups() -> None:
     enum = load_validator({"enum": [1, True, "x", None, 2.5, [1], {"a": 1}, 3, 4, 5]})
     verdicts = [enum(v) == [] for v in (1, 1.0, True, "x", None, [1], {"a": 1}, 0, False, 2, [True])]
     assert verdicts == [True, True, True, True, True, True, True, False, False, False, False]
+
+
+def test_the_compiled_functions_have_a_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """$dynamicRef bindings compile one function per binding scope (3 KB of schema once made 26,621);
+    past MAX_FUNCTIONS the schema is refused, naming the node where the budget ran out."""
+    import codegen.validators
+
+    schema = {"allOf": [{"minimum": n} for n in range(6)]}
+    assert load_validator(schema)(2) != []
+    monkeypatch.setattr(codegen.validators, "MAX_FUNCTIONS", 4)
+    with pytest.raises(SchemaError, match=r"^/allOf/3: this schema needs more than 4 validator functions"):
+        load_validator(schema)
