@@ -45,8 +45,8 @@ class EngramParallelEmbedding(vllm_engram.ParallelEngramEmbedding):
     """Host tables (cpu_offload) in one exact-size engram mapping, weights then ue8m0 scales, huge pages
     with use_thp, registered for UVA on a GPU; with dp_shared_memory one memfd for the node's Engram DP
     group; with file_backed, views of the checkpoint's own pages (no load copy). Device tables and peer
-    tables stay vLLM's. On the CPU
-    engram's kernels gather (guarded for file-backed tables); on a GPU vLLM's kernel reads the mapping."""
+    tables stay vLLM's. On the CPU engram's kernels gather (guarded for file-backed tables); on a GPU
+    vLLM's kernel reads the mapping."""
 
     _weight_loader = staticmethod(_load_unless_file_backed)
 
