@@ -77,7 +77,7 @@ class EngramQwenDeviceEmbedding(EngramStorage, Qwen4ExpPLEDeviceEmbedding):
         return self._host_table(num_embeddings, embedding_dim, dtype)
 
     def forward(self, ngram_ids: torch.Tensor) -> torch.Tensor:
-        if self._engram is None:
+        if self._engram is None or ngram_ids.is_cuda:  # a GPU's table is vLLM's device tensor: its forward
             return super().forward(ngram_ids)
         slot_size, slot_offset = self._get_dp_gather_slot(ngram_ids.shape[0])
         gathered = self._gather_dp_ids(ngram_ids, slot_size)
