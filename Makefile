@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup codegen check lint types drift test test-vllm bench demo clean
+.PHONY: setup codegen check lint types drift test test-vllm bench bench-vllm demo clean
 
 setup: $(STAMP)
 
@@ -47,6 +47,9 @@ $(VLLM_STAMP): pyproject.toml
 
 test-vllm: setup $(VLLM_STAMP)
 	ENGRAM_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(PY) -m pytest -q tests/vllm
+
+bench-vllm: setup $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python benchmarks/vllm_file_backed.py
 
 bench: setup
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

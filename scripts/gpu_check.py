@@ -9,6 +9,8 @@
   checkpoint written by `engram make-checkpoint`, each lookup compared bit for bit with the CPU reference,
   with a CUDA-graph capture and replay at a decode shape and torch.compile(fullgraph=True) where the rank
   can; file: the file-backed placements (checkpoint on disk, and on tmpfs read over UVA);
+- vllm: where vLLM 0.33 is installed in this Python, engram's vLLM plugin against vLLM's own tables
+  through vLLM's CUDA path (tests/vllm/test_plugin.py with ENGRAM_VLLM_DEVICE=cuda); skipped without vLLM;
 - bench-*: gather GB/s of three row formats against the pinned H2D memcpy and the D2D copy; V4.1 rows
   from pinned tables of 1, 8 and 32 GiB, uniform and real-text ids, decode (256 tokens, timed as CUDA-graph
   replays) and prefill (8,192 tokens), plain and sorted; the device cache of hot rows; the host time of one
@@ -29,6 +31,7 @@ import argparse
 import ctypes
 import functools
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -90,6 +93,7 @@ GROUPS = (
     "hash",
     "placements",
     "file",
+    "vllm",
     "bench-formats",
     "bench-sorted",
     "bench-cache",
@@ -733,8 +737,26 @@ def run_all(report: Report, table_gib: float, sizes: list[float], preset: str, w
             report.run(f"ngram hash {hashed}", functools.partial(check_hash, hashed))
     if report.wants("placements", "file"):
         run_placements(report, preset, workdir / "checkpoint")
+    if report.wants("vllm"):
+        report.run("vLLM plugin on cuda: both families' tables against vLLM's own", check_vllm_plugin)
     if report.wants(*(g for g in GROUPS if g.startswith("bench-"))):
         run_benchmarks(report, library, runtime, table_gib, sizes)
+
+
+def check_vllm_plugin() -> dict[str, Any]:
+    """The plugin tests of tests/vllm (each placement's lookups bit-equal to vLLM's unmodified storage)
+    with vLLM in this Python on this GPU: its CUDA kernels, its UVA views of engram's host mappings, the
+    staged copy of a file-backed table on disk. Skipped (and said so) where vLLM is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return {"skipped": "vLLM is not installed in this Python (pip install vllm==0.33.0 to run this stage)"}
+    env = {**os.environ, "ENGRAM_VLLM_PYTHON": sys.executable, "ENGRAM_VLLM_DEVICE": "cuda"}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-s", "tests/vllm/test_plugin.py", "-k", "serves"],
+        env=env, capture_output=True, text=True, timeout=480, cwd=Path(__file__).resolve().parents[1],
+    )  # fmt: skip
+    return {"ok": done.returncode == 0, "output": done.stdout[-3000:] + done.stderr[-1000:]}
 
 
 def run_placements(report: Report, preset: str, checkpoint: Path) -> None:

@@ -111,6 +111,15 @@ def test_stage_groups_are_selected_by_name_or_prefix(gpu_check: ModuleType) -> N
     assert str(raised.value) == f"gpu_check: unknown stage group kernel; choose from {', '.join(groups)}"
 
 
+def test_the_vllm_stage_says_it_was_skipped_without_vllm(gpu_check: ModuleType) -> None:
+    """engram's own venv has no vLLM (it lives in .venv-vllm): the stage passes as skipped, and says why."""
+    assert importlib.util.find_spec("vllm") is None
+    assert "vllm" in gpu_check.GROUPS
+    assert gpu_check.check_vllm_plugin() == {
+        "skipped": "vLLM is not installed in this Python (pip install vllm==0.33.0 to run this stage)"
+    }
+
+
 def test_the_json_report_is_rewritten_after_every_stage(gpu_check: ModuleType, tmp_path: Path) -> None:
     """A run cut short by the GPU window's limit keeps what it measured: the file holds every finished stage."""
     out = tmp_path / "gpu.json"

@@ -3,8 +3,9 @@ from the `vllm.general_plugins` entry point with its own plugin loader; vLLM's Q
 then built, loaded through its load_weights from a checkpoint make-checkpoint wrote, and run on vLLM's own
 ids. Not enabled, the swapped class returns vLLM's rows from vLLM's storage; enabled, the table lives in an
 engram mapping and engram's gather returns the same rows, bit for bit, for bf16, fp8-table and nvfp4
-tables, one ETP rank or one of two. Settings engram's schema refuses, or the plugin cannot honour yet, are
-one-line errors naming the setting."""
+tables, one ETP rank or one of two; with cpu_offload (vLLM's pinned-host class) too, in engram's host
+mapping, on huge pages, or file-backed: the checkpoint's own pages, loaded by no copy. Settings engram's
+schema refuses, or the plugin cannot honour, are one-line errors naming the setting."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ DS = ModelSpec(
     },
     dtype="fp8",
 )
-ENABLED = {"on": {}, "bad": {"nope": 1}, "file": {"file_backed": True}, "theirs": {"use_thp": True}}
+ENABLED = {"on": {}, "bad": {"nope": 1}, "theirs": {"use_thp": True}}
+PINNED = ("host", "hugepages", "file")  # cpu_offload: vLLM's pinned-host table class, engram's storage
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp8-table", "nvfp4"])
@@ -53,10 +55,18 @@ def test_the_plugin_serves_qwen_tables_as_vllm_does(dtype: str, tmp_path: Path) 
             assert disabled[layer]["rows"] == vllm[layer]["rows"] == on[layer]["rows"]
             assert any(vllm[layer]["rows"])
         assert answer["bad"]["error"].startswith("ConfigError: /engram/nope: unknown field 'nope'")
-        assert answer["file"]["error"] == (
-            "EngramError: engram setting 'file_backed': Qwen4Exp tables are not served from the checkpoint's "
-            "file inside vLLM yet (DeepSeek V4.1's are); set it to false"
-        )
+        if dtype == "nvfp4":  # written as shard_<k> parts (all vLLM loads NVFP4 from): no one tensor to map
+            assert answer["file"]["error"] == (
+                "EngramError: file_backed tables are served from one tensor per table, but "
+                "layers.0.ple.ple_embedding.ngram_embedding is split into shard_<k> parts; set file_backed to "
+                "false, or write the table whole"
+            )
+        for placement in PINNED if dtype != "nvfp4" else PINNED[:2]:
+            for layer in vllm:
+                table = answer[placement][layer]
+                assert table["class"] == "EngramQwenPinnedHostEmbedding", table
+                assert table["rows"] == vllm[layer]["rows"]
+                assert table["file_backed"] == (placement == "file") != table["engram_storage"]
         assert answer["theirs"]["error"] == (
             "EngramError: engram setting 'use_thp' is vLLM's own: give it in --engram-config, not in engram's section"
         )

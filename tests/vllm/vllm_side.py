@@ -10,14 +10,18 @@ from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # vLLM's Triton kernels on the CPU
-# vLLM disables Triton where no GPU driver is active, except in a distributed worker whose visible devices
-# are empty (drivers come later): that branch keeps Triton, and the interpreter needs no driver.
-os.environ["CUDA_VISIBLE_DEVICES"] = ""
+# Where vLLM runs: "cpu" (its code on the CPU, its Triton kernels under the interpreter), or "cuda" on a GPU
+# machine with vLLM installed, where the plugin cases run through vLLM's CUDA path (scripts/gpu_check.py).
+DEVICE = os.environ.get("ENGRAM_VLLM_DEVICE", "cpu")
+if DEVICE == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    # vLLM disables Triton where no GPU driver is active, except in a distributed worker whose visible
+    # devices are empty (drivers come later): that branch keeps Triton, and the interpreter needs no driver.
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
-import torch
-from vllm.config.engram import EngramConfig
-from vllm.models.qwen4_exp.nvidia.ngram_embedding import Qwen4ExpNGramEmbedding
+import torch  # noqa: E402 (after the environment above)
+from vllm.config.engram import EngramConfig  # noqa: E402 (after the environment above)
+from vllm.models.qwen4_exp.nvidia.ngram_embedding import Qwen4ExpNGramEmbedding  # noqa: E402 (after the environment above)
 
 
 def reason(exc: Exception) -> str:
@@ -363,6 +367,9 @@ def plugin_qwen_case(case: dict) -> dict:
     three times in one process: before any plugin is loaded, after vLLM loads the general plugins (engram's
     entry point among them) with engram not enabled, and with `additional_config` enabling it. Answers the
     rows of each, the table class, and whether the table lives in an engram mapping."""
+    from unittest import mock
+
+    import vllm.models.qwen4_exp.common.ngram_embedding as common
     from safetensors.torch import load_file
     from transformers import Qwen4ExpTextConfig
     from vllm.plugins import DEFAULT_PLUGINS_GROUP, load_plugins_by_group
@@ -370,23 +377,47 @@ def plugin_qwen_case(case: dict) -> dict:
     config = Qwen4ExpTextConfig.from_pretrained(case["path"])
     weights = load_file(f"{case['path']}/model.safetensors")
     generator = torch.Generator().manual_seed(0)
-    input_ids = torch.randint(0, config.vocab_size, (40,), generator=generator)
-    query_start_loc = torch.tensor([0, 17, 40])
-    ngram_context = torch.full((2, config.ngram_size - 1), config.eos_token_id)
+    input_ids = torch.randint(0, config.vocab_size, (40,), generator=generator).to(DEVICE)
+    query_start_loc = torch.tensor([0, 17, 40], device=DEVICE)
+    ngram_context = torch.full((2, config.ngram_size - 1), config.eos_token_id, device=DEVICE)
 
-    def build(additional: dict) -> dict:
-        current = SimpleNamespace(engram_config=None, additional_config=additional)
+    def build(additional: dict, cpu_offload: bool = False, use_thp: bool = False) -> dict:
+        """With cpu_offload vLLM builds its pinned-host table; this CPU has no UVA, so vLLM's check for it
+        is told yes, the "accelerator view" of a host tensor is the tensor, and the rows are read by the
+        table's sync_lookup (vLLM's prefetch path needs CUDA streams)."""
+        theirs = SimpleNamespace(cpu_offload=True, dp_shared_memory=False, use_thp=use_thp, embedding_across_dp=False)
+        current = SimpleNamespace(
+            engram_config=theirs if cpu_offload else None,
+            additional_config=additional,
+            model_config=SimpleNamespace(model=case["path"]),
+            load_config=SimpleNamespace(load_format="safetensors"),
+        )
+        patches = []
+        if cpu_offload and DEVICE == "cpu":
+            patches = [
+                mock.patch.object(common, "is_uva_available", lambda: True),
+                mock.patch.object(common, "get_accelerator_view_from_cpu_tensor", lambda t: t),
+            ]
         out = {}
         try:
-            with qwen_parallel_state(case["etp"], case["etp_rank"], current):
+            with contextlib.ExitStack() as stack, qwen_parallel_state(case["etp"], case["etp_rank"], current):
+                for patch in patches:
+                    stack.enter_context(patch)
+                stack.enter_context(torch.device(DEVICE))  # where vLLM builds its modules
                 for layer_id, module, _ in qwen_modules(config, weights, 64):
-                    rows = module(torch.empty(40, 1), input_ids, query_start_loc, ngram_context)
                     table = module.ngram_embedding
+                    if cpu_offload:
+                        ids = module.compute_ngram_ids(input_ids, query_start_loc, ngram_context)
+                        rows = table.sync_lookup(ids).flatten(-2)
+                    else:
+                        rows = module(torch.empty(40, 1), input_ids, query_start_loc, ngram_context)
                     mappings = getattr(table, "_mappings", [])
+                    file = getattr(table, "_file", None)
                     out[str(layer_id)] = {
                         "class": type(table).__name__,
-                        "rows": rows.contiguous().view(torch.uint8).flatten().tolist(),
+                        "rows": rows.contiguous().cpu().view(torch.uint8).flatten().tolist(),
                         "engram_storage": any(m.addr == table.weight.data_ptr() for m in mappings),
+                        "file_backed": file is not None and file.weight.data_ptr() == table.weight.data_ptr(),
                     }
         except Exception as exc:  # the message is the answer
             return {"error": f"{type(exc).__name__}: {exc}"}
@@ -404,7 +435,53 @@ def plugin_qwen_case(case: dict) -> dict:
     answer["disabled"] = build({})
     for name, settings in case["enabled"].items():
         answer[name] = build({"engram": settings})
+    answer["host"] = build({"engram": {}}, cpu_offload=True)
+    answer["hugepages"] = build({"engram": {}}, cpu_offload=True, use_thp=True)
+    answer["file"] = build({"engram": {"file_backed": True}}, cpu_offload=True)
     return answer
+
+
+def deepseek_config(path: str, additional: dict, cpu_offload: bool = False, use_thp: bool = False) -> Any:
+    """The parts of vLLM's current config that Engram._create_embedding and the plugin read."""
+    return SimpleNamespace(
+        additional_config=additional,
+        engram_config=SimpleNamespace(
+            cpu_offload=cpu_offload, dp_shared_memory=False, use_thp=use_thp, embedding_across_dp=False
+        ),
+        model_config=SimpleNamespace(model=path),
+        load_config=SimpleNamespace(load_format="safetensors"),
+    )
+
+
+@contextlib.contextmanager
+def deepseek_state(current: Any, tp: int, tp_rank: int) -> Iterator[None]:
+    """vLLM's parallel state and current config as Engram._create_embedding reads them (and the plugin,
+    when loaded): TP rank `tp_rank` of `tp`, no Engram DP group; on the CPU host tables allowed (no UVA
+    here) and a stand-in device's SM count."""
+    from unittest import mock
+
+    import vllm.models.deepseek_v41.common.engram as engram
+
+    patches = [
+        mock.patch.object(engram, "get_current_vllm_config", lambda: current),
+        mock.patch.object(engram, "get_engram_dp_size", lambda: 1),
+        mock.patch.object(engram, "get_engram_dp_group", lambda: None),
+        mock.patch.object(engram, "get_tensor_model_parallel_world_size", lambda: tp),
+        mock.patch.object(engram, "get_tensor_model_parallel_rank", lambda: tp_rank),
+    ]
+    if DEVICE == "cpu":
+        patches += [
+            mock.patch.object(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(multi_processor_count=4)),
+            mock.patch.object(torch.accelerator, "current_device_index", lambda: 0),
+            mock.patch.object(engram, "is_uva_available", lambda: True),
+        ]
+    ours = sys.modules.get("engram.integrations.vllm.deepseek")
+    if ours is not None:
+        patches.append(mock.patch.object(ours, "get_current_vllm_config", lambda: current))
+    with contextlib.ExitStack() as stack:
+        for patch in patches:
+            stack.enter_context(patch)
+        yield
 
 
 def plugin_deepseek_case(case: dict) -> dict:
@@ -412,8 +489,6 @@ def plugin_deepseek_case(case: dict) -> dict:
     point installs), loaded through their weight loaders from a checkpoint, looked up by each TP rank on
     each layer's ids:
     bf16 rows (vLLM's Triton kernel under the interpreter, or engram's gather) and packed bytes."""
-    from unittest import mock
-
     import vllm.models.deepseek_v41.common.engram as engram
     from safetensors.torch import load_file
     from vllm.plugins import DEFAULT_PLUGINS_GROUP, load_plugins_by_group
@@ -424,62 +499,37 @@ def plugin_deepseek_case(case: dict) -> dict:
     tp = case["tp"]
 
     def build(additional: dict, tp_rank: int, cpu_offload: bool = False, use_thp: bool = False) -> dict:
-        current = SimpleNamespace(
-            additional_config=additional,
-            engram_config=SimpleNamespace(
-                cpu_offload=cpu_offload, dp_shared_memory=False, use_thp=use_thp, embedding_across_dp=False
-            ),
-            model_config=SimpleNamespace(model=case["path"]),
-            load_config=SimpleNamespace(load_format="safetensors"),
-        )
-        patches = [
-            mock.patch.object(engram, "get_current_vllm_config", lambda: current),
-            mock.patch.object(engram, "get_engram_dp_size", lambda: 1),
-            mock.patch.object(engram, "get_engram_dp_group", lambda: None),
-            mock.patch.object(engram, "get_tensor_model_parallel_world_size", lambda: tp),
-            mock.patch.object(engram, "get_tensor_model_parallel_rank", lambda: tp_rank),
-            mock.patch.object(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(multi_processor_count=4)),
-            mock.patch.object(torch.accelerator, "current_device_index", lambda: 0),
-            mock.patch.object(engram, "is_uva_available", lambda: True),  # host tables: no UVA on this CPU
-        ]
-        ours = sys.modules.get("engram.integrations.vllm.deepseek")
-        if ours is not None:
-            patches.append(mock.patch.object(ours, "get_current_vllm_config", lambda: current))
-        for patch in patches:
-            patch.start()
+        current = deepseek_config(case["path"], additional, cpu_offload, use_thp)
         try:
             out = []
             started = time.perf_counter()
-            for index, layer_id in enumerate(layout.layer_ids):
-                table = engram.Engram._create_embedding(None, layout, index)
-                ids = torch.tensor(case["ids"][index])  # this layer's ids [T, n_hash_cols]
-                ids = torch.tensor(case["ids"][index])  # this layer's ids [T, n_hash_cols]
-                name = f"layers.{layer_id}.engram.embed"
-                table.weight.weight_loader(table.weight, weights[f"{name}.weight"])
-                table.weight_scale_inv.weight_loader(table.weight_scale_inv, weights[f"{name}.scale"])
-                rows = torch.zeros(ids.shape[0], table.part_n_hash_cols, table.dim, dtype=torch.bfloat16)
-                table.lookup(ids, rows)
-                first_lookup = time.perf_counter() - started
-                width = table.part_n_hash_cols * (table.dim + table.dim // table.block_size)
-                packed = torch.zeros(ids.shape[0], width, dtype=torch.uint8)
-                table.lookup(ids, packed)
-                mappings = getattr(table, "_mappings", [])
-                out.append(
-                    {
-                        "class": type(table).__name__,
-                        "engram_storage": any(m.addr == table.weight.data_ptr() for m in mappings),
-                        "rows": rows.view(torch.int16).flatten().tolist(),
-                        "packed": packed.flatten().tolist(),
-                        "file_backed": getattr(table, "_file_shard", None) is not None,
-                        "seconds_to_first_lookup": first_lookup,
-                    }
-                )
+            with deepseek_state(current, tp, tp_rank), torch.device(DEVICE):
+                for index, layer_id in enumerate(layout.layer_ids):
+                    table = engram.Engram._create_embedding(None, layout, index)
+                    ids = torch.tensor(case["ids"][index])  # this layer's ids [T, n_hash_cols]
+                    name = f"layers.{layer_id}.engram.embed"
+                    table.weight.weight_loader(table.weight, weights[f"{name}.weight"])
+                    table.weight_scale_inv.weight_loader(table.weight_scale_inv, weights[f"{name}.scale"])
+                    rows = torch.zeros(ids.shape[0], table.part_n_hash_cols, table.dim, dtype=torch.bfloat16)
+                    table.lookup(ids, rows)
+                    first_lookup = time.perf_counter() - started
+                    width = table.part_n_hash_cols * (table.dim + table.dim // table.block_size)
+                    packed = torch.zeros(ids.shape[0], width, dtype=torch.uint8)
+                    table.lookup(ids, packed)
+                    mappings = getattr(table, "_mappings", [])
+                    out.append(
+                        {
+                            "class": type(table).__name__,
+                            "engram_storage": any(m.addr == table.weight.data_ptr() for m in mappings),
+                            "rows": rows.cpu().view(torch.int16).flatten().tolist(),
+                            "packed": packed.cpu().flatten().tolist(),
+                            "file_backed": getattr(table, "_file_shard", None) is not None,
+                            "seconds_to_first_lookup": first_lookup,
+                        }
+                    )
             return {"tables": out}
         except Exception as exc:  # the message is the answer
             return {"error": f"{type(exc).__name__}: {exc}"}
-        finally:
-            for patch in patches:
-                patch.stop()
 
     answer = {"vllm": [build({}, r) for r in range(tp)]}
     for func in load_plugins_by_group(DEFAULT_PLUGINS_GROUP).values():

@@ -4,7 +4,6 @@ Engram._create_embedding, vLLM's one factory for it, when engram is enabled for 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -13,13 +12,12 @@ from vllm.models.deepseek_v41.common import engram as vllm_engram
 
 from engram.config import EngramConfig
 from engram.errors import EngramError
+from engram.integrations.vllm import files
 from engram.integrations.vllm.settings import engram_config
 from engram.memory.mapping import Mapping, map_anonymous
 from engram.memory.registration import register
 from engram.ops import gather
-from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.dist import Group, barrier, timeout_s
-from engram.runtime.placement.filemap import file_shard, files_named_on_fault, read_ahead
 from engram.runtime.placement.hugepages import map_huge
 from engram.runtime.placement.shm import create_shared
 from engram.runtime.placement.storage import ShardFormat, TableShard
@@ -38,15 +36,13 @@ def _load_unless_file_backed(param: torch.nn.Parameter, loaded_weight: torch.Ten
         )
 
 
-_CHECKPOINTS: dict[str, Checkpoint] = {}  # one open checkpoint per directory and process, shared by its tables
-
-
 class EngramParallelEmbedding(vllm_engram.ParallelEngramEmbedding):
     """Host tables (cpu_offload) in one exact-size engram mapping, weights then ue8m0 scales, huge pages
     with use_thp, registered for UVA on a GPU; with dp_shared_memory one memfd for the node's Engram DP
     group; with file_backed, views of the checkpoint's own pages (no load copy). Device tables and peer
     tables stay vLLM's. On the CPU engram's kernels gather (guarded for file-backed tables); on a GPU
-    vLLM's kernel reads the mapping."""
+    vLLM's kernel reads the mapping over UVA, except a file the GPU cannot read (files.staged), whose
+    rows host threads gather and one copy takes to the GPU."""
 
     _weight_loader = staticmethod(_load_unless_file_backed)
 
@@ -105,46 +101,44 @@ class EngramParallelEmbedding(vllm_engram.ParallelEngramEmbedding):
     def _file_backed(self) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's rows of the table, in place in the checkpoint's safetensors file."""
         assert self._checkpoint is not None
-        if self._checkpoint not in _CHECKPOINTS:
-            _CHECKPOINTS[self._checkpoint] = Checkpoint(self._checkpoint)
         fmt = ShardFormat(self.part_num_embeddings, self.dim, "fp8")
-        shard = file_shard(
-            self._table, fmt, self.vocab_start_idx, self.num_embeddings, _CHECKPOINTS[self._checkpoint], None
-        )
+        shard = files.map_rows(self._checkpoint, self._table, fmt, self.vocab_start_idx, self.num_embeddings)
         self._file_shard = shard
         assert shard.scale is not None
         return shard.weight, shard.scale.view(torch.uint8)
 
     def lookup(self, indices: torch.Tensor, out: torch.Tensor, background: bool = False) -> None:
-        if self._file_shard is None or indices.is_cuda:
-            self._lookup(indices, out, background)
-            return
-        if self._file_shard.readahead:
-            read_ahead(self._file_shard, indices)
-        with files_named_on_fault(self._file_shard):  # a file that shrank is named, never SIGBUS
-            self._lookup(indices, out, background)
-
-    def _lookup(self, indices: torch.Tensor, out: torch.Tensor, background: bool = False) -> None:
         """As vLLM's: this rank's heads of `indices` [T, n_hash_cols] into `out`, dequantised bf16 [T, heads,
         dim] or packed bytes (values, then scales, per head); heads past the last and rows of other ranks
         read zeros."""
-        if indices.is_cuda or not indices.shape[0]:
+        shard = self._file_shard
+        if not indices.shape[0] or (indices.is_cuda and not files.staged(shard)):
             super().lookup(indices, out, background)
             return
+        packed = out.dtype == torch.uint8
+        if shard is None:
+            rows = self._host_rows(indices, packed)
+        else:
+            rows = files.staged_rows(shard, indices, lambda ids: self._host_rows(ids, packed))
+        if packed:
+            out[:, : rows.shape[1]].copy_(rows)
+        else:
+            out.view(indices.shape[0], self.part_n_hash_cols, self.dim).copy_(rows)
+
+    def _host_rows(self, indices: torch.Tensor, packed: bool) -> torch.Tensor:
+        """engram's CPU gather of this rank's heads: packed bytes [T, heads x (dim + scales)] or bf16 [T,
+        heads, dim]."""
         heads = self.part_n_hash_cols
         ids = indices[:, self.head_start : self.head_start + heads].to(torch.int64)
         if ids.shape[1] < heads:
             ids = torch.nn.functional.pad(ids, (0, heads - ids.shape[1]), value=-1)
         weight, scales = self.weight.data, self.weight_scale_inv.data
         start, table_rows = self.vocab_start_idx, self.num_embeddings
-        if out.dtype == torch.uint8:
+        if packed:
             values = gather(weight.view(torch.uint8), None, ids, start, table_rows, torch.uint8)
             blocks = gather(scales, None, ids, start, table_rows, torch.uint8)
-            packed = torch.cat([values, blocks], dim=2).reshape(ids.shape[0], -1)
-            out[:, : packed.shape[1]].copy_(packed)
-        else:
-            rows = gather(weight, scales.view(torch.float8_e8m0fnu), ids, start, table_rows, torch.bfloat16)
-            out.view(ids.shape[0], heads, self.dim).copy_(rows)
+            return torch.cat([values, blocks], dim=2).reshape(ids.shape[0], -1)
+        return gather(weight, scales.view(torch.float8_e8m0fnu), ids, start, table_rows, torch.bfloat16)
 
 
 _VLLMS_FACTORY = vllm_engram.Engram._create_embedding
@@ -156,7 +150,7 @@ def create_embedding(self: Any, layout: Any, layer_hash_index: int) -> Any:
     config = engram_config(vllm_config)
     if config is None:
         return _VLLMS_FACTORY(self, layout, layer_hash_index)
-    checkpoint = checkpoint_dir(vllm_config) if config.file_backed else None
+    checkpoint = files.checkpoint_dir(vllm_config) if config.file_backed else None
     return EngramParallelEmbedding(
         layout.num_embeddings[layer_hash_index],
         layout.head_dim,
@@ -168,21 +162,6 @@ def create_embedding(self: Any, layout: Any, layer_hash_index: int) -> Any:
         table=f"layers.{layout.layer_ids[layer_hash_index]}.engram.embed",
         checkpoint=checkpoint,
     )
-
-
-def checkpoint_dir(vllm_config: Any) -> str:
-    """The model's local directory, whose safetensors files file-backed tables are served from."""
-    model = getattr(getattr(vllm_config, "model_config", None), "model", None)
-    load = getattr(getattr(vllm_config, "load_config", None), "load_format", "auto")
-    if not isinstance(model, str) or not Path(model).is_dir():
-        raise EngramError(
-            f"engram setting 'file_backed' serves tables from the model's safetensors files on local disk; {model!r} is not a directory (download the model first)"
-        )
-    if load == "dummy":
-        raise EngramError(
-            "engram setting 'file_backed' serves the checkpoint's own pages; load_format 'dummy' has none"
-        )
-    return model
 
 
 def install() -> None:

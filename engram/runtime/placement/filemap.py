@@ -178,6 +178,10 @@ def file_shard(
     from the page cache's own pages; any other file is gathered on host threads (EngramEmbedding)."""
     if cpu.cpu_library() is None:
         raise EngramError("file_backed tables are read only by the guarded native kernels; install a C compiler (cc)")
+    if row_start < 0 or row_start + fmt.rows > table_rows:  # the view would run into the file's next tensor
+        raise EngramError(
+            f"{name}: rows [{row_start:,}, {row_start + fmt.rows:,}) are not all in its {table_rows:,} rows; a file-backed shard must lie within its table"
+        )
     views = {}
     files: list[MappedFile] = []
     parts = {part: (f"{name}.{suffix}", width, dtype) for part, (suffix, width, dtype) in expected_parts(fmt).items()}

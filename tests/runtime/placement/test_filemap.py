@@ -25,7 +25,7 @@ from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.checkpoints.writer import write_checkpoint
 from engram.runtime.embedding import EngramEmbedding
 from engram.runtime.launch import run_local, values
-from engram.runtime.placement.filemap import in_memory_fs
+from engram.runtime.placement.filemap import file_shard, in_memory_fs
 from engram.runtime.placement.storage import ShardFormat
 from engram.runtime.plan import table_shards
 from engram.runtime.tables import open_tables
@@ -89,6 +89,23 @@ def test_split_parts_are_refused_for_file_backed_tables_with_the_fix(tmp_path: P
     )
     with pytest.raises(EngramError, match=rf"{name} is split into shard_<k> parts; set file_backed to false"):
         open_tables(DS3, Checkpoint(tmp_path), "file", progress=False)
+
+
+@pytest.mark.parametrize("row_start", [-1, 1])
+def test_a_shard_reaching_past_its_table_is_refused(row_start: int, tmp_path: Path) -> None:
+    """The view would read the file's next tensor (or the header before it): refused before mapping."""
+    [name] = DS3.table_names()[:1]
+    rows = DS3.layout.table_rows[0]
+    save_file(
+        {f"{name}.weight": torch.zeros((rows, DS3.head_dim), dtype=torch.bfloat16)}, str(tmp_path / "m.safetensors")
+    )
+    fmt = ShardFormat(rows, DS3.head_dim, "bf16")
+    with pytest.raises(EngramError) as raised:
+        file_shard(name, fmt, row_start, rows, Checkpoint(tmp_path), None)
+    assert str(raised.value) == (
+        f"{name}: rows [{row_start:,}, {row_start + rows:,}) are not all in its {rows:,} rows; a file-backed shard "
+        "must lie within its table"
+    )
 
 
 CHILD = textwrap.dedent(
