@@ -13,6 +13,7 @@ and every string from the schema reaches the code through repr()."""
 from __future__ import annotations
 
 import re
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urldefrag
@@ -60,9 +61,27 @@ HELPERS = {
 
 
 LOOKUP_FROM = 8  # a required or enum list longer than this compiles to a constant lookup
-# The compiled functions a schema may need: engram's takes 147; the bound stops a few kilobytes of
+# The compiled functions a schema may need: engram's takes 132; the bound stops a few kilobytes of
 # $dynamicRef bindings from compiling tens of thousands (seconds and hundreds of MB) before any use.
 MAX_FUNCTIONS = 5_000
+# In-place calls ($ref, allOf, ...) nest one Python frame each when a value is validated; engram's schema
+# needs 2. Pure-$ref links are followed at compile time and cost none.
+MAX_CHAIN = 200
+# Keywords beside a $ref that change nothing a validator does: such a node validates as its target.
+ALIAS_KEYS = {
+    "$ref",
+    "$comment",
+    "$defs",
+    "$anchor",
+    "$schema",
+    "title",
+    "description",
+    "default",
+    "examples",
+    "deprecated",
+    "readOnly",
+    "writeOnly",
+}
 
 
 @dataclass(frozen=True)
@@ -84,7 +103,12 @@ class ValidatorCompiler:
         self.functions: list[str] = []
         self.constants: dict[str, str] = {}  # Python expression -> name
         self._names: dict[Variant, str] = {}
-        self._open: list[tuple[Variant, bool]] = []  # functions being compiled, and whether entered in place
+        # Functions are compiled from a queue, never by recursion, so a $ref chain costs a queue entry per
+        # link (bounded by MAX_FUNCTIONS), not a Python stack frame. The in-place calls between them
+        # ($ref, allOf, ...: the same value again) are kept as a graph whose cycles are refused.
+        self._pending: deque[tuple[Variant, str]] = deque()
+        self._current: Variant | None = None
+        self._inplace: dict[Variant, set[Variant]] = {}
         self._dynamic = {
             urldefrag(node["$dynamicRef"])[1]
             for node in map(self.index.at, self.index.base)
@@ -94,23 +118,35 @@ class ValidatorCompiler:
     def function(
         self, pointer: str, *, annotate: bool = False, bindings: tuple[tuple[str, str], ...] = (), inplace: bool = False
     ) -> str:
-        """The name of the function validating the node at `pointer`, compiling it on first use."""
+        """The name of the function validating the node at `pointer`; a call from outside the compiler
+        also compiles every function it reaches (from the queue) and checks the in-place loops."""
+        pointer = self._through_refs(pointer)
         key = Variant(pointer, annotate, self._bind(pointer, bindings))
-        if key in self._names:
-            self._check_loop(key, inplace)
-            return self._names[key]
-        if len(self._names) >= MAX_FUNCTIONS:
-            raise SchemaError(
-                f"{pointer or '/'}: this schema needs more than {MAX_FUNCTIONS:,} validator functions (each "
-                "$dynamicRef binding scope compiles its own); at most that many: bind fewer $dynamicAnchors"
-            )
-        name = self._names[key] = f"_s{len(self._names)}"
-        self._open.append((key, inplace))
-        try:
-            self.functions.append(_Node(self, key, name).source())
-        finally:
-            self._open.pop()
+        if inplace and self._current is not None:
+            self._inplace.setdefault(self._current, set()).add(key)
+        name = self._names.get(key)
+        if name is None:
+            if len(self._names) >= MAX_FUNCTIONS:
+                raise SchemaError(
+                    f"{pointer or '/'}: this schema needs more than {MAX_FUNCTIONS:,} validator functions (a "
+                    "$ref chain of that many links, or $dynamicRef binding scopes that each compile their own); "
+                    "at most that many: shorten the chain or bind fewer $dynamicAnchors"
+                )
+            name = self._names[key] = f"_s{len(self._names)}"
+            self._pending.append((key, name))
+        if self._current is None:
+            self._drain()
         return name
+
+    def _drain(self) -> None:
+        while self._pending:
+            key, name = self._pending.popleft()
+            self._current = key
+            try:
+                self.functions.append(_Node(self, key, name).source())
+            finally:
+                self._current = None
+        self._check_loops()
 
     def constant(self, expression: str) -> str:
         if expression not in self.constants:
@@ -141,15 +177,58 @@ class ValidatorCompiler:
                 bound.setdefault(name, target)
         return tuple(sorted(bound.items()))
 
-    def _check_loop(self, key: Variant, inplace: bool) -> None:
-        for depth, (open_key, _) in enumerate(self._open):
-            if open_key == key:
-                if inplace and all(edge for _, edge in self._open[depth + 1 :]):
+    def _check_loops(self) -> None:
+        """Refuse a cycle of in-place calls, and a chain of them longer than MAX_CHAIN (each is a Python
+        frame when a value is validated): an iterative depth-first search, in compile order."""
+        depth: dict[Variant, int] = {}  # the longest in-place chain from each finished function
+
+        def children(key: Variant) -> list[Variant]:
+            return sorted(self._inplace.get(key, ()), key=self._names.__getitem__)
+
+        for start in self._names:
+            if start in depth:
+                continue
+            path, on_path, stack = [start], {start}, [iter(children(start))]
+            while stack:
+                nxt = next(stack[-1], None)
+                if nxt is None:
+                    stack.pop()
+                    done = path.pop()
+                    on_path.discard(done)
+                    depth[done] = 1 + max((depth[c] for c in self._inplace.get(done, ())), default=0)
+                    if depth[done] > MAX_CHAIN:
+                        raise SchemaError(
+                            f"{done.pointer or '/'}: a chain of more than {MAX_CHAIN} in-place references ($ref, "
+                            "allOf, ...) applies to one value; at most that many: shorten it (a node that is only "
+                            "a $ref costs nothing, it validates as its target)"
+                        )
+                elif nxt in on_path:
                     raise SchemaError(
-                        f"{key.pointer or '/'}: the schema applies itself to the same value again through "
+                        f"{nxt.pointer or '/'}: the schema applies itself to the same value again through "
                         "in-place keywords ($ref, allOf, anyOf, ...), so validation would never end"
                     )
-                return
+                elif nxt not in depth:
+                    path.append(nxt)
+                    on_path.add(nxt)
+                    stack.append(iter(children(nxt)))
+
+    def _through_refs(self, pointer: str) -> str:
+        """A node that is only a $ref (with annotations) validates as its target: follow such links here, so
+        a chain of them is one call when a value is validated. Not with $dynamicRef, whose bindings change
+        as resources are entered."""
+        seen: set[str] = set()
+        while not self._dynamic:
+            node = self.index.at(pointer)
+            if not (isinstance(node, dict) and isinstance(node.get("$ref"), str) and node.keys() <= ALIAS_KEYS):
+                break
+            if pointer in seen:
+                raise SchemaError(
+                    f"{pointer or '/'}: the schema applies itself to the same value again through in-place "
+                    "keywords ($ref, allOf, anyOf, ...), so validation would never end"
+                )
+            seen.add(pointer)
+            pointer = self.index.resolve(node["$ref"], self.index.base_of(pointer), f"{pointer}/$ref")
+        return pointer
 
 
 class _Node:

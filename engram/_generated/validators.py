@@ -49,422 +49,172 @@ _c3 = frozenset(
 _c4 = frozenset(("load_format",))
 
 
-def _s3(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/EngramConfig/properties/cpu_offload"
+def _s0(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /"
     ok = True
-    if not (isinstance(v, bool)):
+    if not (isinstance(v, dict)):
         if out is None:
             return False
-        out.append(Problem(path, "type", "expected a boolean" + _got(v)))
+        out.append(Problem(path, "type", "expected an object" + _got(v)))
         return False
-    return ok
-
-
-def _s4(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/EngramConfig/properties/embedding_across_dp"
-    ok = True
-    if not (isinstance(v, bool)):
+    for key in sorted(v.keys() - _c0):
         if out is None:
             return False
-        out.append(Problem(path, "type", "expected a boolean" + _got(v)))
-        return False
-    return ok
-
-
-def _s5(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/EngramConfig/properties/dp_shared_memory"
-    ok = True
-    if not (isinstance(v, bool) or v is None):
-        if out is None:
-            return False
-        out.append(Problem(path, "type", "expected a boolean or null" + _got(v)))
-        return False
-    return ok
-
-
-def _s6(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/EngramConfig/properties/use_thp"
-    ok = True
-    if not (isinstance(v, bool)):
-        if out is None:
-            return False
-        out.append(Problem(path, "type", "expected a boolean" + _got(v)))
-        return False
-    return ok
-
-
-def _s7(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/EngramConfig/properties/file_backed"
-    ok = True
-    if not (isinstance(v, bool)):
-        if out is None:
-            return False
-        out.append(Problem(path, "type", "expected a boolean" + _got(v)))
-        return False
-    return ok
-
-
-def _s8(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/EngramConfig/properties/device_cache_bytes"
-    ok = True
-    if not (_is_integer(v)):
-        if out is None:
-            return False
-        out.append(Problem(path, "type", "expected an integer" + _got(v)))
-        return False
-    if v < 0:
-        if out is None:
-            return False
-        out.append(Problem(path, "minimum", "expected >= 0" + _got(v)))
+        out.append(
+            Problem(
+                path + "/" + _escape(key),
+                "unknown-field",
+                "unknown field " + repr(_shown(key)) + "; known fields: engram, model, parallel, load, platform",
+            )
+        )
         ok = False
-    if v > 17592186044416:
-        if out is None:
-            return False
-        out.append(Problem(path, "maximum", "expected <= 17592186044416" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s9(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/EngramConfig/properties/shard_layout"
-    ok = True
-    if not (isinstance(v, str)):
-        if out is None:
-            return False
-        out.append(Problem(path, "type", "expected a string" + _got(v)))
-        return False
-    if not (v == "vllm" or v == "replica"):
-        if out is None:
-            return False
-        out.append(Problem(path, "enum", "expected one of 'vllm', 'replica'" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s11(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/EngramConfig/allOf/0/if/properties/dp_shared_memory"
-    ok = True
-    if not (v is True):
-        if out is None:
-            return False
-        out.append(Problem(path, "const", "expected true" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s10(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/EngramConfig/allOf/0/if"
-    ok = True
-    if isinstance(v, dict):
-        if "dp_shared_memory" not in v:
+    if "engram" in v:
+        if not _s1(v["engram"], path + "/engram", out):
             if out is None:
                 return False
-            out.append(Problem(path + "/dp_shared_memory", "required", "missing required field dp_shared_memory"))
             ok = False
-        if "dp_shared_memory" in v:
-            if not _s11(v["dp_shared_memory"], path + "/dp_shared_memory", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s13(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/EngramConfig/allOf/0/then/properties/cpu_offload"
-    ok = True
-    if not (v is True):
-        if out is None:
-            return False
-        out.append(Problem(path, "const", "expected true" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s12(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/EngramConfig/allOf/0/then"
-    ok = True
-    if isinstance(v, dict):
-        if "cpu_offload" in v:
-            if not _s13(v["cpu_offload"], path + "/cpu_offload", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s15(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/EngramConfig/allOf/1/if/properties/use_thp"
-    ok = True
-    if not (v is True):
-        if out is None:
-            return False
-        out.append(Problem(path, "const", "expected true" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s14(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/EngramConfig/allOf/1/if"
-    ok = True
-    if isinstance(v, dict):
-        if "use_thp" not in v:
+    if "model" in v:
+        if not _s2(v["model"], path + "/model", out):
             if out is None:
                 return False
-            out.append(Problem(path + "/use_thp", "required", "missing required field use_thp"))
             ok = False
-        if "use_thp" in v:
-            if not _s15(v["use_thp"], path + "/use_thp", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s17(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/EngramConfig/allOf/1/then/properties/cpu_offload"
-    ok = True
-    if not (v is True):
-        if out is None:
-            return False
-        out.append(Problem(path, "const", "expected true" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s18(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/EngramConfig/allOf/1/then/properties/dp_shared_memory"
-    ok = True
-    if not (v is False or v is None):
-        if out is None:
-            return False
-        out.append(Problem(path, "enum", "expected one of false, None" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s16(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/EngramConfig/allOf/1/then"
-    ok = True
-    if isinstance(v, dict):
-        if "cpu_offload" in v:
-            if not _s17(v["cpu_offload"], path + "/cpu_offload", out):
-                if out is None:
-                    return False
-                ok = False
-        if "dp_shared_memory" in v:
-            if not _s18(v["dp_shared_memory"], path + "/dp_shared_memory", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s20(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/EngramConfig/allOf/2/if/properties/device_cache_bytes"
-    ok = True
-    if _is_number(v):
-        if v < 1:
+    if "parallel" in v:
+        if not _s3(v["parallel"], path + "/parallel", out):
             if out is None:
                 return False
-            out.append(Problem(path, "minimum", "expected >= 1" + _got(v)))
             ok = False
-    return ok
-
-
-def _s19(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/EngramConfig/allOf/2/if"
-    ok = True
-    if isinstance(v, dict):
-        if "device_cache_bytes" not in v:
+    if "load" in v:
+        if not _s4(v["load"], path + "/load", out):
             if out is None:
                 return False
-            out.append(Problem(path + "/device_cache_bytes", "required", "missing required field device_cache_bytes"))
             ok = False
-        if "device_cache_bytes" in v:
-            if not _s20(v["device_cache_bytes"], path + "/device_cache_bytes", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s22(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/EngramConfig/allOf/2/then/properties/cpu_offload"
-    ok = True
-    if not (v is True):
-        if out is None:
-            return False
-        out.append(Problem(path, "const", "expected true" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s21(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/EngramConfig/allOf/2/then"
-    ok = True
-    if isinstance(v, dict):
-        if "cpu_offload" in v:
-            if not _s22(v["cpu_offload"], path + "/cpu_offload", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s24(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/EngramConfig/allOf/3/if/properties/file_backed"
-    ok = True
-    if not (v is True):
-        if out is None:
-            return False
-        out.append(Problem(path, "const", "expected true" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s23(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/EngramConfig/allOf/3/if"
-    ok = True
-    if isinstance(v, dict):
-        if "file_backed" not in v:
+    if "platform" in v:
+        if not _s5(v["platform"], path + "/platform", out):
             if out is None:
                 return False
-            out.append(Problem(path + "/file_backed", "required", "missing required field file_backed"))
             ok = False
-        if "file_backed" in v:
-            if not _s24(v["file_backed"], path + "/file_backed", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s26(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/EngramConfig/allOf/3/then/properties/cpu_offload"
-    ok = True
-    if not (v is True):
+    # rule 'dp-shared-memory-needs-dp'
+    if _s6(v, path, None) and not _s7(v, path, None):
         if out is None:
             return False
-        out.append(Problem(path, "const", "expected true" + _got(v)))
+        out.append(
+            Problem(
+                path + "/engram/dp_shared_memory",
+                "dp-shared-memory-needs-dp",
+                "dp_shared_memory requires data_parallel_size > 1.",
+            )
+        )
+        ok = False
+    # rule 'dp-shared-memory-no-elastic-ep'
+    if _s8(v, path, None) and not _s9(v, path, None):
+        if out is None:
+            return False
+        out.append(
+            Problem(
+                path + "/engram/dp_shared_memory",
+                "dp-shared-memory-no-elastic-ep",
+                "dp_shared_memory is not supported with elastic EP.",
+            )
+        )
+        ok = False
+    # rule 'embedding-across-dp-no-elastic-ep'
+    if _s10(v, path, None) and not _s11(v, path, None):
+        if out is None:
+            return False
+        out.append(
+            Problem(
+                path + "/engram/embedding_across_dp",
+                "embedding-across-dp-no-elastic-ep",
+                "Engram embedding_across_dp is not supported with elastic EP yet.",
+            )
+        )
+        ok = False
+    # rule 'dp-shared-memory-needs-weight-loader'
+    if _s12(v, path, None) and not _s13(v, path, None):
+        if out is None:
+            return False
+        out.append(
+            Problem(
+                path + "/load/load_format",
+                "dp-shared-memory-needs-weight-loader",
+                "dp_shared_memory requires load_format 'auto', 'safetensors' or 'pt'; got {value!r}.".format(
+                    value=_shown(_at(v, ("load", "load_format")))
+                ),
+            )
+        )
+        ok = False
+    # rule 'model-layer-ids'
+    if _s14(v, path, None) and not _s15(v, path, None):
+        if out is None:
+            return False
+        out.append(
+            Problem(
+                path + "/model/hf_text_config/engram_layer_ids",
+                "model-layer-ids",
+                "EngramConfig requires a model with supported Engram embeddings and non-empty n-gram layer ids. DeepseekV41ForCausalLM needs hf_text_config.engram_layer_ids, a non-empty list of distinct layer ids; got {value!r}.".format(
+                    value=_shown(_at(v, ("model", "hf_text_config", "engram_layer_ids")))
+                ),
+            )
+        )
+        ok = False
+    # rule 'model-ngram-fields'
+    if _s17(v, path, None) and not _s18(v, path, None):
+        if out is None:
+            return False
+        out.append(
+            Problem(
+                path + "/model/hf_text_config",
+                "model-ngram-fields",
+                "DeepseekV41ForCausalLM's n-gram fields in hf_text_config are off ({problems}); where given they must be integers: engram_max_ngram_size >= 2; engram_n_heads, engram_head_dim and engram_compressed_vocab_size >= 1; engram_pad_token_id (or engram_pad_id) and engram_seed >= 0; engram_vocab_size >= 2, or a list of such, one per order.".format(
+                    problems=_details(_s16, _at(v, ("model", "hf_text_config")))
+                ),
+            )
+        )
+        ok = False
+    # rule 'model-layer-ids'
+    if _s19(v, path, None) and not _s20(v, path, None):
+        if out is None:
+            return False
+        out.append(
+            Problem(
+                path + "/model/hf_text_config/ple_layer_ids",
+                "model-layer-ids",
+                "EngramConfig requires a model with supported Engram embeddings and non-empty n-gram layer ids. Qwen4Exp models need hf_text_config.ple_layer_ids, a non-empty list of distinct layer ids; got {value!r}.".format(
+                    value=_shown(_at(v, ("model", "hf_text_config", "ple_layer_ids")))
+                ),
+            )
+        )
+        ok = False
+    # rule 'model-ngram-fields'
+    if _s22(v, path, None) and not _s23(v, path, None):
+        if out is None:
+            return False
+        out.append(
+            Problem(
+                path + "/model/hf_text_config",
+                "model-ngram-fields",
+                "Qwen4Exp's n-gram fields in hf_text_config are off ({problems}); where given they must be integers: ngram_size >= 2; heads_per_ngram, ple_embed_dim, vocab_size, make_ngram_vocab_size_divisible_by and split_ngram_parts >= 1; ngram_vocab_size_base >= 2; seed (or its older name ngram_seed) and eos_token_id >= 0; ple_layer_ids are 1-based decoder indices (>= 1).".format(
+                    problems=_details(_s21, _at(v, ("model", "hf_text_config")))
+                ),
+            )
+        )
+        ok = False
+    # rule 'deepseek-engram-no-ubatching'
+    if _s24(v, path, None) and not _s25(v, path, None):
+        if out is None:
+            return False
+        out.append(
+            Problem(
+                path + "/parallel",
+                "deepseek-engram-no-ubatching",
+                "DeepSeek V4.1 Engram does not support DBO or microbatching. Disable --enable-dbo and set --ubatch-size to 0.",
+            )
+        )
         ok = False
     return ok
 
 
-def _s25(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/EngramConfig/allOf/3/then"
-    ok = True
-    if isinstance(v, dict):
-        if "cpu_offload" in v:
-            if not _s26(v["cpu_offload"], path + "/cpu_offload", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s28(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/EngramConfig/allOf/4/if/properties/file_backed"
-    ok = True
-    if not (v is True):
-        if out is None:
-            return False
-        out.append(Problem(path, "const", "expected true" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s27(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/EngramConfig/allOf/4/if"
-    ok = True
-    if isinstance(v, dict):
-        if "file_backed" not in v:
-            if out is None:
-                return False
-            out.append(Problem(path + "/file_backed", "required", "missing required field file_backed"))
-            ok = False
-        if "file_backed" in v:
-            if not _s28(v["file_backed"], path + "/file_backed", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s30(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/EngramConfig/allOf/4/then/properties/dp_shared_memory"
-    ok = True
-    if not (v is False or v is None):
-        if out is None:
-            return False
-        out.append(Problem(path, "enum", "expected one of false, None" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s29(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/EngramConfig/allOf/4/then"
-    ok = True
-    if isinstance(v, dict):
-        if "dp_shared_memory" in v:
-            if not _s30(v["dp_shared_memory"], path + "/dp_shared_memory", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s32(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/EngramConfig/allOf/5/if/properties/file_backed"
-    ok = True
-    if not (v is True):
-        if out is None:
-            return False
-        out.append(Problem(path, "const", "expected true" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s31(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/EngramConfig/allOf/5/if"
-    ok = True
-    if isinstance(v, dict):
-        if "file_backed" not in v:
-            if out is None:
-                return False
-            out.append(Problem(path + "/file_backed", "required", "missing required field file_backed"))
-            ok = False
-        if "file_backed" in v:
-            if not _s32(v["file_backed"], path + "/file_backed", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s34(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/EngramConfig/allOf/5/then/properties/use_thp"
-    ok = True
-    if not (v is False):
-        if out is None:
-            return False
-        out.append(Problem(path, "const", "expected false" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s33(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/EngramConfig/allOf/5/then"
-    ok = True
-    if isinstance(v, dict):
-        if "use_thp" in v:
-            if not _s34(v["use_thp"], path + "/use_thp", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s2(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s1(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig"
     ok = True
     if not (isinstance(v, dict)):
@@ -486,42 +236,42 @@ def _s2(v: Any, path: str, out: list[Problem] | None) -> bool:
         )
         ok = False
     if "cpu_offload" in v:
-        if not _s3(v["cpu_offload"], path + "/cpu_offload", out):
+        if not _s26(v["cpu_offload"], path + "/cpu_offload", out):
             if out is None:
                 return False
             ok = False
     if "embedding_across_dp" in v:
-        if not _s4(v["embedding_across_dp"], path + "/embedding_across_dp", out):
+        if not _s27(v["embedding_across_dp"], path + "/embedding_across_dp", out):
             if out is None:
                 return False
             ok = False
     if "dp_shared_memory" in v:
-        if not _s5(v["dp_shared_memory"], path + "/dp_shared_memory", out):
+        if not _s28(v["dp_shared_memory"], path + "/dp_shared_memory", out):
             if out is None:
                 return False
             ok = False
     if "use_thp" in v:
-        if not _s6(v["use_thp"], path + "/use_thp", out):
+        if not _s29(v["use_thp"], path + "/use_thp", out):
             if out is None:
                 return False
             ok = False
     if "file_backed" in v:
-        if not _s7(v["file_backed"], path + "/file_backed", out):
+        if not _s30(v["file_backed"], path + "/file_backed", out):
             if out is None:
                 return False
             ok = False
     if "device_cache_bytes" in v:
-        if not _s8(v["device_cache_bytes"], path + "/device_cache_bytes", out):
+        if not _s31(v["device_cache_bytes"], path + "/device_cache_bytes", out):
             if out is None:
                 return False
             ok = False
     if "shard_layout" in v:
-        if not _s9(v["shard_layout"], path + "/shard_layout", out):
+        if not _s32(v["shard_layout"], path + "/shard_layout", out):
             if out is None:
                 return False
             ok = False
     # rule 'dp-shared-memory-needs-cpu-offload'
-    if _s10(v, path, None) and not _s12(v, path, None):
+    if _s33(v, path, None) and not _s34(v, path, None):
         if out is None:
             return False
         out.append(
@@ -533,7 +283,7 @@ def _s2(v: Any, path: str, out: list[Problem] | None) -> bool:
         )
         ok = False
     # rule 'use-thp-needs-private-offload'
-    if _s14(v, path, None) and not _s16(v, path, None):
+    if _s35(v, path, None) and not _s36(v, path, None):
         if out is None:
             return False
         out.append(
@@ -545,7 +295,7 @@ def _s2(v: Any, path: str, out: list[Problem] | None) -> bool:
         )
         ok = False
     # rule 'device-cache-needs-cpu-offload'
-    if _s19(v, path, None) and not _s21(v, path, None):
+    if _s37(v, path, None) and not _s38(v, path, None):
         if out is None:
             return False
         out.append(
@@ -557,7 +307,7 @@ def _s2(v: Any, path: str, out: list[Problem] | None) -> bool:
         )
         ok = False
     # rule 'file-backed-needs-cpu-offload'
-    if _s23(v, path, None) and not _s25(v, path, None):
+    if _s39(v, path, None) and not _s40(v, path, None):
         if out is None:
             return False
         out.append(
@@ -569,7 +319,7 @@ def _s2(v: Any, path: str, out: list[Problem] | None) -> bool:
         )
         ok = False
     # rule 'file-backed-not-with-dp-shared-memory'
-    if _s27(v, path, None) and not _s29(v, path, None):
+    if _s41(v, path, None) and not _s42(v, path, None):
         if out is None:
             return False
         out.append(
@@ -581,7 +331,7 @@ def _s2(v: Any, path: str, out: list[Problem] | None) -> bool:
         )
         ok = False
     # rule 'file-backed-not-with-use-thp'
-    if _s31(v, path, None) and not _s33(v, path, None):
+    if _s43(v, path, None) and not _s44(v, path, None):
         if out is None:
             return False
         out.append(
@@ -595,60 +345,7 @@ def _s2(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s1(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /properties/engram"
-    ok = True
-    if not _s2(v, path, out):
-        if out is None:
-            return False
-        ok = False
-    return ok
-
-
-def _s37(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/ModelConfig/properties/architecture"
-    ok = True
-    if not (isinstance(v, str)):
-        if out is None:
-            return False
-        out.append(
-            Problem(
-                path,
-                "model-architecture",
-                "EngramConfig requires a model with supported Engram embeddings and non-empty n-gram layer ids. Architecture {value!r} carries no n-gram embeddings; supported: DeepseekV41ForCausalLM, Qwen4ExpForCausalLM, Qwen4ExpForConditionalGeneration.".format(
-                    value=_shown(v)
-                ),
-            )
-        )
-        return False
-    if not (v == "DeepseekV41ForCausalLM" or v == "Qwen4ExpForCausalLM" or v == "Qwen4ExpForConditionalGeneration"):
-        if out is None:
-            return False
-        out.append(
-            Problem(
-                path,
-                "model-architecture",
-                "EngramConfig requires a model with supported Engram embeddings and non-empty n-gram layer ids. Architecture {value!r} carries no n-gram embeddings; supported: DeepseekV41ForCausalLM, Qwen4ExpForCausalLM, Qwen4ExpForConditionalGeneration.".format(
-                    value=_shown(v)
-                ),
-            )
-        )
-        ok = False
-    return ok
-
-
-def _s38(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/ModelConfig/properties/hf_text_config"
-    ok = True
-    if not (isinstance(v, dict)):
-        if out is None:
-            return False
-        out.append(Problem(path, "type", "expected an object" + _got(v)))
-        return False
-    return ok
-
-
-def _s36(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s2(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/ModelConfig"
     ok = True
     if not (isinstance(v, dict)):
@@ -673,135 +370,19 @@ def _s36(v: Any, path: str, out: list[Problem] | None) -> bool:
         )
         ok = False
     if "architecture" in v:
-        if not _s37(v["architecture"], path + "/architecture", out):
+        if not _s45(v["architecture"], path + "/architecture", out):
             if out is None:
                 return False
             ok = False
     if "hf_text_config" in v:
-        if not _s38(v["hf_text_config"], path + "/hf_text_config", out):
+        if not _s46(v["hf_text_config"], path + "/hf_text_config", out):
             if out is None:
                 return False
             ok = False
     return ok
 
 
-def _s35(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /properties/model"
-    ok = True
-    if not _s36(v, path, out):
-        if out is None:
-            return False
-        ok = False
-    return ok
-
-
-def _s41(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/ParallelConfig/properties/tensor_parallel_size"
-    ok = True
-    if not (_is_integer(v)):
-        if out is None:
-            return False
-        out.append(Problem(path, "type", "expected an integer" + _got(v)))
-        return False
-    if v < 1:
-        if out is None:
-            return False
-        out.append(Problem(path, "minimum", "expected >= 1" + _got(v)))
-        ok = False
-    if v > 65536:
-        if out is None:
-            return False
-        out.append(Problem(path, "maximum", "expected <= 65536" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s42(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/ParallelConfig/properties/data_parallel_size"
-    ok = True
-    if not (_is_integer(v)):
-        if out is None:
-            return False
-        out.append(Problem(path, "type", "expected an integer" + _got(v)))
-        return False
-    if v < 1:
-        if out is None:
-            return False
-        out.append(Problem(path, "minimum", "expected >= 1" + _got(v)))
-        ok = False
-    if v > 65536:
-        if out is None:
-            return False
-        out.append(Problem(path, "maximum", "expected <= 65536" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s43(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/ParallelConfig/properties/data_parallel_size_local"
-    ok = True
-    if not (_is_integer(v)):
-        if out is None:
-            return False
-        out.append(Problem(path, "type", "expected an integer" + _got(v)))
-        return False
-    if v < 1:
-        if out is None:
-            return False
-        out.append(Problem(path, "minimum", "expected >= 1" + _got(v)))
-        ok = False
-    if v > 65536:
-        if out is None:
-            return False
-        out.append(Problem(path, "maximum", "expected <= 65536" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s44(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/ParallelConfig/properties/enable_elastic_ep"
-    ok = True
-    if not (isinstance(v, bool)):
-        if out is None:
-            return False
-        out.append(Problem(path, "type", "expected a boolean" + _got(v)))
-        return False
-    return ok
-
-
-def _s45(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/ParallelConfig/properties/enable_dbo"
-    ok = True
-    if not (isinstance(v, bool)):
-        if out is None:
-            return False
-        out.append(Problem(path, "type", "expected a boolean" + _got(v)))
-        return False
-    return ok
-
-
-def _s46(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/ParallelConfig/properties/ubatch_size"
-    ok = True
-    if not (_is_integer(v)):
-        if out is None:
-            return False
-        out.append(Problem(path, "type", "expected an integer" + _got(v)))
-        return False
-    if v < 0:
-        if out is None:
-            return False
-        out.append(Problem(path, "minimum", "expected >= 0" + _got(v)))
-        ok = False
-    if v > 65536:
-        if out is None:
-            return False
-        out.append(Problem(path, "maximum", "expected <= 65536" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s40(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s3(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/ParallelConfig"
     ok = True
     if not (isinstance(v, dict)):
@@ -823,60 +404,39 @@ def _s40(v: Any, path: str, out: list[Problem] | None) -> bool:
         )
         ok = False
     if "tensor_parallel_size" in v:
-        if not _s41(v["tensor_parallel_size"], path + "/tensor_parallel_size", out):
+        if not _s47(v["tensor_parallel_size"], path + "/tensor_parallel_size", out):
             if out is None:
                 return False
             ok = False
     if "data_parallel_size" in v:
-        if not _s42(v["data_parallel_size"], path + "/data_parallel_size", out):
+        if not _s48(v["data_parallel_size"], path + "/data_parallel_size", out):
             if out is None:
                 return False
             ok = False
     if "data_parallel_size_local" in v:
-        if not _s43(v["data_parallel_size_local"], path + "/data_parallel_size_local", out):
+        if not _s49(v["data_parallel_size_local"], path + "/data_parallel_size_local", out):
             if out is None:
                 return False
             ok = False
     if "enable_elastic_ep" in v:
-        if not _s44(v["enable_elastic_ep"], path + "/enable_elastic_ep", out):
+        if not _s50(v["enable_elastic_ep"], path + "/enable_elastic_ep", out):
             if out is None:
                 return False
             ok = False
     if "enable_dbo" in v:
-        if not _s45(v["enable_dbo"], path + "/enable_dbo", out):
+        if not _s51(v["enable_dbo"], path + "/enable_dbo", out):
             if out is None:
                 return False
             ok = False
     if "ubatch_size" in v:
-        if not _s46(v["ubatch_size"], path + "/ubatch_size", out):
+        if not _s52(v["ubatch_size"], path + "/ubatch_size", out):
             if out is None:
                 return False
             ok = False
     return ok
 
 
-def _s39(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /properties/parallel"
-    ok = True
-    if not _s40(v, path, out):
-        if out is None:
-            return False
-        ok = False
-    return ok
-
-
-def _s49(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/LoadConfig/properties/load_format"
-    ok = True
-    if not (isinstance(v, str)):
-        if out is None:
-            return False
-        out.append(Problem(path, "type", "expected a string" + _got(v)))
-        return False
-    return ok
-
-
-def _s48(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s4(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/LoadConfig"
     ok = True
     if not (isinstance(v, dict)):
@@ -896,24 +456,14 @@ def _s48(v: Any, path: str, out: list[Problem] | None) -> bool:
         )
         ok = False
     if "load_format" in v:
-        if not _s49(v["load_format"], path + "/load_format", out):
+        if not _s53(v["load_format"], path + "/load_format", out):
             if out is None:
                 return False
             ok = False
     return ok
 
 
-def _s47(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /properties/load"
-    ok = True
-    if not _s48(v, path, out):
-        if out is None:
-            return False
-        ok = False
-    return ok
-
-
-def _s50(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s5(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /properties/platform"
     ok = True
     if not (isinstance(v, str)):
@@ -945,35 +495,7 @@ def _s50(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s53(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/0/if/properties/engram/properties/dp_shared_memory"
-    ok = True
-    if not (v is True):
-        if out is None:
-            return False
-        out.append(Problem(path, "const", "expected true" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s52(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/0/if/properties/engram"
-    ok = True
-    if isinstance(v, dict):
-        if "dp_shared_memory" not in v:
-            if out is None:
-                return False
-            out.append(Problem(path + "/dp_shared_memory", "required", "missing required field dp_shared_memory"))
-            ok = False
-        if "dp_shared_memory" in v:
-            if not _s53(v["dp_shared_memory"], path + "/dp_shared_memory", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s51(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s6(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/0/if"
     ok = True
     if isinstance(v, dict):
@@ -988,43 +510,14 @@ def _s51(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/parallel", "required", "missing required field parallel"))
             ok = False
         if "engram" in v:
-            if not _s52(v["engram"], path + "/engram", out):
+            if not _s54(v["engram"], path + "/engram", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s56(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/0/then/properties/parallel/properties/data_parallel_size"
-    ok = True
-    if _is_number(v):
-        if v < 2:
-            if out is None:
-                return False
-            out.append(Problem(path, "minimum", "expected >= 2" + _got(v)))
-            ok = False
-    return ok
-
-
-def _s55(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/0/then/properties/parallel"
-    ok = True
-    if isinstance(v, dict):
-        if "data_parallel_size" not in v:
-            if out is None:
-                return False
-            out.append(Problem(path + "/data_parallel_size", "required", "missing required field data_parallel_size"))
-            ok = False
-        if "data_parallel_size" in v:
-            if not _s56(v["data_parallel_size"], path + "/data_parallel_size", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s54(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s7(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/0/then"
     ok = True
     if isinstance(v, dict):
@@ -1036,36 +529,42 @@ def _s54(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s59(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/1/if/properties/engram/properties/dp_shared_memory"
-    ok = True
-    if not (v is True):
-        if out is None:
-            return False
-        out.append(Problem(path, "const", "expected true" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s58(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/1/if/properties/engram"
+def _s8(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/1/if"
     ok = True
     if isinstance(v, dict):
-        if "dp_shared_memory" not in v:
+        if "engram" not in v:
             if out is None:
                 return False
-            out.append(Problem(path + "/dp_shared_memory", "required", "missing required field dp_shared_memory"))
+            out.append(Problem(path + "/engram", "required", "missing required field engram"))
             ok = False
-        if "dp_shared_memory" in v:
-            if not _s59(v["dp_shared_memory"], path + "/dp_shared_memory", out):
+        if "parallel" not in v:
+            if out is None:
+                return False
+            out.append(Problem(path + "/parallel", "required", "missing required field parallel"))
+            ok = False
+        if "engram" in v:
+            if not _s56(v["engram"], path + "/engram", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s57(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/1/if"
+def _s9(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/1/then"
+    ok = True
+    if isinstance(v, dict):
+        if "parallel" in v:
+            if not _s57(v["parallel"], path + "/parallel", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s10(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/2/if"
     ok = True
     if isinstance(v, dict):
         if "engram" not in v:
@@ -1083,192 +582,27 @@ def _s57(v: Any, path: str, out: list[Problem] | None) -> bool:
                 if out is None:
                     return False
                 ok = False
-    return ok
-
-
-def _s62(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/1/then/properties/parallel/properties/enable_elastic_ep"
-    ok = True
-    if not (v is False):
-        if out is None:
-            return False
-        out.append(Problem(path, "const", "expected false" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s61(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/1/then/properties/parallel"
-    ok = True
-    if isinstance(v, dict):
-        if "enable_elastic_ep" in v:
-            if not _s62(v["enable_elastic_ep"], path + "/enable_elastic_ep", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s60(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/1/then"
-    ok = True
-    if isinstance(v, dict):
         if "parallel" in v:
-            if not _s61(v["parallel"], path + "/parallel", out):
+            if not _s59(v["parallel"], path + "/parallel", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s65(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/2/if/properties/engram/properties/embedding_across_dp"
-    ok = True
-    if not (v is True):
-        if out is None:
-            return False
-        out.append(Problem(path, "const", "expected true" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s64(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/2/if/properties/engram"
-    ok = True
-    if isinstance(v, dict):
-        if "embedding_across_dp" not in v:
-            if out is None:
-                return False
-            out.append(Problem(path + "/embedding_across_dp", "required", "missing required field embedding_across_dp"))
-            ok = False
-        if "embedding_across_dp" in v:
-            if not _s65(v["embedding_across_dp"], path + "/embedding_across_dp", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s67(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/2/if/properties/parallel/properties/data_parallel_size"
-    ok = True
-    if _is_number(v):
-        if v < 2:
-            if out is None:
-                return False
-            out.append(Problem(path, "minimum", "expected >= 2" + _got(v)))
-            ok = False
-    return ok
-
-
-def _s66(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/2/if/properties/parallel"
-    ok = True
-    if isinstance(v, dict):
-        if "data_parallel_size" not in v:
-            if out is None:
-                return False
-            out.append(Problem(path + "/data_parallel_size", "required", "missing required field data_parallel_size"))
-            ok = False
-        if "data_parallel_size" in v:
-            if not _s67(v["data_parallel_size"], path + "/data_parallel_size", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s63(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/2/if"
-    ok = True
-    if isinstance(v, dict):
-        if "engram" not in v:
-            if out is None:
-                return False
-            out.append(Problem(path + "/engram", "required", "missing required field engram"))
-            ok = False
-        if "parallel" not in v:
-            if out is None:
-                return False
-            out.append(Problem(path + "/parallel", "required", "missing required field parallel"))
-            ok = False
-        if "engram" in v:
-            if not _s64(v["engram"], path + "/engram", out):
-                if out is None:
-                    return False
-                ok = False
-        if "parallel" in v:
-            if not _s66(v["parallel"], path + "/parallel", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s70(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/2/then/properties/parallel/properties/enable_elastic_ep"
-    ok = True
-    if not (v is False):
-        if out is None:
-            return False
-        out.append(Problem(path, "const", "expected false" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s69(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/2/then/properties/parallel"
-    ok = True
-    if isinstance(v, dict):
-        if "enable_elastic_ep" in v:
-            if not _s70(v["enable_elastic_ep"], path + "/enable_elastic_ep", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s68(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s11(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/2/then"
     ok = True
     if isinstance(v, dict):
         if "parallel" in v:
-            if not _s69(v["parallel"], path + "/parallel", out):
+            if not _s60(v["parallel"], path + "/parallel", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s73(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/3/if/properties/engram/properties/dp_shared_memory"
-    ok = True
-    if not (v is True):
-        if out is None:
-            return False
-        out.append(Problem(path, "const", "expected true" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s72(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/3/if/properties/engram"
-    ok = True
-    if isinstance(v, dict):
-        if "dp_shared_memory" not in v:
-            if out is None:
-                return False
-            out.append(Problem(path + "/dp_shared_memory", "required", "missing required field dp_shared_memory"))
-            ok = False
-        if "dp_shared_memory" in v:
-            if not _s73(v["dp_shared_memory"], path + "/dp_shared_memory", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s71(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s12(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/3/if"
     ok = True
     if isinstance(v, dict):
@@ -1283,77 +617,26 @@ def _s71(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/load", "required", "missing required field load"))
             ok = False
         if "engram" in v:
-            if not _s72(v["engram"], path + "/engram", out):
+            if not _s61(v["engram"], path + "/engram", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s76(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/3/then/properties/load/properties/load_format"
-    ok = True
-    if not (v == "auto" or v == "safetensors" or v == "pt"):
-        if out is None:
-            return False
-        out.append(Problem(path, "enum", "expected one of 'auto', 'safetensors', 'pt'" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s75(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/3/then/properties/load"
-    ok = True
-    if isinstance(v, dict):
-        if "load_format" in v:
-            if not _s76(v["load_format"], path + "/load_format", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s74(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s13(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/3/then"
     ok = True
     if isinstance(v, dict):
         if "load" in v:
-            if not _s75(v["load"], path + "/load", out):
+            if not _s62(v["load"], path + "/load", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s79(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/4/if/properties/model/properties/architecture"
-    ok = True
-    if not (v == "DeepseekV41ForCausalLM"):
-        if out is None:
-            return False
-        out.append(Problem(path, "const", "expected 'DeepseekV41ForCausalLM'" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s78(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/4/if/properties/model"
-    ok = True
-    if isinstance(v, dict):
-        if "architecture" not in v:
-            if out is None:
-                return False
-            out.append(Problem(path + "/architecture", "required", "missing required field architecture"))
-            ok = False
-        if "architecture" in v:
-            if not _s79(v["architecture"], path + "/architecture", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s77(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s14(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/4/if"
     ok = True
     if isinstance(v, dict):
@@ -1363,15 +646,321 @@ def _s77(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/model", "required", "missing required field model"))
             ok = False
         if "model" in v:
-            if not _s78(v["model"], path + "/model", out):
+            if not _s63(v["model"], path + "/model", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s85(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/LayerIds/items"
+def _s15(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/4/then"
+    ok = True
+    if isinstance(v, dict):
+        if "model" in v:
+            if not _s64(v["model"], path + "/model", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s16(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/DeepseekNgramFields"
+    ok = True
+    if not (isinstance(v, dict)):
+        if out is None:
+            return False
+        out.append(Problem(path, "type", "expected an object" + _got(v)))
+        return False
+    if "engram_max_ngram_size" in v:
+        if not _s65(v["engram_max_ngram_size"], path + "/engram_max_ngram_size", out):
+            if out is None:
+                return False
+            ok = False
+    if "engram_n_heads" in v:
+        if not _s66(v["engram_n_heads"], path + "/engram_n_heads", out):
+            if out is None:
+                return False
+            ok = False
+    if "engram_head_dim" in v:
+        if not _s67(v["engram_head_dim"], path + "/engram_head_dim", out):
+            if out is None:
+                return False
+            ok = False
+    if "engram_compressed_vocab_size" in v:
+        if not _s68(v["engram_compressed_vocab_size"], path + "/engram_compressed_vocab_size", out):
+            if out is None:
+                return False
+            ok = False
+    if "engram_pad_token_id" in v:
+        if not _s69(v["engram_pad_token_id"], path + "/engram_pad_token_id", out):
+            if out is None:
+                return False
+            ok = False
+    if "engram_pad_id" in v:
+        if not _s70(v["engram_pad_id"], path + "/engram_pad_id", out):
+            if out is None:
+                return False
+            ok = False
+    if "engram_seed" in v:
+        if not _s71(v["engram_seed"], path + "/engram_seed", out):
+            if out is None:
+                return False
+            ok = False
+    if "engram_vocab_size" in v:
+        if not _s72(v["engram_vocab_size"], path + "/engram_vocab_size", out):
+            if out is None:
+                return False
+            ok = False
+    return ok
+
+
+def _s17(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/5/if"
+    ok = True
+    if isinstance(v, dict):
+        if "model" not in v:
+            if out is None:
+                return False
+            out.append(Problem(path + "/model", "required", "missing required field model"))
+            ok = False
+        if "model" in v:
+            if not _s73(v["model"], path + "/model", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s18(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/5/then"
+    ok = True
+    if isinstance(v, dict):
+        if "model" in v:
+            if not _s74(v["model"], path + "/model", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s19(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/6/if"
+    ok = True
+    if isinstance(v, dict):
+        if "model" not in v:
+            if out is None:
+                return False
+            out.append(Problem(path + "/model", "required", "missing required field model"))
+            ok = False
+        if "model" in v:
+            if not _s75(v["model"], path + "/model", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s20(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/6/then"
+    ok = True
+    if isinstance(v, dict):
+        if "model" in v:
+            if not _s76(v["model"], path + "/model", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s21(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/QwenNgramFields"
+    ok = True
+    if not (isinstance(v, dict)):
+        if out is None:
+            return False
+        out.append(Problem(path, "type", "expected an object" + _got(v)))
+        return False
+    if "ngram_size" in v:
+        if not _s77(v["ngram_size"], path + "/ngram_size", out):
+            if out is None:
+                return False
+            ok = False
+    if "heads_per_ngram" in v:
+        if not _s78(v["heads_per_ngram"], path + "/heads_per_ngram", out):
+            if out is None:
+                return False
+            ok = False
+    if "ple_embed_dim" in v:
+        if not _s79(v["ple_embed_dim"], path + "/ple_embed_dim", out):
+            if out is None:
+                return False
+            ok = False
+    if "vocab_size" in v:
+        if not _s80(v["vocab_size"], path + "/vocab_size", out):
+            if out is None:
+                return False
+            ok = False
+    if "make_ngram_vocab_size_divisible_by" in v:
+        if not _s81(v["make_ngram_vocab_size_divisible_by"], path + "/make_ngram_vocab_size_divisible_by", out):
+            if out is None:
+                return False
+            ok = False
+    if "ngram_vocab_size_base" in v:
+        if not _s82(v["ngram_vocab_size_base"], path + "/ngram_vocab_size_base", out):
+            if out is None:
+                return False
+            ok = False
+    if "seed" in v:
+        if not _s83(v["seed"], path + "/seed", out):
+            if out is None:
+                return False
+            ok = False
+    if "ngram_seed" in v:
+        if not _s84(v["ngram_seed"], path + "/ngram_seed", out):
+            if out is None:
+                return False
+            ok = False
+    if "eos_token_id" in v:
+        if not _s85(v["eos_token_id"], path + "/eos_token_id", out):
+            if out is None:
+                return False
+            ok = False
+    if "ple_layer_ids" in v:
+        if not _s86(v["ple_layer_ids"], path + "/ple_layer_ids", out):
+            if out is None:
+                return False
+            ok = False
+    if "split_ngram_parts" in v:
+        if not _s87(v["split_ngram_parts"], path + "/split_ngram_parts", out):
+            if out is None:
+                return False
+            ok = False
+    return ok
+
+
+def _s22(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/7/if"
+    ok = True
+    if isinstance(v, dict):
+        if "model" not in v:
+            if out is None:
+                return False
+            out.append(Problem(path + "/model", "required", "missing required field model"))
+            ok = False
+        if "model" in v:
+            if not _s88(v["model"], path + "/model", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s23(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/7/then"
+    ok = True
+    if isinstance(v, dict):
+        if "model" in v:
+            if not _s89(v["model"], path + "/model", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s24(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/8/if"
+    ok = True
+    if isinstance(v, dict):
+        if "model" not in v:
+            if out is None:
+                return False
+            out.append(Problem(path + "/model", "required", "missing required field model"))
+            ok = False
+        if "parallel" not in v:
+            if out is None:
+                return False
+            out.append(Problem(path + "/parallel", "required", "missing required field parallel"))
+            ok = False
+        if "model" in v:
+            if not _s90(v["model"], path + "/model", out):
+                if out is None:
+                    return False
+                ok = False
+        if "parallel" in v:
+            if not _s91(v["parallel"], path + "/parallel", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s25(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/8/then"
+    if out is None:
+        return False
+    out.append(Problem(path, "false", "no value is allowed here (schema /allOf/8/then is false)" + _got(v)))
+    return False
+
+
+def _s26(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/EngramConfig/properties/cpu_offload"
+    ok = True
+    if not (isinstance(v, bool)):
+        if out is None:
+            return False
+        out.append(Problem(path, "type", "expected a boolean" + _got(v)))
+        return False
+    return ok
+
+
+def _s27(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/EngramConfig/properties/embedding_across_dp"
+    ok = True
+    if not (isinstance(v, bool)):
+        if out is None:
+            return False
+        out.append(Problem(path, "type", "expected a boolean" + _got(v)))
+        return False
+    return ok
+
+
+def _s28(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/EngramConfig/properties/dp_shared_memory"
+    ok = True
+    if not (isinstance(v, bool) or v is None):
+        if out is None:
+            return False
+        out.append(Problem(path, "type", "expected a boolean or null" + _got(v)))
+        return False
+    return ok
+
+
+def _s29(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/EngramConfig/properties/use_thp"
+    ok = True
+    if not (isinstance(v, bool)):
+        if out is None:
+            return False
+        out.append(Problem(path, "type", "expected a boolean" + _got(v)))
+        return False
+    return ok
+
+
+def _s30(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/EngramConfig/properties/file_backed"
+    ok = True
+    if not (isinstance(v, bool)):
+        if out is None:
+            return False
+        out.append(Problem(path, "type", "expected a boolean" + _got(v)))
+        return False
+    return ok
+
+
+def _s31(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/EngramConfig/properties/device_cache_bytes"
     ok = True
     if not (_is_integer(v)):
         if out is None:
@@ -1383,15 +972,1478 @@ def _s85(v: Any, path: str, out: list[Problem] | None) -> bool:
             return False
         out.append(Problem(path, "minimum", "expected >= 0" + _got(v)))
         ok = False
-    if v > 1000000:
+    if v > 17592186044416:
         if out is None:
             return False
-        out.append(Problem(path, "maximum", "expected <= 1000000" + _got(v)))
+        out.append(Problem(path, "maximum", "expected <= 17592186044416" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s32(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/EngramConfig/properties/shard_layout"
+    ok = True
+    if not (isinstance(v, str)):
+        if out is None:
+            return False
+        out.append(Problem(path, "type", "expected a string" + _got(v)))
+        return False
+    if not (v == "vllm" or v == "replica"):
+        if out is None:
+            return False
+        out.append(Problem(path, "enum", "expected one of 'vllm', 'replica'" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s33(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/EngramConfig/allOf/0/if"
+    ok = True
+    if isinstance(v, dict):
+        if "dp_shared_memory" not in v:
+            if out is None:
+                return False
+            out.append(Problem(path + "/dp_shared_memory", "required", "missing required field dp_shared_memory"))
+            ok = False
+        if "dp_shared_memory" in v:
+            if not _s92(v["dp_shared_memory"], path + "/dp_shared_memory", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s34(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/EngramConfig/allOf/0/then"
+    ok = True
+    if isinstance(v, dict):
+        if "cpu_offload" in v:
+            if not _s93(v["cpu_offload"], path + "/cpu_offload", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s35(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/EngramConfig/allOf/1/if"
+    ok = True
+    if isinstance(v, dict):
+        if "use_thp" not in v:
+            if out is None:
+                return False
+            out.append(Problem(path + "/use_thp", "required", "missing required field use_thp"))
+            ok = False
+        if "use_thp" in v:
+            if not _s94(v["use_thp"], path + "/use_thp", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s36(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/EngramConfig/allOf/1/then"
+    ok = True
+    if isinstance(v, dict):
+        if "cpu_offload" in v:
+            if not _s95(v["cpu_offload"], path + "/cpu_offload", out):
+                if out is None:
+                    return False
+                ok = False
+        if "dp_shared_memory" in v:
+            if not _s96(v["dp_shared_memory"], path + "/dp_shared_memory", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s37(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/EngramConfig/allOf/2/if"
+    ok = True
+    if isinstance(v, dict):
+        if "device_cache_bytes" not in v:
+            if out is None:
+                return False
+            out.append(Problem(path + "/device_cache_bytes", "required", "missing required field device_cache_bytes"))
+            ok = False
+        if "device_cache_bytes" in v:
+            if not _s97(v["device_cache_bytes"], path + "/device_cache_bytes", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s38(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/EngramConfig/allOf/2/then"
+    ok = True
+    if isinstance(v, dict):
+        if "cpu_offload" in v:
+            if not _s98(v["cpu_offload"], path + "/cpu_offload", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s39(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/EngramConfig/allOf/3/if"
+    ok = True
+    if isinstance(v, dict):
+        if "file_backed" not in v:
+            if out is None:
+                return False
+            out.append(Problem(path + "/file_backed", "required", "missing required field file_backed"))
+            ok = False
+        if "file_backed" in v:
+            if not _s99(v["file_backed"], path + "/file_backed", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s40(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/EngramConfig/allOf/3/then"
+    ok = True
+    if isinstance(v, dict):
+        if "cpu_offload" in v:
+            if not _s100(v["cpu_offload"], path + "/cpu_offload", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s41(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/EngramConfig/allOf/4/if"
+    ok = True
+    if isinstance(v, dict):
+        if "file_backed" not in v:
+            if out is None:
+                return False
+            out.append(Problem(path + "/file_backed", "required", "missing required field file_backed"))
+            ok = False
+        if "file_backed" in v:
+            if not _s101(v["file_backed"], path + "/file_backed", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s42(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/EngramConfig/allOf/4/then"
+    ok = True
+    if isinstance(v, dict):
+        if "dp_shared_memory" in v:
+            if not _s102(v["dp_shared_memory"], path + "/dp_shared_memory", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s43(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/EngramConfig/allOf/5/if"
+    ok = True
+    if isinstance(v, dict):
+        if "file_backed" not in v:
+            if out is None:
+                return False
+            out.append(Problem(path + "/file_backed", "required", "missing required field file_backed"))
+            ok = False
+        if "file_backed" in v:
+            if not _s103(v["file_backed"], path + "/file_backed", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s44(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/EngramConfig/allOf/5/then"
+    ok = True
+    if isinstance(v, dict):
+        if "use_thp" in v:
+            if not _s104(v["use_thp"], path + "/use_thp", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s45(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/ModelConfig/properties/architecture"
+    ok = True
+    if not (isinstance(v, str)):
+        if out is None:
+            return False
+        out.append(
+            Problem(
+                path,
+                "model-architecture",
+                "EngramConfig requires a model with supported Engram embeddings and non-empty n-gram layer ids. Architecture {value!r} carries no n-gram embeddings; supported: DeepseekV41ForCausalLM, Qwen4ExpForCausalLM, Qwen4ExpForConditionalGeneration.".format(
+                    value=_shown(v)
+                ),
+            )
+        )
+        return False
+    if not (v == "DeepseekV41ForCausalLM" or v == "Qwen4ExpForCausalLM" or v == "Qwen4ExpForConditionalGeneration"):
+        if out is None:
+            return False
+        out.append(
+            Problem(
+                path,
+                "model-architecture",
+                "EngramConfig requires a model with supported Engram embeddings and non-empty n-gram layer ids. Architecture {value!r} carries no n-gram embeddings; supported: DeepseekV41ForCausalLM, Qwen4ExpForCausalLM, Qwen4ExpForConditionalGeneration.".format(
+                    value=_shown(v)
+                ),
+            )
+        )
+        ok = False
+    return ok
+
+
+def _s46(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/ModelConfig/properties/hf_text_config"
+    ok = True
+    if not (isinstance(v, dict)):
+        if out is None:
+            return False
+        out.append(Problem(path, "type", "expected an object" + _got(v)))
+        return False
+    return ok
+
+
+def _s47(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/ParallelConfig/properties/tensor_parallel_size"
+    ok = True
+    if not (_is_integer(v)):
+        if out is None:
+            return False
+        out.append(Problem(path, "type", "expected an integer" + _got(v)))
+        return False
+    if v < 1:
+        if out is None:
+            return False
+        out.append(Problem(path, "minimum", "expected >= 1" + _got(v)))
+        ok = False
+    if v > 65536:
+        if out is None:
+            return False
+        out.append(Problem(path, "maximum", "expected <= 65536" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s48(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/ParallelConfig/properties/data_parallel_size"
+    ok = True
+    if not (_is_integer(v)):
+        if out is None:
+            return False
+        out.append(Problem(path, "type", "expected an integer" + _got(v)))
+        return False
+    if v < 1:
+        if out is None:
+            return False
+        out.append(Problem(path, "minimum", "expected >= 1" + _got(v)))
+        ok = False
+    if v > 65536:
+        if out is None:
+            return False
+        out.append(Problem(path, "maximum", "expected <= 65536" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s49(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/ParallelConfig/properties/data_parallel_size_local"
+    ok = True
+    if not (_is_integer(v)):
+        if out is None:
+            return False
+        out.append(Problem(path, "type", "expected an integer" + _got(v)))
+        return False
+    if v < 1:
+        if out is None:
+            return False
+        out.append(Problem(path, "minimum", "expected >= 1" + _got(v)))
+        ok = False
+    if v > 65536:
+        if out is None:
+            return False
+        out.append(Problem(path, "maximum", "expected <= 65536" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s50(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/ParallelConfig/properties/enable_elastic_ep"
+    ok = True
+    if not (isinstance(v, bool)):
+        if out is None:
+            return False
+        out.append(Problem(path, "type", "expected a boolean" + _got(v)))
+        return False
+    return ok
+
+
+def _s51(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/ParallelConfig/properties/enable_dbo"
+    ok = True
+    if not (isinstance(v, bool)):
+        if out is None:
+            return False
+        out.append(Problem(path, "type", "expected a boolean" + _got(v)))
+        return False
+    return ok
+
+
+def _s52(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/ParallelConfig/properties/ubatch_size"
+    ok = True
+    if not (_is_integer(v)):
+        if out is None:
+            return False
+        out.append(Problem(path, "type", "expected an integer" + _got(v)))
+        return False
+    if v < 0:
+        if out is None:
+            return False
+        out.append(Problem(path, "minimum", "expected >= 0" + _got(v)))
+        ok = False
+    if v > 65536:
+        if out is None:
+            return False
+        out.append(Problem(path, "maximum", "expected <= 65536" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s53(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/LoadConfig/properties/load_format"
+    ok = True
+    if not (isinstance(v, str)):
+        if out is None:
+            return False
+        out.append(Problem(path, "type", "expected a string" + _got(v)))
+        return False
+    return ok
+
+
+def _s54(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/0/if/properties/engram"
+    ok = True
+    if isinstance(v, dict):
+        if "dp_shared_memory" not in v:
+            if out is None:
+                return False
+            out.append(Problem(path + "/dp_shared_memory", "required", "missing required field dp_shared_memory"))
+            ok = False
+        if "dp_shared_memory" in v:
+            if not _s105(v["dp_shared_memory"], path + "/dp_shared_memory", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s55(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/0/then/properties/parallel"
+    ok = True
+    if isinstance(v, dict):
+        if "data_parallel_size" not in v:
+            if out is None:
+                return False
+            out.append(Problem(path + "/data_parallel_size", "required", "missing required field data_parallel_size"))
+            ok = False
+        if "data_parallel_size" in v:
+            if not _s106(v["data_parallel_size"], path + "/data_parallel_size", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s56(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/1/if/properties/engram"
+    ok = True
+    if isinstance(v, dict):
+        if "dp_shared_memory" not in v:
+            if out is None:
+                return False
+            out.append(Problem(path + "/dp_shared_memory", "required", "missing required field dp_shared_memory"))
+            ok = False
+        if "dp_shared_memory" in v:
+            if not _s107(v["dp_shared_memory"], path + "/dp_shared_memory", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s57(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/1/then/properties/parallel"
+    ok = True
+    if isinstance(v, dict):
+        if "enable_elastic_ep" in v:
+            if not _s108(v["enable_elastic_ep"], path + "/enable_elastic_ep", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s58(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/2/if/properties/engram"
+    ok = True
+    if isinstance(v, dict):
+        if "embedding_across_dp" not in v:
+            if out is None:
+                return False
+            out.append(Problem(path + "/embedding_across_dp", "required", "missing required field embedding_across_dp"))
+            ok = False
+        if "embedding_across_dp" in v:
+            if not _s109(v["embedding_across_dp"], path + "/embedding_across_dp", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s59(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/2/if/properties/parallel"
+    ok = True
+    if isinstance(v, dict):
+        if "data_parallel_size" not in v:
+            if out is None:
+                return False
+            out.append(Problem(path + "/data_parallel_size", "required", "missing required field data_parallel_size"))
+            ok = False
+        if "data_parallel_size" in v:
+            if not _s110(v["data_parallel_size"], path + "/data_parallel_size", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s60(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/2/then/properties/parallel"
+    ok = True
+    if isinstance(v, dict):
+        if "enable_elastic_ep" in v:
+            if not _s111(v["enable_elastic_ep"], path + "/enable_elastic_ep", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s61(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/3/if/properties/engram"
+    ok = True
+    if isinstance(v, dict):
+        if "dp_shared_memory" not in v:
+            if out is None:
+                return False
+            out.append(Problem(path + "/dp_shared_memory", "required", "missing required field dp_shared_memory"))
+            ok = False
+        if "dp_shared_memory" in v:
+            if not _s112(v["dp_shared_memory"], path + "/dp_shared_memory", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s62(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/3/then/properties/load"
+    ok = True
+    if isinstance(v, dict):
+        if "load_format" in v:
+            if not _s113(v["load_format"], path + "/load_format", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s63(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/4/if/properties/model"
+    ok = True
+    if isinstance(v, dict):
+        if "architecture" not in v:
+            if out is None:
+                return False
+            out.append(Problem(path + "/architecture", "required", "missing required field architecture"))
+            ok = False
+        if "architecture" in v:
+            if not _s114(v["architecture"], path + "/architecture", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s64(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/4/then/properties/model"
+    ok = True
+    if isinstance(v, dict):
+        if "hf_text_config" not in v:
+            if out is None:
+                return False
+            out.append(Problem(path + "/hf_text_config", "required", "missing required field hf_text_config"))
+            ok = False
+        if "hf_text_config" in v:
+            if not _s115(v["hf_text_config"], path + "/hf_text_config", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s65(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/DeepseekNgramFields/properties/engram_max_ngram_size"
+    ok = True
+    if not (_is_integer(v)):
+        if out is None:
+            return False
+        out.append(Problem(path, "type", "expected an integer" + _got(v)))
+        return False
+    if v < 2:
+        if out is None:
+            return False
+        out.append(Problem(path, "minimum", "expected >= 2" + _got(v)))
+        ok = False
+    if v > 16:
+        if out is None:
+            return False
+        out.append(Problem(path, "maximum", "expected <= 16" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s66(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/DeepseekNgramFields/properties/engram_n_heads"
+    ok = True
+    if not (_is_integer(v)):
+        if out is None:
+            return False
+        out.append(Problem(path, "type", "expected an integer" + _got(v)))
+        return False
+    if v < 1:
+        if out is None:
+            return False
+        out.append(Problem(path, "minimum", "expected >= 1" + _got(v)))
+        ok = False
+    if v > 1024:
+        if out is None:
+            return False
+        out.append(Problem(path, "maximum", "expected <= 1024" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s67(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/DeepseekNgramFields/properties/engram_head_dim"
+    ok = True
+    if not (_is_integer(v)):
+        if out is None:
+            return False
+        out.append(Problem(path, "type", "expected an integer" + _got(v)))
+        return False
+    if v < 1:
+        if out is None:
+            return False
+        out.append(Problem(path, "minimum", "expected >= 1" + _got(v)))
+        ok = False
+    if v > 65536:
+        if out is None:
+            return False
+        out.append(Problem(path, "maximum", "expected <= 65536" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s68(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/DeepseekNgramFields/properties/engram_compressed_vocab_size"
+    ok = True
+    if not (_is_integer(v)):
+        if out is None:
+            return False
+        out.append(Problem(path, "type", "expected an integer" + _got(v)))
+        return False
+    if v < 1:
+        if out is None:
+            return False
+        out.append(Problem(path, "minimum", "expected >= 1" + _got(v)))
+        ok = False
+    if v > 4294967296:
+        if out is None:
+            return False
+        out.append(Problem(path, "maximum", "expected <= 4294967296" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s69(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/DeepseekNgramFields/properties/engram_pad_token_id"
+    ok = True
+    if not (_is_integer(v)):
+        if out is None:
+            return False
+        out.append(Problem(path, "type", "expected an integer" + _got(v)))
+        return False
+    if v < 0:
+        if out is None:
+            return False
+        out.append(Problem(path, "minimum", "expected >= 0" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s70(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/DeepseekNgramFields/properties/engram_pad_id"
+    ok = True
+    if not (_is_integer(v)):
+        if out is None:
+            return False
+        out.append(Problem(path, "type", "expected an integer" + _got(v)))
+        return False
+    if v < 0:
+        if out is None:
+            return False
+        out.append(Problem(path, "minimum", "expected >= 0" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s71(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/DeepseekNgramFields/properties/engram_seed"
+    ok = True
+    if not (_is_integer(v)):
+        if out is None:
+            return False
+        out.append(Problem(path, "type", "expected an integer" + _got(v)))
+        return False
+    if v < 0:
+        if out is None:
+            return False
+        out.append(Problem(path, "minimum", "expected >= 0" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s72(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/DeepseekNgramFields/properties/engram_vocab_size"
+    ok = True
+    if not (_s116(v, path, None) or _s117(v, path, None)):
+        if out is None:
+            return False
+        out.append(Problem(path, "any-of", "expected one of the allowed forms" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s73(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/5/if/properties/model"
+    ok = True
+    if isinstance(v, dict):
+        if "architecture" not in v:
+            if out is None:
+                return False
+            out.append(Problem(path + "/architecture", "required", "missing required field architecture"))
+            ok = False
+        if "architecture" in v:
+            if not _s118(v["architecture"], path + "/architecture", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s74(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/5/then/properties/model"
+    ok = True
+    if isinstance(v, dict):
+        if "hf_text_config" in v:
+            if not _s16(v["hf_text_config"], path + "/hf_text_config", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s75(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/6/if/properties/model"
+    ok = True
+    if isinstance(v, dict):
+        if "architecture" not in v:
+            if out is None:
+                return False
+            out.append(Problem(path + "/architecture", "required", "missing required field architecture"))
+            ok = False
+        if "architecture" in v:
+            if not _s119(v["architecture"], path + "/architecture", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s76(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/6/then/properties/model"
+    ok = True
+    if isinstance(v, dict):
+        if "hf_text_config" not in v:
+            if out is None:
+                return False
+            out.append(Problem(path + "/hf_text_config", "required", "missing required field hf_text_config"))
+            ok = False
+        if "hf_text_config" in v:
+            if not _s120(v["hf_text_config"], path + "/hf_text_config", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s77(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/QwenNgramFields/properties/ngram_size"
+    ok = True
+    if not (_is_integer(v)):
+        if out is None:
+            return False
+        out.append(Problem(path, "type", "expected an integer" + _got(v)))
+        return False
+    if v < 2:
+        if out is None:
+            return False
+        out.append(Problem(path, "minimum", "expected >= 2" + _got(v)))
+        ok = False
+    if v > 16:
+        if out is None:
+            return False
+        out.append(Problem(path, "maximum", "expected <= 16" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s78(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/QwenNgramFields/properties/heads_per_ngram"
+    ok = True
+    if not (_is_integer(v)):
+        if out is None:
+            return False
+        out.append(Problem(path, "type", "expected an integer" + _got(v)))
+        return False
+    if v < 1:
+        if out is None:
+            return False
+        out.append(Problem(path, "minimum", "expected >= 1" + _got(v)))
+        ok = False
+    if v > 1024:
+        if out is None:
+            return False
+        out.append(Problem(path, "maximum", "expected <= 1024" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s79(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/QwenNgramFields/properties/ple_embed_dim"
+    ok = True
+    if not (_is_integer(v)):
+        if out is None:
+            return False
+        out.append(Problem(path, "type", "expected an integer" + _got(v)))
+        return False
+    if v < 1:
+        if out is None:
+            return False
+        out.append(Problem(path, "minimum", "expected >= 1" + _got(v)))
+        ok = False
+    if v > 1048576:
+        if out is None:
+            return False
+        out.append(Problem(path, "maximum", "expected <= 1048576" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s80(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/QwenNgramFields/properties/vocab_size"
+    ok = True
+    if not (_is_integer(v)):
+        if out is None:
+            return False
+        out.append(Problem(path, "type", "expected an integer" + _got(v)))
+        return False
+    if v < 1:
+        if out is None:
+            return False
+        out.append(Problem(path, "minimum", "expected >= 1" + _got(v)))
+        ok = False
+    if v > 4294967296:
+        if out is None:
+            return False
+        out.append(Problem(path, "maximum", "expected <= 4294967296" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s81(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/QwenNgramFields/properties/make_ngram_vocab_size_divisible_by"
+    ok = True
+    if not (_is_integer(v)):
+        if out is None:
+            return False
+        out.append(Problem(path, "type", "expected an integer" + _got(v)))
+        return False
+    if v < 1:
+        if out is None:
+            return False
+        out.append(Problem(path, "minimum", "expected >= 1" + _got(v)))
+        ok = False
+    if v > 1048576:
+        if out is None:
+            return False
+        out.append(Problem(path, "maximum", "expected <= 1048576" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s82(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/QwenNgramFields/properties/ngram_vocab_size_base"
+    ok = True
+    if not (_is_integer(v)):
+        if out is None:
+            return False
+        out.append(Problem(path, "type", "expected an integer" + _got(v)))
+        return False
+    if v < 2:
+        if out is None:
+            return False
+        out.append(Problem(path, "minimum", "expected >= 2" + _got(v)))
+        ok = False
+    if v > 1099511627776:
+        if out is None:
+            return False
+        out.append(Problem(path, "maximum", "expected <= 1099511627776" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s83(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/QwenNgramFields/properties/seed"
+    ok = True
+    if not (_is_integer(v)):
+        if out is None:
+            return False
+        out.append(Problem(path, "type", "expected an integer" + _got(v)))
+        return False
+    if v < 0:
+        if out is None:
+            return False
+        out.append(Problem(path, "minimum", "expected >= 0" + _got(v)))
         ok = False
     return ok
 
 
 def _s84(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/QwenNgramFields/properties/ngram_seed"
+    ok = True
+    if not (_is_integer(v)):
+        if out is None:
+            return False
+        out.append(Problem(path, "type", "expected an integer" + _got(v)))
+        return False
+    if v < 0:
+        if out is None:
+            return False
+        out.append(Problem(path, "minimum", "expected >= 0" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s85(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/QwenNgramFields/properties/eos_token_id"
+    ok = True
+    if not (_is_integer(v)):
+        if out is None:
+            return False
+        out.append(Problem(path, "type", "expected an integer" + _got(v)))
+        return False
+    if v < 0:
+        if out is None:
+            return False
+        out.append(Problem(path, "minimum", "expected >= 0" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s86(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/QwenNgramFields/properties/ple_layer_ids"
+    ok = True
+    if not (isinstance(v, list)):
+        if out is None:
+            return False
+        out.append(Problem(path, "type", "expected an array" + _got(v)))
+        return False
+    for n in range(0, len(v)):
+        if not _s121(v[n], f"{path}/{n}", out):
+            if out is None:
+                return False
+            ok = False
+    return ok
+
+
+def _s87(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/QwenNgramFields/properties/split_ngram_parts"
+    ok = True
+    if not (_is_integer(v)):
+        if out is None:
+            return False
+        out.append(Problem(path, "type", "expected an integer" + _got(v)))
+        return False
+    if v < 1:
+        if out is None:
+            return False
+        out.append(Problem(path, "minimum", "expected >= 1" + _got(v)))
+        ok = False
+    if v > 1073741824:
+        if out is None:
+            return False
+        out.append(Problem(path, "maximum", "expected <= 1073741824" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s88(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/7/if/properties/model"
+    ok = True
+    if isinstance(v, dict):
+        if "architecture" not in v:
+            if out is None:
+                return False
+            out.append(Problem(path + "/architecture", "required", "missing required field architecture"))
+            ok = False
+        if "architecture" in v:
+            if not _s122(v["architecture"], path + "/architecture", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s89(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/7/then/properties/model"
+    ok = True
+    if isinstance(v, dict):
+        if "hf_text_config" in v:
+            if not _s21(v["hf_text_config"], path + "/hf_text_config", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s90(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/8/if/properties/model"
+    ok = True
+    if isinstance(v, dict):
+        if "architecture" not in v:
+            if out is None:
+                return False
+            out.append(Problem(path + "/architecture", "required", "missing required field architecture"))
+            ok = False
+        if "hf_text_config" not in v:
+            if out is None:
+                return False
+            out.append(Problem(path + "/hf_text_config", "required", "missing required field hf_text_config"))
+            ok = False
+        if "architecture" in v:
+            if not _s123(v["architecture"], path + "/architecture", out):
+                if out is None:
+                    return False
+                ok = False
+        if "hf_text_config" in v:
+            if not _s124(v["hf_text_config"], path + "/hf_text_config", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s91(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/8/if/properties/parallel"
+    ok = True
+    if not (_s125(v, path, None) or _s126(v, path, None)):
+        if out is None:
+            return False
+        out.append(Problem(path, "any-of", "expected one of the allowed forms" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s92(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/EngramConfig/allOf/0/if/properties/dp_shared_memory"
+    ok = True
+    if not (v is True):
+        if out is None:
+            return False
+        out.append(Problem(path, "const", "expected true" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s93(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/EngramConfig/allOf/0/then/properties/cpu_offload"
+    ok = True
+    if not (v is True):
+        if out is None:
+            return False
+        out.append(Problem(path, "const", "expected true" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s94(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/EngramConfig/allOf/1/if/properties/use_thp"
+    ok = True
+    if not (v is True):
+        if out is None:
+            return False
+        out.append(Problem(path, "const", "expected true" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s95(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/EngramConfig/allOf/1/then/properties/cpu_offload"
+    ok = True
+    if not (v is True):
+        if out is None:
+            return False
+        out.append(Problem(path, "const", "expected true" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s96(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/EngramConfig/allOf/1/then/properties/dp_shared_memory"
+    ok = True
+    if not (v is False or v is None):
+        if out is None:
+            return False
+        out.append(Problem(path, "enum", "expected one of false, None" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s97(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/EngramConfig/allOf/2/if/properties/device_cache_bytes"
+    ok = True
+    if _is_number(v):
+        if v < 1:
+            if out is None:
+                return False
+            out.append(Problem(path, "minimum", "expected >= 1" + _got(v)))
+            ok = False
+    return ok
+
+
+def _s98(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/EngramConfig/allOf/2/then/properties/cpu_offload"
+    ok = True
+    if not (v is True):
+        if out is None:
+            return False
+        out.append(Problem(path, "const", "expected true" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s99(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/EngramConfig/allOf/3/if/properties/file_backed"
+    ok = True
+    if not (v is True):
+        if out is None:
+            return False
+        out.append(Problem(path, "const", "expected true" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s100(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/EngramConfig/allOf/3/then/properties/cpu_offload"
+    ok = True
+    if not (v is True):
+        if out is None:
+            return False
+        out.append(Problem(path, "const", "expected true" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s101(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/EngramConfig/allOf/4/if/properties/file_backed"
+    ok = True
+    if not (v is True):
+        if out is None:
+            return False
+        out.append(Problem(path, "const", "expected true" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s102(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/EngramConfig/allOf/4/then/properties/dp_shared_memory"
+    ok = True
+    if not (v is False or v is None):
+        if out is None:
+            return False
+        out.append(Problem(path, "enum", "expected one of false, None" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s103(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/EngramConfig/allOf/5/if/properties/file_backed"
+    ok = True
+    if not (v is True):
+        if out is None:
+            return False
+        out.append(Problem(path, "const", "expected true" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s104(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/EngramConfig/allOf/5/then/properties/use_thp"
+    ok = True
+    if not (v is False):
+        if out is None:
+            return False
+        out.append(Problem(path, "const", "expected false" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s105(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/0/if/properties/engram/properties/dp_shared_memory"
+    ok = True
+    if not (v is True):
+        if out is None:
+            return False
+        out.append(Problem(path, "const", "expected true" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s106(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/0/then/properties/parallel/properties/data_parallel_size"
+    ok = True
+    if _is_number(v):
+        if v < 2:
+            if out is None:
+                return False
+            out.append(Problem(path, "minimum", "expected >= 2" + _got(v)))
+            ok = False
+    return ok
+
+
+def _s107(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/1/if/properties/engram/properties/dp_shared_memory"
+    ok = True
+    if not (v is True):
+        if out is None:
+            return False
+        out.append(Problem(path, "const", "expected true" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s108(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/1/then/properties/parallel/properties/enable_elastic_ep"
+    ok = True
+    if not (v is False):
+        if out is None:
+            return False
+        out.append(Problem(path, "const", "expected false" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s109(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/2/if/properties/engram/properties/embedding_across_dp"
+    ok = True
+    if not (v is True):
+        if out is None:
+            return False
+        out.append(Problem(path, "const", "expected true" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s110(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/2/if/properties/parallel/properties/data_parallel_size"
+    ok = True
+    if _is_number(v):
+        if v < 2:
+            if out is None:
+                return False
+            out.append(Problem(path, "minimum", "expected >= 2" + _got(v)))
+            ok = False
+    return ok
+
+
+def _s111(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/2/then/properties/parallel/properties/enable_elastic_ep"
+    ok = True
+    if not (v is False):
+        if out is None:
+            return False
+        out.append(Problem(path, "const", "expected false" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s112(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/3/if/properties/engram/properties/dp_shared_memory"
+    ok = True
+    if not (v is True):
+        if out is None:
+            return False
+        out.append(Problem(path, "const", "expected true" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s113(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/3/then/properties/load/properties/load_format"
+    ok = True
+    if not (v == "auto" or v == "safetensors" or v == "pt"):
+        if out is None:
+            return False
+        out.append(Problem(path, "enum", "expected one of 'auto', 'safetensors', 'pt'" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s114(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/4/if/properties/model/properties/architecture"
+    ok = True
+    if not (v == "DeepseekV41ForCausalLM"):
+        if out is None:
+            return False
+        out.append(Problem(path, "const", "expected 'DeepseekV41ForCausalLM'" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s115(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/4/then/properties/model/properties/hf_text_config"
+    ok = True
+    if isinstance(v, dict):
+        if "engram_layer_ids" not in v:
+            if out is None:
+                return False
+            out.append(Problem(path + "/engram_layer_ids", "required", "missing required field engram_layer_ids"))
+            ok = False
+        if "engram_layer_ids" in v:
+            if not _s127(v["engram_layer_ids"], path + "/engram_layer_ids", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s116(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/DeepseekNgramFields/properties/engram_vocab_size/anyOf/0"
+    ok = True
+    if not (_is_integer(v)):
+        if out is None:
+            return False
+        out.append(Problem(path, "type", "expected an integer" + _got(v)))
+        return False
+    if v < 2:
+        if out is None:
+            return False
+        out.append(Problem(path, "minimum", "expected >= 2" + _got(v)))
+        ok = False
+    if v > 1099511627776:
+        if out is None:
+            return False
+        out.append(Problem(path, "maximum", "expected <= 1099511627776" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s117(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/DeepseekNgramFields/properties/engram_vocab_size/anyOf/1"
+    ok = True
+    if not (isinstance(v, list)):
+        if out is None:
+            return False
+        out.append(Problem(path, "type", "expected an array" + _got(v)))
+        return False
+    if len(v) < 1:
+        if out is None:
+            return False
+        out.append(Problem(path, "min-items", "expected at least 1 item(s)" + _got(v)))
+        ok = False
+    if len(v) > 64:
+        if out is None:
+            return False
+        out.append(Problem(path, "max-items", "expected at most 64 item(s)" + _got(v)))
+        ok = False
+    for n in range(0, len(v)):
+        if not _s128(v[n], f"{path}/{n}", out):
+            if out is None:
+                return False
+            ok = False
+    return ok
+
+
+def _s118(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/5/if/properties/model/properties/architecture"
+    ok = True
+    if not (v == "DeepseekV41ForCausalLM"):
+        if out is None:
+            return False
+        out.append(Problem(path, "const", "expected 'DeepseekV41ForCausalLM'" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s119(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/6/if/properties/model/properties/architecture"
+    ok = True
+    if not (v == "Qwen4ExpForCausalLM" or v == "Qwen4ExpForConditionalGeneration"):
+        if out is None:
+            return False
+        out.append(
+            Problem(path, "enum", "expected one of 'Qwen4ExpForCausalLM', 'Qwen4ExpForConditionalGeneration'" + _got(v))
+        )
+        ok = False
+    return ok
+
+
+def _s120(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/6/then/properties/model/properties/hf_text_config"
+    ok = True
+    if isinstance(v, dict):
+        if "ple_layer_ids" not in v:
+            if out is None:
+                return False
+            out.append(Problem(path + "/ple_layer_ids", "required", "missing required field ple_layer_ids"))
+            ok = False
+        if "ple_layer_ids" in v:
+            if not _s127(v["ple_layer_ids"], path + "/ple_layer_ids", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s121(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/QwenNgramFields/properties/ple_layer_ids/items"
+    ok = True
+    if not (_is_integer(v)):
+        if out is None:
+            return False
+        out.append(Problem(path, "type", "expected an integer" + _got(v)))
+        return False
+    if v < 1:
+        if out is None:
+            return False
+        out.append(Problem(path, "minimum", "expected >= 1" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s122(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/7/if/properties/model/properties/architecture"
+    ok = True
+    if not (v == "Qwen4ExpForCausalLM" or v == "Qwen4ExpForConditionalGeneration"):
+        if out is None:
+            return False
+        out.append(
+            Problem(path, "enum", "expected one of 'Qwen4ExpForCausalLM', 'Qwen4ExpForConditionalGeneration'" + _got(v))
+        )
+        ok = False
+    return ok
+
+
+def _s123(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/8/if/properties/model/properties/architecture"
+    ok = True
+    if not (v == "DeepseekV41ForCausalLM"):
+        if out is None:
+            return False
+        out.append(Problem(path, "const", "expected 'DeepseekV41ForCausalLM'" + _got(v)))
+        ok = False
+    return ok
+
+
+def _s124(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/8/if/properties/model/properties/hf_text_config"
+    ok = True
+    if isinstance(v, dict):
+        if "engram_layer_ids" not in v:
+            if out is None:
+                return False
+            out.append(Problem(path + "/engram_layer_ids", "required", "missing required field engram_layer_ids"))
+            ok = False
+        if "engram_layer_ids" in v:
+            if not _s127(v["engram_layer_ids"], path + "/engram_layer_ids", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s125(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/8/if/properties/parallel/anyOf/0"
+    ok = True
+    if isinstance(v, dict):
+        if "enable_dbo" not in v:
+            if out is None:
+                return False
+            out.append(Problem(path + "/enable_dbo", "required", "missing required field enable_dbo"))
+            ok = False
+        if "enable_dbo" in v:
+            if not _s129(v["enable_dbo"], path + "/enable_dbo", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s126(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /allOf/8/if/properties/parallel/anyOf/1"
+    ok = True
+    if isinstance(v, dict):
+        if "ubatch_size" not in v:
+            if out is None:
+                return False
+            out.append(Problem(path + "/ubatch_size", "required", "missing required field ubatch_size"))
+            ok = False
+        if "ubatch_size" in v:
+            if not _s130(v["ubatch_size"], path + "/ubatch_size", out):
+                if out is None:
+                    return False
+                ok = False
+    return ok
+
+
+def _s127(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/LayerIds"
     ok = True
     if not (isinstance(v, list)):
@@ -1415,223 +2467,14 @@ def _s84(v: Any, path: str, out: list[Problem] | None) -> bool:
         out.append(Problem(path, "unique-items", "expected distinct items" + _got(v)))
         ok = False
     for n in range(0, len(v)):
-        if not _s85(v[n], f"{path}/{n}", out):
+        if not _s131(v[n], f"{path}/{n}", out):
             if out is None:
                 return False
             ok = False
     return ok
 
 
-def _s83(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/4/then/properties/model/properties/hf_text_config/properties/engram_layer_ids"
-    ok = True
-    if not _s84(v, path, out):
-        if out is None:
-            return False
-        ok = False
-    return ok
-
-
-def _s82(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/4/then/properties/model/properties/hf_text_config"
-    ok = True
-    if isinstance(v, dict):
-        if "engram_layer_ids" not in v:
-            if out is None:
-                return False
-            out.append(Problem(path + "/engram_layer_ids", "required", "missing required field engram_layer_ids"))
-            ok = False
-        if "engram_layer_ids" in v:
-            if not _s83(v["engram_layer_ids"], path + "/engram_layer_ids", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s81(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/4/then/properties/model"
-    ok = True
-    if isinstance(v, dict):
-        if "hf_text_config" not in v:
-            if out is None:
-                return False
-            out.append(Problem(path + "/hf_text_config", "required", "missing required field hf_text_config"))
-            ok = False
-        if "hf_text_config" in v:
-            if not _s82(v["hf_text_config"], path + "/hf_text_config", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s80(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/4/then"
-    ok = True
-    if isinstance(v, dict):
-        if "model" in v:
-            if not _s81(v["model"], path + "/model", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s87(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/DeepseekNgramFields/properties/engram_max_ngram_size"
-    ok = True
-    if not (_is_integer(v)):
-        if out is None:
-            return False
-        out.append(Problem(path, "type", "expected an integer" + _got(v)))
-        return False
-    if v < 2:
-        if out is None:
-            return False
-        out.append(Problem(path, "minimum", "expected >= 2" + _got(v)))
-        ok = False
-    if v > 16:
-        if out is None:
-            return False
-        out.append(Problem(path, "maximum", "expected <= 16" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s88(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/DeepseekNgramFields/properties/engram_n_heads"
-    ok = True
-    if not (_is_integer(v)):
-        if out is None:
-            return False
-        out.append(Problem(path, "type", "expected an integer" + _got(v)))
-        return False
-    if v < 1:
-        if out is None:
-            return False
-        out.append(Problem(path, "minimum", "expected >= 1" + _got(v)))
-        ok = False
-    if v > 1024:
-        if out is None:
-            return False
-        out.append(Problem(path, "maximum", "expected <= 1024" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s89(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/DeepseekNgramFields/properties/engram_head_dim"
-    ok = True
-    if not (_is_integer(v)):
-        if out is None:
-            return False
-        out.append(Problem(path, "type", "expected an integer" + _got(v)))
-        return False
-    if v < 1:
-        if out is None:
-            return False
-        out.append(Problem(path, "minimum", "expected >= 1" + _got(v)))
-        ok = False
-    if v > 65536:
-        if out is None:
-            return False
-        out.append(Problem(path, "maximum", "expected <= 65536" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s90(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/DeepseekNgramFields/properties/engram_compressed_vocab_size"
-    ok = True
-    if not (_is_integer(v)):
-        if out is None:
-            return False
-        out.append(Problem(path, "type", "expected an integer" + _got(v)))
-        return False
-    if v < 1:
-        if out is None:
-            return False
-        out.append(Problem(path, "minimum", "expected >= 1" + _got(v)))
-        ok = False
-    if v > 4294967296:
-        if out is None:
-            return False
-        out.append(Problem(path, "maximum", "expected <= 4294967296" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s91(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/DeepseekNgramFields/properties/engram_pad_token_id"
-    ok = True
-    if not (_is_integer(v)):
-        if out is None:
-            return False
-        out.append(Problem(path, "type", "expected an integer" + _got(v)))
-        return False
-    if v < 0:
-        if out is None:
-            return False
-        out.append(Problem(path, "minimum", "expected >= 0" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s92(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/DeepseekNgramFields/properties/engram_pad_id"
-    ok = True
-    if not (_is_integer(v)):
-        if out is None:
-            return False
-        out.append(Problem(path, "type", "expected an integer" + _got(v)))
-        return False
-    if v < 0:
-        if out is None:
-            return False
-        out.append(Problem(path, "minimum", "expected >= 0" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s93(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/DeepseekNgramFields/properties/engram_seed"
-    ok = True
-    if not (_is_integer(v)):
-        if out is None:
-            return False
-        out.append(Problem(path, "type", "expected an integer" + _got(v)))
-        return False
-    if v < 0:
-        if out is None:
-            return False
-        out.append(Problem(path, "minimum", "expected >= 0" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s95(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/DeepseekNgramFields/properties/engram_vocab_size/anyOf/0"
-    ok = True
-    if not (_is_integer(v)):
-        if out is None:
-            return False
-        out.append(Problem(path, "type", "expected an integer" + _got(v)))
-        return False
-    if v < 2:
-        if out is None:
-            return False
-        out.append(Problem(path, "minimum", "expected >= 2" + _got(v)))
-        ok = False
-    if v > 1099511627776:
-        if out is None:
-            return False
-        out.append(Problem(path, "maximum", "expected <= 1099511627776" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s97(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s128(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/DeepseekNgramFields/properties/engram_vocab_size/anyOf/1/items"
     ok = True
     if not (_is_integer(v)):
@@ -1652,716 +2495,7 @@ def _s97(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s96(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/DeepseekNgramFields/properties/engram_vocab_size/anyOf/1"
-    ok = True
-    if not (isinstance(v, list)):
-        if out is None:
-            return False
-        out.append(Problem(path, "type", "expected an array" + _got(v)))
-        return False
-    if len(v) < 1:
-        if out is None:
-            return False
-        out.append(Problem(path, "min-items", "expected at least 1 item(s)" + _got(v)))
-        ok = False
-    if len(v) > 64:
-        if out is None:
-            return False
-        out.append(Problem(path, "max-items", "expected at most 64 item(s)" + _got(v)))
-        ok = False
-    for n in range(0, len(v)):
-        if not _s97(v[n], f"{path}/{n}", out):
-            if out is None:
-                return False
-            ok = False
-    return ok
-
-
-def _s94(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/DeepseekNgramFields/properties/engram_vocab_size"
-    ok = True
-    if not (_s95(v, path, None) or _s96(v, path, None)):
-        if out is None:
-            return False
-        out.append(Problem(path, "any-of", "expected one of the allowed forms" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s86(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/DeepseekNgramFields"
-    ok = True
-    if not (isinstance(v, dict)):
-        if out is None:
-            return False
-        out.append(Problem(path, "type", "expected an object" + _got(v)))
-        return False
-    if "engram_max_ngram_size" in v:
-        if not _s87(v["engram_max_ngram_size"], path + "/engram_max_ngram_size", out):
-            if out is None:
-                return False
-            ok = False
-    if "engram_n_heads" in v:
-        if not _s88(v["engram_n_heads"], path + "/engram_n_heads", out):
-            if out is None:
-                return False
-            ok = False
-    if "engram_head_dim" in v:
-        if not _s89(v["engram_head_dim"], path + "/engram_head_dim", out):
-            if out is None:
-                return False
-            ok = False
-    if "engram_compressed_vocab_size" in v:
-        if not _s90(v["engram_compressed_vocab_size"], path + "/engram_compressed_vocab_size", out):
-            if out is None:
-                return False
-            ok = False
-    if "engram_pad_token_id" in v:
-        if not _s91(v["engram_pad_token_id"], path + "/engram_pad_token_id", out):
-            if out is None:
-                return False
-            ok = False
-    if "engram_pad_id" in v:
-        if not _s92(v["engram_pad_id"], path + "/engram_pad_id", out):
-            if out is None:
-                return False
-            ok = False
-    if "engram_seed" in v:
-        if not _s93(v["engram_seed"], path + "/engram_seed", out):
-            if out is None:
-                return False
-            ok = False
-    if "engram_vocab_size" in v:
-        if not _s94(v["engram_vocab_size"], path + "/engram_vocab_size", out):
-            if out is None:
-                return False
-            ok = False
-    return ok
-
-
-def _s100(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/5/if/properties/model/properties/architecture"
-    ok = True
-    if not (v == "DeepseekV41ForCausalLM"):
-        if out is None:
-            return False
-        out.append(Problem(path, "const", "expected 'DeepseekV41ForCausalLM'" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s99(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/5/if/properties/model"
-    ok = True
-    if isinstance(v, dict):
-        if "architecture" not in v:
-            if out is None:
-                return False
-            out.append(Problem(path + "/architecture", "required", "missing required field architecture"))
-            ok = False
-        if "architecture" in v:
-            if not _s100(v["architecture"], path + "/architecture", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s98(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/5/if"
-    ok = True
-    if isinstance(v, dict):
-        if "model" not in v:
-            if out is None:
-                return False
-            out.append(Problem(path + "/model", "required", "missing required field model"))
-            ok = False
-        if "model" in v:
-            if not _s99(v["model"], path + "/model", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s103(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/5/then/properties/model/properties/hf_text_config"
-    ok = True
-    if not _s86(v, path, out):
-        if out is None:
-            return False
-        ok = False
-    return ok
-
-
-def _s102(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/5/then/properties/model"
-    ok = True
-    if isinstance(v, dict):
-        if "hf_text_config" in v:
-            if not _s103(v["hf_text_config"], path + "/hf_text_config", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s101(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/5/then"
-    ok = True
-    if isinstance(v, dict):
-        if "model" in v:
-            if not _s102(v["model"], path + "/model", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s106(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/6/if/properties/model/properties/architecture"
-    ok = True
-    if not (v == "Qwen4ExpForCausalLM" or v == "Qwen4ExpForConditionalGeneration"):
-        if out is None:
-            return False
-        out.append(
-            Problem(path, "enum", "expected one of 'Qwen4ExpForCausalLM', 'Qwen4ExpForConditionalGeneration'" + _got(v))
-        )
-        ok = False
-    return ok
-
-
-def _s105(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/6/if/properties/model"
-    ok = True
-    if isinstance(v, dict):
-        if "architecture" not in v:
-            if out is None:
-                return False
-            out.append(Problem(path + "/architecture", "required", "missing required field architecture"))
-            ok = False
-        if "architecture" in v:
-            if not _s106(v["architecture"], path + "/architecture", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s104(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/6/if"
-    ok = True
-    if isinstance(v, dict):
-        if "model" not in v:
-            if out is None:
-                return False
-            out.append(Problem(path + "/model", "required", "missing required field model"))
-            ok = False
-        if "model" in v:
-            if not _s105(v["model"], path + "/model", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s110(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/6/then/properties/model/properties/hf_text_config/properties/ple_layer_ids"
-    ok = True
-    if not _s84(v, path, out):
-        if out is None:
-            return False
-        ok = False
-    return ok
-
-
-def _s109(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/6/then/properties/model/properties/hf_text_config"
-    ok = True
-    if isinstance(v, dict):
-        if "ple_layer_ids" not in v:
-            if out is None:
-                return False
-            out.append(Problem(path + "/ple_layer_ids", "required", "missing required field ple_layer_ids"))
-            ok = False
-        if "ple_layer_ids" in v:
-            if not _s110(v["ple_layer_ids"], path + "/ple_layer_ids", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s108(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/6/then/properties/model"
-    ok = True
-    if isinstance(v, dict):
-        if "hf_text_config" not in v:
-            if out is None:
-                return False
-            out.append(Problem(path + "/hf_text_config", "required", "missing required field hf_text_config"))
-            ok = False
-        if "hf_text_config" in v:
-            if not _s109(v["hf_text_config"], path + "/hf_text_config", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s107(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/6/then"
-    ok = True
-    if isinstance(v, dict):
-        if "model" in v:
-            if not _s108(v["model"], path + "/model", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s112(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/QwenNgramFields/properties/ngram_size"
-    ok = True
-    if not (_is_integer(v)):
-        if out is None:
-            return False
-        out.append(Problem(path, "type", "expected an integer" + _got(v)))
-        return False
-    if v < 2:
-        if out is None:
-            return False
-        out.append(Problem(path, "minimum", "expected >= 2" + _got(v)))
-        ok = False
-    if v > 16:
-        if out is None:
-            return False
-        out.append(Problem(path, "maximum", "expected <= 16" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s113(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/QwenNgramFields/properties/heads_per_ngram"
-    ok = True
-    if not (_is_integer(v)):
-        if out is None:
-            return False
-        out.append(Problem(path, "type", "expected an integer" + _got(v)))
-        return False
-    if v < 1:
-        if out is None:
-            return False
-        out.append(Problem(path, "minimum", "expected >= 1" + _got(v)))
-        ok = False
-    if v > 1024:
-        if out is None:
-            return False
-        out.append(Problem(path, "maximum", "expected <= 1024" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s114(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/QwenNgramFields/properties/ple_embed_dim"
-    ok = True
-    if not (_is_integer(v)):
-        if out is None:
-            return False
-        out.append(Problem(path, "type", "expected an integer" + _got(v)))
-        return False
-    if v < 1:
-        if out is None:
-            return False
-        out.append(Problem(path, "minimum", "expected >= 1" + _got(v)))
-        ok = False
-    if v > 1048576:
-        if out is None:
-            return False
-        out.append(Problem(path, "maximum", "expected <= 1048576" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s115(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/QwenNgramFields/properties/vocab_size"
-    ok = True
-    if not (_is_integer(v)):
-        if out is None:
-            return False
-        out.append(Problem(path, "type", "expected an integer" + _got(v)))
-        return False
-    if v < 1:
-        if out is None:
-            return False
-        out.append(Problem(path, "minimum", "expected >= 1" + _got(v)))
-        ok = False
-    if v > 4294967296:
-        if out is None:
-            return False
-        out.append(Problem(path, "maximum", "expected <= 4294967296" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s116(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/QwenNgramFields/properties/make_ngram_vocab_size_divisible_by"
-    ok = True
-    if not (_is_integer(v)):
-        if out is None:
-            return False
-        out.append(Problem(path, "type", "expected an integer" + _got(v)))
-        return False
-    if v < 1:
-        if out is None:
-            return False
-        out.append(Problem(path, "minimum", "expected >= 1" + _got(v)))
-        ok = False
-    if v > 1048576:
-        if out is None:
-            return False
-        out.append(Problem(path, "maximum", "expected <= 1048576" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s117(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/QwenNgramFields/properties/ngram_vocab_size_base"
-    ok = True
-    if not (_is_integer(v)):
-        if out is None:
-            return False
-        out.append(Problem(path, "type", "expected an integer" + _got(v)))
-        return False
-    if v < 2:
-        if out is None:
-            return False
-        out.append(Problem(path, "minimum", "expected >= 2" + _got(v)))
-        ok = False
-    if v > 1099511627776:
-        if out is None:
-            return False
-        out.append(Problem(path, "maximum", "expected <= 1099511627776" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s118(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/QwenNgramFields/properties/seed"
-    ok = True
-    if not (_is_integer(v)):
-        if out is None:
-            return False
-        out.append(Problem(path, "type", "expected an integer" + _got(v)))
-        return False
-    if v < 0:
-        if out is None:
-            return False
-        out.append(Problem(path, "minimum", "expected >= 0" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s119(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/QwenNgramFields/properties/ngram_seed"
-    ok = True
-    if not (_is_integer(v)):
-        if out is None:
-            return False
-        out.append(Problem(path, "type", "expected an integer" + _got(v)))
-        return False
-    if v < 0:
-        if out is None:
-            return False
-        out.append(Problem(path, "minimum", "expected >= 0" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s120(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/QwenNgramFields/properties/eos_token_id"
-    ok = True
-    if not (_is_integer(v)):
-        if out is None:
-            return False
-        out.append(Problem(path, "type", "expected an integer" + _got(v)))
-        return False
-    if v < 0:
-        if out is None:
-            return False
-        out.append(Problem(path, "minimum", "expected >= 0" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s122(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/QwenNgramFields/properties/ple_layer_ids/items"
-    ok = True
-    if not (_is_integer(v)):
-        if out is None:
-            return False
-        out.append(Problem(path, "type", "expected an integer" + _got(v)))
-        return False
-    if v < 1:
-        if out is None:
-            return False
-        out.append(Problem(path, "minimum", "expected >= 1" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s121(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/QwenNgramFields/properties/ple_layer_ids"
-    ok = True
-    if not (isinstance(v, list)):
-        if out is None:
-            return False
-        out.append(Problem(path, "type", "expected an array" + _got(v)))
-        return False
-    for n in range(0, len(v)):
-        if not _s122(v[n], f"{path}/{n}", out):
-            if out is None:
-                return False
-            ok = False
-    return ok
-
-
-def _s123(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/QwenNgramFields/properties/split_ngram_parts"
-    ok = True
-    if not (_is_integer(v)):
-        if out is None:
-            return False
-        out.append(Problem(path, "type", "expected an integer" + _got(v)))
-        return False
-    if v < 1:
-        if out is None:
-            return False
-        out.append(Problem(path, "minimum", "expected >= 1" + _got(v)))
-        ok = False
-    if v > 1073741824:
-        if out is None:
-            return False
-        out.append(Problem(path, "maximum", "expected <= 1073741824" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s111(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /$defs/QwenNgramFields"
-    ok = True
-    if not (isinstance(v, dict)):
-        if out is None:
-            return False
-        out.append(Problem(path, "type", "expected an object" + _got(v)))
-        return False
-    if "ngram_size" in v:
-        if not _s112(v["ngram_size"], path + "/ngram_size", out):
-            if out is None:
-                return False
-            ok = False
-    if "heads_per_ngram" in v:
-        if not _s113(v["heads_per_ngram"], path + "/heads_per_ngram", out):
-            if out is None:
-                return False
-            ok = False
-    if "ple_embed_dim" in v:
-        if not _s114(v["ple_embed_dim"], path + "/ple_embed_dim", out):
-            if out is None:
-                return False
-            ok = False
-    if "vocab_size" in v:
-        if not _s115(v["vocab_size"], path + "/vocab_size", out):
-            if out is None:
-                return False
-            ok = False
-    if "make_ngram_vocab_size_divisible_by" in v:
-        if not _s116(v["make_ngram_vocab_size_divisible_by"], path + "/make_ngram_vocab_size_divisible_by", out):
-            if out is None:
-                return False
-            ok = False
-    if "ngram_vocab_size_base" in v:
-        if not _s117(v["ngram_vocab_size_base"], path + "/ngram_vocab_size_base", out):
-            if out is None:
-                return False
-            ok = False
-    if "seed" in v:
-        if not _s118(v["seed"], path + "/seed", out):
-            if out is None:
-                return False
-            ok = False
-    if "ngram_seed" in v:
-        if not _s119(v["ngram_seed"], path + "/ngram_seed", out):
-            if out is None:
-                return False
-            ok = False
-    if "eos_token_id" in v:
-        if not _s120(v["eos_token_id"], path + "/eos_token_id", out):
-            if out is None:
-                return False
-            ok = False
-    if "ple_layer_ids" in v:
-        if not _s121(v["ple_layer_ids"], path + "/ple_layer_ids", out):
-            if out is None:
-                return False
-            ok = False
-    if "split_ngram_parts" in v:
-        if not _s123(v["split_ngram_parts"], path + "/split_ngram_parts", out):
-            if out is None:
-                return False
-            ok = False
-    return ok
-
-
-def _s126(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/7/if/properties/model/properties/architecture"
-    ok = True
-    if not (v == "Qwen4ExpForCausalLM" or v == "Qwen4ExpForConditionalGeneration"):
-        if out is None:
-            return False
-        out.append(
-            Problem(path, "enum", "expected one of 'Qwen4ExpForCausalLM', 'Qwen4ExpForConditionalGeneration'" + _got(v))
-        )
-        ok = False
-    return ok
-
-
-def _s125(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/7/if/properties/model"
-    ok = True
-    if isinstance(v, dict):
-        if "architecture" not in v:
-            if out is None:
-                return False
-            out.append(Problem(path + "/architecture", "required", "missing required field architecture"))
-            ok = False
-        if "architecture" in v:
-            if not _s126(v["architecture"], path + "/architecture", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s124(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/7/if"
-    ok = True
-    if isinstance(v, dict):
-        if "model" not in v:
-            if out is None:
-                return False
-            out.append(Problem(path + "/model", "required", "missing required field model"))
-            ok = False
-        if "model" in v:
-            if not _s125(v["model"], path + "/model", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
 def _s129(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/7/then/properties/model/properties/hf_text_config"
-    ok = True
-    if not _s111(v, path, out):
-        if out is None:
-            return False
-        ok = False
-    return ok
-
-
-def _s128(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/7/then/properties/model"
-    ok = True
-    if isinstance(v, dict):
-        if "hf_text_config" in v:
-            if not _s129(v["hf_text_config"], path + "/hf_text_config", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s127(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/7/then"
-    ok = True
-    if isinstance(v, dict):
-        if "model" in v:
-            if not _s128(v["model"], path + "/model", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s132(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/8/if/properties/model/properties/architecture"
-    ok = True
-    if not (v == "DeepseekV41ForCausalLM"):
-        if out is None:
-            return False
-        out.append(Problem(path, "const", "expected 'DeepseekV41ForCausalLM'" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s134(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/8/if/properties/model/properties/hf_text_config/properties/engram_layer_ids"
-    ok = True
-    if not _s84(v, path, out):
-        if out is None:
-            return False
-        ok = False
-    return ok
-
-
-def _s133(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/8/if/properties/model/properties/hf_text_config"
-    ok = True
-    if isinstance(v, dict):
-        if "engram_layer_ids" not in v:
-            if out is None:
-                return False
-            out.append(Problem(path + "/engram_layer_ids", "required", "missing required field engram_layer_ids"))
-            ok = False
-        if "engram_layer_ids" in v:
-            if not _s134(v["engram_layer_ids"], path + "/engram_layer_ids", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s131(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/8/if/properties/model"
-    ok = True
-    if isinstance(v, dict):
-        if "architecture" not in v:
-            if out is None:
-                return False
-            out.append(Problem(path + "/architecture", "required", "missing required field architecture"))
-            ok = False
-        if "hf_text_config" not in v:
-            if out is None:
-                return False
-            out.append(Problem(path + "/hf_text_config", "required", "missing required field hf_text_config"))
-            ok = False
-        if "architecture" in v:
-            if not _s132(v["architecture"], path + "/architecture", out):
-                if out is None:
-                    return False
-                ok = False
-        if "hf_text_config" in v:
-            if not _s133(v["hf_text_config"], path + "/hf_text_config", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s137(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/8/if/properties/parallel/anyOf/0/properties/enable_dbo"
     ok = True
     if not (v is True):
@@ -2372,24 +2506,7 @@ def _s137(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s136(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/8/if/properties/parallel/anyOf/0"
-    ok = True
-    if isinstance(v, dict):
-        if "enable_dbo" not in v:
-            if out is None:
-                return False
-            out.append(Problem(path + "/enable_dbo", "required", "missing required field enable_dbo"))
-            ok = False
-        if "enable_dbo" in v:
-            if not _s137(v["enable_dbo"], path + "/enable_dbo", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s139(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s130(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/8/if/properties/parallel/anyOf/1/properties/ubatch_size"
     ok = True
     if _is_number(v):
@@ -2401,230 +2518,23 @@ def _s139(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s138(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/8/if/properties/parallel/anyOf/1"
+def _s131(v: Any, path: str, out: list[Problem] | None) -> bool:
+    "Schema node /$defs/LayerIds/items"
     ok = True
-    if isinstance(v, dict):
-        if "ubatch_size" not in v:
-            if out is None:
-                return False
-            out.append(Problem(path + "/ubatch_size", "required", "missing required field ubatch_size"))
-            ok = False
-        if "ubatch_size" in v:
-            if not _s139(v["ubatch_size"], path + "/ubatch_size", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s135(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/8/if/properties/parallel"
-    ok = True
-    if not (_s136(v, path, None) or _s138(v, path, None)):
+    if not (_is_integer(v)):
         if out is None:
             return False
-        out.append(Problem(path, "any-of", "expected one of the allowed forms" + _got(v)))
-        ok = False
-    return ok
-
-
-def _s130(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/8/if"
-    ok = True
-    if isinstance(v, dict):
-        if "model" not in v:
-            if out is None:
-                return False
-            out.append(Problem(path + "/model", "required", "missing required field model"))
-            ok = False
-        if "parallel" not in v:
-            if out is None:
-                return False
-            out.append(Problem(path + "/parallel", "required", "missing required field parallel"))
-            ok = False
-        if "model" in v:
-            if not _s131(v["model"], path + "/model", out):
-                if out is None:
-                    return False
-                ok = False
-        if "parallel" in v:
-            if not _s135(v["parallel"], path + "/parallel", out):
-                if out is None:
-                    return False
-                ok = False
-    return ok
-
-
-def _s140(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /allOf/8/then"
-    if out is None:
+        out.append(Problem(path, "type", "expected an integer" + _got(v)))
         return False
-    out.append(Problem(path, "false", "no value is allowed here (schema /allOf/8/then is false)" + _got(v)))
-    return False
-
-
-def _s0(v: Any, path: str, out: list[Problem] | None) -> bool:
-    "Schema node /"
-    ok = True
-    if not (isinstance(v, dict)):
+    if v < 0:
         if out is None:
             return False
-        out.append(Problem(path, "type", "expected an object" + _got(v)))
-        return False
-    for key in sorted(v.keys() - _c0):
-        if out is None:
-            return False
-        out.append(
-            Problem(
-                path + "/" + _escape(key),
-                "unknown-field",
-                "unknown field " + repr(_shown(key)) + "; known fields: engram, model, parallel, load, platform",
-            )
-        )
+        out.append(Problem(path, "minimum", "expected >= 0" + _got(v)))
         ok = False
-    if "engram" in v:
-        if not _s1(v["engram"], path + "/engram", out):
-            if out is None:
-                return False
-            ok = False
-    if "model" in v:
-        if not _s35(v["model"], path + "/model", out):
-            if out is None:
-                return False
-            ok = False
-    if "parallel" in v:
-        if not _s39(v["parallel"], path + "/parallel", out):
-            if out is None:
-                return False
-            ok = False
-    if "load" in v:
-        if not _s47(v["load"], path + "/load", out):
-            if out is None:
-                return False
-            ok = False
-    if "platform" in v:
-        if not _s50(v["platform"], path + "/platform", out):
-            if out is None:
-                return False
-            ok = False
-    # rule 'dp-shared-memory-needs-dp'
-    if _s51(v, path, None) and not _s54(v, path, None):
+    if v > 1000000:
         if out is None:
             return False
-        out.append(
-            Problem(
-                path + "/engram/dp_shared_memory",
-                "dp-shared-memory-needs-dp",
-                "dp_shared_memory requires data_parallel_size > 1.",
-            )
-        )
-        ok = False
-    # rule 'dp-shared-memory-no-elastic-ep'
-    if _s57(v, path, None) and not _s60(v, path, None):
-        if out is None:
-            return False
-        out.append(
-            Problem(
-                path + "/engram/dp_shared_memory",
-                "dp-shared-memory-no-elastic-ep",
-                "dp_shared_memory is not supported with elastic EP.",
-            )
-        )
-        ok = False
-    # rule 'embedding-across-dp-no-elastic-ep'
-    if _s63(v, path, None) and not _s68(v, path, None):
-        if out is None:
-            return False
-        out.append(
-            Problem(
-                path + "/engram/embedding_across_dp",
-                "embedding-across-dp-no-elastic-ep",
-                "Engram embedding_across_dp is not supported with elastic EP yet.",
-            )
-        )
-        ok = False
-    # rule 'dp-shared-memory-needs-weight-loader'
-    if _s71(v, path, None) and not _s74(v, path, None):
-        if out is None:
-            return False
-        out.append(
-            Problem(
-                path + "/load/load_format",
-                "dp-shared-memory-needs-weight-loader",
-                "dp_shared_memory requires load_format 'auto', 'safetensors' or 'pt'; got {value!r}.".format(
-                    value=_shown(_at(v, ("load", "load_format")))
-                ),
-            )
-        )
-        ok = False
-    # rule 'model-layer-ids'
-    if _s77(v, path, None) and not _s80(v, path, None):
-        if out is None:
-            return False
-        out.append(
-            Problem(
-                path + "/model/hf_text_config/engram_layer_ids",
-                "model-layer-ids",
-                "EngramConfig requires a model with supported Engram embeddings and non-empty n-gram layer ids. DeepseekV41ForCausalLM needs hf_text_config.engram_layer_ids, a non-empty list of distinct layer ids; got {value!r}.".format(
-                    value=_shown(_at(v, ("model", "hf_text_config", "engram_layer_ids")))
-                ),
-            )
-        )
-        ok = False
-    # rule 'model-ngram-fields'
-    if _s98(v, path, None) and not _s101(v, path, None):
-        if out is None:
-            return False
-        out.append(
-            Problem(
-                path + "/model/hf_text_config",
-                "model-ngram-fields",
-                "DeepseekV41ForCausalLM's n-gram fields in hf_text_config are off ({problems}); where given they must be integers: engram_max_ngram_size >= 2; engram_n_heads, engram_head_dim and engram_compressed_vocab_size >= 1; engram_pad_token_id (or engram_pad_id) and engram_seed >= 0; engram_vocab_size >= 2, or a list of such, one per order.".format(
-                    problems=_details(_s86, _at(v, ("model", "hf_text_config")))
-                ),
-            )
-        )
-        ok = False
-    # rule 'model-layer-ids'
-    if _s104(v, path, None) and not _s107(v, path, None):
-        if out is None:
-            return False
-        out.append(
-            Problem(
-                path + "/model/hf_text_config/ple_layer_ids",
-                "model-layer-ids",
-                "EngramConfig requires a model with supported Engram embeddings and non-empty n-gram layer ids. Qwen4Exp models need hf_text_config.ple_layer_ids, a non-empty list of distinct layer ids; got {value!r}.".format(
-                    value=_shown(_at(v, ("model", "hf_text_config", "ple_layer_ids")))
-                ),
-            )
-        )
-        ok = False
-    # rule 'model-ngram-fields'
-    if _s124(v, path, None) and not _s127(v, path, None):
-        if out is None:
-            return False
-        out.append(
-            Problem(
-                path + "/model/hf_text_config",
-                "model-ngram-fields",
-                "Qwen4Exp's n-gram fields in hf_text_config are off ({problems}); where given they must be integers: ngram_size >= 2; heads_per_ngram, ple_embed_dim, vocab_size, make_ngram_vocab_size_divisible_by and split_ngram_parts >= 1; ngram_vocab_size_base >= 2; seed (or its older name ngram_seed) and eos_token_id >= 0; ple_layer_ids are 1-based decoder indices (>= 1).".format(
-                    problems=_details(_s111, _at(v, ("model", "hf_text_config")))
-                ),
-            )
-        )
-        ok = False
-    # rule 'deepseek-engram-no-ubatching'
-    if _s130(v, path, None) and not _s140(v, path, None):
-        if out is None:
-            return False
-        out.append(
-            Problem(
-                path + "/parallel",
-                "deepseek-engram-no-ubatching",
-                "DeepSeek V4.1 Engram does not support DBO or microbatching. Disable --enable-dbo and set --ubatch-size to 0.",
-            )
-        )
+        out.append(Problem(path, "maximum", "expected <= 1000000" + _got(v)))
         ok = False
     return ok
 
@@ -2689,27 +2599,27 @@ def check_EngramConfig_rules(c: Any, path: str, out: list[Problem]) -> None:
 # Each struct field's schema node, for the structs' constructors: struct -> field -> check.
 FIELD_CHECKS: dict[str, dict[str, Any]] = {
     "EngramConfig": {
-        "cpu_offload": _s3,
-        "embedding_across_dp": _s4,
-        "dp_shared_memory": _s5,
-        "use_thp": _s6,
-        "file_backed": _s7,
-        "device_cache_bytes": _s8,
-        "shard_layout": _s9,
+        "cpu_offload": _s26,
+        "embedding_across_dp": _s27,
+        "dp_shared_memory": _s28,
+        "use_thp": _s29,
+        "file_backed": _s30,
+        "device_cache_bytes": _s31,
+        "shard_layout": _s32,
     },
     "ModelConfig": {
-        "architecture": _s37,
-        "hf_text_config": _s38,
+        "architecture": _s45,
+        "hf_text_config": _s46,
     },
     "ParallelConfig": {
-        "tensor_parallel_size": _s41,
-        "data_parallel_size": _s42,
-        "data_parallel_size_local": _s43,
-        "enable_elastic_ep": _s44,
-        "enable_dbo": _s45,
-        "ubatch_size": _s46,
+        "tensor_parallel_size": _s47,
+        "data_parallel_size": _s48,
+        "data_parallel_size_local": _s49,
+        "enable_elastic_ep": _s50,
+        "enable_dbo": _s51,
+        "ubatch_size": _s52,
     },
     "LoadConfig": {
-        "load_format": _s49,
+        "load_format": _s53,
     },
 }

@@ -86,3 +86,47 @@ def test_the_compiled_functions_have_a_budget(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(codegen.validators, "MAX_FUNCTIONS", 4)
     with pytest.raises(SchemaError, match=r"^/allOf/3: this schema needs more than 4 validator functions"):
         load_validator(schema)
+
+
+def chain(n: int, **beside: object) -> dict:  # type: ignore[type-arg]
+    """$defs d0 -> d1 -> ... -> dn by $ref, each link with `beside` too; dn an integer."""
+    defs: dict[str, object] = {f"d{i}": {"$ref": f"#/$defs/d{i + 1}", **beside} for i in range(n)}
+    defs[f"d{n}"] = {"type": "integer"}
+    return {"$ref": "#/$defs/d0", "$defs": defs}
+
+
+def test_a_chain_of_pure_refs_is_followed_at_compile_time_whatever_its_length() -> None:
+    """A node that is only a $ref (with annotations) validates as its target: 2,000 links compile to one
+    function and one call (they once hit Python's recursion limit at about 350, with advice to use $ref)."""
+    validate = load_validator(chain(2000, description="a link"))
+    assert validate(3) == []
+    assert [p.message for p in validate("x")] == ["expected an integer; got the string 'x'"]
+
+
+def test_a_long_chain_of_working_refs_is_refused_by_its_budget_not_the_stack() -> None:
+    """Links that also check something are one Python frame each when a value is validated: past
+    MAX_CHAIN the schema is refused with the limit named, at any length (no RecursionError)."""
+    import codegen.validators
+
+    limit = codegen.validators.MAX_CHAIN
+    validate = load_validator(chain(limit - 1, minimum=0))
+    assert validate(5) == [] and [p.rule for p in validate(-1)] == ["minimum"] * (limit - 1)
+    for n in (limit + 1, 2000):
+        with pytest.raises(SchemaError) as raised:
+            load_validator(chain(n, minimum=0))
+        assert str(raised.value).endswith(
+            f": a chain of more than {limit} in-place references ($ref, allOf, ...) applies to one value; at most "
+            "that many: shorten it (a node that is only a $ref costs nothing, it validates as its target)"
+        )
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}},  # pure refs
+        {"$ref": "#/$defs/a", "$defs": {"a": {"allOf": [{"$ref": "#/$defs/b"}]}, "b": {"minimum": 1, "$ref": "#"}}},
+    ],
+)
+def test_a_cycle_of_in_place_references_is_refused(schema: dict) -> None:  # type: ignore[type-arg]
+    with pytest.raises(SchemaError, match=r"so validation would never end$"):
+        load_validator(schema)
