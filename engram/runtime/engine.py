@@ -122,7 +122,8 @@ class EngramTables:
         """Find which replicas share a node (nodes.align_to_nodes), plan, check that private host tables fit
         the node (before a byte is allocated), create the groups, allocate and load this rank's shards. `host_limits` replaces this machine's RAM and
         cgroup limit in that check. With device_cache_bytes, `profile` (an `engram profile --out` file, or
-        its hot rows per table) chooses the rows each rank keeps in device memory."""
+        its hot rows per table; config.device_cache_profile when not given) chooses the rows each rank keeps
+        in device memory."""
         if not dist.is_initialized():
             raise EngramError(
                 "torch.distributed is not initialised: call engram.runtime.engine.init_from_env() or init_process_group first"
@@ -156,9 +157,10 @@ class EngramTables:
         )
         caches = {}
         if config.device_cache_bytes:
+            profile = profile if profile is not None else config.device_cache_profile
             if profile is None:
                 raise EngramError(
-                    "device_cache_bytes needs a profile of hot rows: pass profile= (write one with `engram profile --out`)"
+                    "device_cache_bytes needs a profile of hot rows: set device_cache_profile or pass profile= (write one with `engram profile --out`)"
                 )
             hot = profile if isinstance(profile, Mapping) else read_profile(profile)
             # A file-backed shard the GPU cannot read over UVA is gathered on host threads: no cache there.

@@ -40,8 +40,9 @@ def test_not_enabled_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_the_section_with_vllms_fields_beside_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(ENV, raising=False)
-    config = engram_config(vllm_config({"engram": {"shard_layout": "replica"}}, use_thp=True))
-    assert config is not None and (config.use_thp, config.shard_layout, config.cpu_offload) == (True, "replica", True)
+    config = engram_config(vllm_config({"engram": {"file_backed": True}}, use_thp=False))
+    assert config is not None and (config.use_thp, config.file_backed, config.cpu_offload) == (False, True, True)
+    assert engram_config(vllm_config({"engram": {}}, use_thp=True)).use_thp  # type: ignore[union-attr]
     monkeypatch.setenv(ENV, '{"shard_layout": "vllm"}')
     from_env = engram_config(vllm_config())
     assert from_env is not None and from_env.shard_layout == "vllm"
@@ -64,9 +65,21 @@ def test_the_section_with_vllms_fields_beside_it(monkeypatch: pytest.MonkeyPatch
             "engram setting 'cpu_offload' is vLLM's own: give it in --engram-config",
         ),
         (
+            {"engram": {"shard_layout": "replica"}},
+            None,
+            "engram setting 'shard_layout': inside vLLM its own layout decides which rank holds which rows; "
+            "'replica' cannot be honoured there, leave it at 'vllm'",
+        ),
+        (
             {"engram": {"device_cache_bytes": 1}},
             None,
-            "engram setting 'device_cache_bytes': the device cache is not built inside vLLM yet",
+            "engram setting 'device_cache_bytes' needs 'device_cache_profile': the hot rows `engram profile --out` "
+            "wrote for this model",
+        ),
+        (
+            {"engram": {"device_cache_bytes": 1, "device_cache_profile": "/nonexistent/hot.safetensors"}},
+            None,
+            r"^the profile /nonexistent/hot.safetensors cannot be read: No such file or directory",
         ),
     ],
 )

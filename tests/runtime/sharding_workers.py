@@ -238,14 +238,14 @@ def build_on_nodes(rank: int, world: int, nodes: list[str], local: int, checkpoi
 
 
 def cached_lookup(rank: int, world: int, checkpoint: str, profile: str) -> dict[str, Any]:
-    """TP 2 tables of the tiny preset with a 4 KiB device cache per rank, against the uncached lookup."""
+    """TP 2 tables of the tiny preset with a 4 KiB device cache per rank (its profile named in the config,
+    device_cache_profile), against the uncached lookup."""
     from engram.apps.presets import get_preset
 
     spec = get_preset("tiny")
     parallel = ParallelConfig(tensor_parallel_size=world)
-    cached = EngramTables.build(
-        spec, load_config({"device_cache_bytes": 4096}, env={}), parallel, checkpoint, progress=False, profile=profile
-    )
+    config = load_config({"device_cache_bytes": 4096, "device_cache_profile": profile}, env={})
+    cached = EngramTables.build(spec, config, parallel, checkpoint, progress=False)
     plain = EngramTables.build(spec, load_config({}, env={}), parallel, checkpoint, progress=False)
     from engram.apps.corpus import load_corpus
 

@@ -4,7 +4,8 @@ then built, loaded through its load_weights from a checkpoint make-checkpoint wr
 ids. Not enabled, the swapped class returns vLLM's rows from vLLM's storage; enabled, the table lives in an
 engram mapping and engram's gather returns the same rows, bit for bit, for bf16, fp8-table and nvfp4
 tables, one ETP rank or one of two; with cpu_offload (vLLM's pinned-host class) too, in engram's host
-mapping, on huge pages, or file-backed: the checkpoint's own pages, loaded by no copy. Settings engram's
+mapping, on huge pages, or file-backed: the checkpoint's own pages, loaded by no copy; and with a device
+cache of a profile's hot rows (in host memory here, on the GPU there), hits and misses alike. Settings engram's
 schema refuses, or the plugin cannot honour, are one-line errors naming the setting."""
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from engram.ngram.spec import ModelSpec
 from engram.runtime.checkpoints.writer import hf_config, write_checkpoint
+from engram.runtime.placement.storage import ShardFormat
 from tests.runtime.specs import QWEN
 from tests.vllm.runner import ask_vllm, needs_vllm
 
@@ -39,11 +42,32 @@ ENABLED = {"on": {}, "bad": {"nope": 1}, "theirs": {"use_thp": True}}
 PINNED = ("host", "hugepages", "file")  # cpu_offload: vLLM's pinned-host table class, engram's storage
 
 
+def device_cache(spec: ModelSpec, path: Path, rows_cached: int) -> dict[str, object]:
+    """engram settings for a device cache from a profile of every row of every table, in a seeded order,
+    with room for `rows_cached` rows per table."""
+    generator = torch.Generator().manual_seed(11)
+    hot = {
+        f"{name}.hot_rows": torch.randperm(rows, generator=generator)
+        for name, rows in zip(spec.table_names(), spec.layout.table_rows, strict=True)
+    }
+    save_file(hot, str(path))
+    budget = rows_cached * ShardFormat(1, spec.head_dim, spec.dtype).row_bytes * len(hot)
+    return {"device_cache_bytes": budget, "device_cache_profile": str(path)}
+
+
+def assert_partly_cached(table: dict[str, object], rows: int) -> None:
+    """A cache that holds some of the table's rows, and that some of the lookups hit."""
+    assert 0 < table["cached_rows"] < rows and table["hits"] > 0, table  # type: ignore[operator]
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "fp8-table", "nvfp4"])
 def test_the_plugin_serves_qwen_tables_as_vllm_does(dtype: str, tmp_path: Path) -> None:
     spec = dataclasses.replace(QWEN, dtype=dtype)
     write_checkpoint(spec, tmp_path, seed=5, split_parts=3 if dtype == "nvfp4" else None)
-    cases = [{"path": str(tmp_path), "etp": etp, "etp_rank": etp - 1, "enabled": ENABLED} for etp in (1, 2)]
+    cache = device_cache(spec, tmp_path / "hot.profile", min(spec.layout.table_rows) // 2)
+    cases = [
+        {"path": str(tmp_path), "etp": etp, "etp_rank": etp - 1, "enabled": ENABLED, "cache": cache} for etp in (1, 2)
+    ]
     for answer in ask_vllm("plugin_qwen", cases):
         assert "engram" in answer["plugins"]
         vllm, disabled, on = answer["vllm"], answer["disabled"], answer["on"]
@@ -67,6 +91,9 @@ def test_the_plugin_serves_qwen_tables_as_vllm_does(dtype: str, tmp_path: Path) 
                 assert table["class"] == "EngramQwenPinnedHostEmbedding", table
                 assert table["rows"] == vllm[layer]["rows"]
                 assert table["file_backed"] == (placement == "file") != table["engram_storage"]
+        for layer, rows in zip(vllm, spec.layout.table_rows, strict=True):  # device_cache_bytes
+            assert answer["cached"][layer]["rows"] == vllm[layer]["rows"]
+            assert_partly_cached(answer["cached"][layer], rows)
         assert answer["theirs"]["error"] == (
             "EngramError: engram setting 'use_thp' is vLLM's own: give it in --engram-config, not in engram's section"
         )
@@ -81,10 +108,10 @@ def test_the_plugin_serves_deepseek_tables_as_vllm_does(tmp_path: Path) -> None:
     write_checkpoint(DS, tmp_path, seed=8)
     hf = hf_config(DS, "fp8", 0)["text_config"]
     ids = DS.hasher().hash(torch.randint(0, DS.vocab, (24,), generator=torch.Generator().manual_seed(2)))
+    cache = device_cache(DS, tmp_path / "hot.profile", min(DS.layout.table_rows) // 2)
     for tp in (1, 2):
-        [answer] = ask_vllm(
-            "plugin_deepseek", [{"path": str(tmp_path), "hf": hf, "tp": tp, "ids": ids.transpose(0, 1).tolist()}]
-        )
+        case = {"path": str(tmp_path), "hf": hf, "tp": tp, "ids": ids.transpose(0, 1).tolist(), "cache": cache}
+        [answer] = ask_vllm("plugin_deepseek", [case])
         ranks = zip(answer["vllm"], answer["disabled"], answer["on"], answer["file"], strict=True)
         for vllm_rank, (vllm, disabled, on, file) in enumerate(ranks):
             assert "error" not in file, file
@@ -95,10 +122,12 @@ def test_the_plugin_serves_deepseek_tables_as_vllm_does(tmp_path: Path) -> None:
                 assert mapped["file_backed"] and not ours["file_backed"]  # the checkpoint's pages, no copy
                 assert theirs["rows"] == off["rows"] == ours["rows"] == mapped["rows"] and any(theirs["rows"])
                 assert theirs["packed"] == off["packed"] == ours["packed"] == mapped["packed"]
-                for placement in ("host", "hugepages"):  # cpu_offload: engram's host mapping, huge pages with use_thp
+                for placement in ("host", "hugepages", "cached"):  # cpu_offload: host mapping, huge pages, cache
                     table = answer[placement][vllm_rank]["tables"][index]
                     assert table["engram_storage"] and not table["file_backed"]
                     assert table["rows"] == theirs["rows"] and table["packed"] == theirs["packed"]
+                cached = answer["cached"][vllm_rank]["tables"][index]
+                assert cached["cached_rows"] > 0 and cached["hits"] > 0, cached
                 seconds = (theirs["seconds_to_first_lookup"], mapped["seconds_to_first_lookup"])
                 print(f"TP {tp}: start to first lookup, vLLM's load {seconds[0]:.4f} s, file-backed {seconds[1]:.4f} s")
 

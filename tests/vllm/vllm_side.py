@@ -406,14 +406,17 @@ def plugin_qwen_case(case: dict) -> dict:
                 stack.enter_context(torch.device(DEVICE))  # where vLLM builds its modules
                 for layer_id, module, _ in qwen_modules(config, weights, 64):
                     table = module.ngram_embedding
+                    ids = module.compute_ngram_ids(input_ids, query_start_loc, ngram_context)
                     if cpu_offload:
-                        ids = module.compute_ngram_ids(input_ids, query_start_loc, ngram_context)
                         rows = table.sync_lookup(ids).flatten(-2)
                     else:
                         rows = module(torch.empty(40, 1), input_ids, query_start_loc, ngram_context)
                     mappings = getattr(table, "_mappings", [])
                     file = getattr(table, "_file", None)
+                    cache = getattr(table, "_cache", None)
                     out[str(layer_id)] = {
+                        "cached_rows": 0 if cache is None else cache.ids.numel(),
+                        "hits": 0 if cache is None else int(torch.isin(ids, cache.ids).sum()),
                         "class": type(table).__name__,
                         "rows": rows.contiguous().cpu().view(torch.uint8).flatten().tolist(),
                         "engram_storage": any(m.addr == table.weight.data_ptr() for m in mappings),
@@ -438,6 +441,7 @@ def plugin_qwen_case(case: dict) -> dict:
     answer["host"] = build({"engram": {}}, cpu_offload=True)
     answer["hugepages"] = build({"engram": {}}, cpu_offload=True, use_thp=True)
     answer["file"] = build({"engram": {"file_backed": True}}, cpu_offload=True)
+    answer["cached"] = build({"engram": case["cache"]}, cpu_offload=True)
     return answer
 
 
@@ -517,8 +521,11 @@ def plugin_deepseek_case(case: dict) -> dict:
                     packed = torch.zeros(ids.shape[0], width, dtype=torch.uint8)
                     table.lookup(ids, packed)
                     mappings = getattr(table, "_mappings", [])
+                    cache = getattr(table, "_cache", None)
                     out.append(
                         {
+                            "cached_rows": 0 if cache is None else cache.ids.numel(),
+                            "hits": 0 if cache is None else int(torch.isin(ids, cache.ids).sum()),
                             "class": type(table).__name__,
                             "engram_storage": any(m.addr == table.weight.data_ptr() for m in mappings),
                             "rows": rows.cpu().view(torch.int16).flatten().tolist(),
@@ -539,6 +546,7 @@ def plugin_deepseek_case(case: dict) -> dict:
     answer["file"] = [build({"engram": {"file_backed": True}}, r, cpu_offload=True) for r in range(tp)]
     answer["host"] = [build({"engram": {}}, r, cpu_offload=True) for r in range(tp)]
     answer["hugepages"] = [build({"engram": {}}, r, cpu_offload=True, use_thp=True) for r in range(tp)]
+    answer["cached"] = [build({"engram": case["cache"]}, r, cpu_offload=True) for r in range(tp)]
     return answer
 
 

@@ -9,8 +9,7 @@ classes behave exactly as vLLM's own unless engram is enabled for the model bein
 `--additional-config '{"engram": {...}}'`, or the JSON in ENGRAM_VLLM_CONFIG. The section is checked by
 engram's schema with vLLM's own Engram fields beside it, so a mistake is one line naming the field.
 
-Not here yet (issue 22): the device cache, and engram's sorted gather under vLLM's prefetch hooks;
-nothing here has run on a GPU."""
+Nothing here has run on a GPU yet (issue 22): the GPU paths compile and their CPU twins are tested."""
 
 from __future__ import annotations
 

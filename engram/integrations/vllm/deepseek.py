@@ -13,10 +13,12 @@ from vllm.models.deepseek_v41.common import engram as vllm_engram
 from engram.config import EngramConfig
 from engram.errors import EngramError
 from engram.integrations.vllm import files
+from engram.integrations.vllm.cache import hot_cache
 from engram.integrations.vllm.settings import engram_config
 from engram.memory.mapping import Mapping, map_anonymous
 from engram.memory.registration import register
 from engram.ops import gather
+from engram.runtime.cache import HotRows, cached_gather
 from engram.runtime.dist import Group, barrier, timeout_s
 from engram.runtime.placement.hugepages import map_huge
 from engram.runtime.placement.shm import create_shared
@@ -52,6 +54,8 @@ class EngramParallelEmbedding(vllm_engram.ParallelEngramEmbedding):
         self._checkpoint = checkpoint
         self._mappings: list[Mapping] = []
         self._file_shard: TableShard | None = None
+        self._cache: HotRows | None = None  # device_cache_bytes: built on the first lookup (weights loaded)
+        self._cache_built = False
         self._group: Group | None = None  # the node's Engram DP group, for shared tables
         super().__init__(*args, **kwargs)
         if self._file_shard is not None:
@@ -111,34 +115,57 @@ class EngramParallelEmbedding(vllm_engram.ParallelEngramEmbedding):
         """As vLLM's: this rank's heads of `indices` [T, n_hash_cols] into `out`, dequantised bf16 [T, heads,
         dim] or packed bytes (values, then scales, per head); heads past the last and rows of other ranks
         read zeros."""
-        shard = self._file_shard
-        if not indices.shape[0] or (indices.is_cuda and not files.staged(shard)):
+        shard, cache = self._file_shard, self._hot_rows()
+        if not indices.shape[0] or (indices.is_cuda and cache is None and not files.staged(shard)):
             super().lookup(indices, out, background)
             return
         packed = out.dtype == torch.uint8
-        if shard is None:
-            rows = self._host_rows(indices, packed)
+        if shard is None or (indices.is_cuda and not files.staged(shard)):
+            rows = self._engram_rows(indices, packed, cache)
         else:
-            rows = files.staged_rows(shard, indices, lambda ids: self._host_rows(ids, packed))
+            rows = files.staged_rows(shard, indices, lambda ids: self._engram_rows(ids, packed, cache))
         if packed:
             out[:, : rows.shape[1]].copy_(rows)
         else:
             out.view(indices.shape[0], self.part_n_hash_cols, self.dim).copy_(rows)
 
-    def _host_rows(self, indices: torch.Tensor, packed: bool) -> torch.Tensor:
-        """engram's CPU gather of this rank's heads: packed bytes [T, heads x (dim + scales)] or bf16 [T,
-        heads, dim]."""
+    def _hot_rows(self) -> HotRows | None:
+        """This rank's device cache of the table (device_cache_bytes), built on the first lookup."""
+        if not self._cache_built and not self.peer_rows and self.cpu_offload:
+            shard = self._file_shard or TableShard(
+                self._table, self.vocab_start_idx, ShardFormat(self.part_num_embeddings, self.dim, "fp8"), "pinned",
+                self.weight.data, self.weight_scale_inv.data.view(torch.float8_e8m0fnu),
+            )  # fmt: skip
+            self._cache = hot_cache(self._engram, self._table, shard)
+        self._cache_built = True
+        return self._cache
+
+    def _engram_rows(self, indices: torch.Tensor, packed: bool, cache: HotRows | None) -> torch.Tensor:
+        """engram's gather of this rank's heads (hits from the device cache when there is one): packed
+        bytes [T, heads x (dim + scales)] or bf16 [T, heads, dim]."""
         heads = self.part_n_hash_cols
         ids = indices[:, self.head_start : self.head_start + heads].to(torch.int64)
         if ids.shape[1] < heads:
             ids = torch.nn.functional.pad(ids, (0, heads - ids.shape[1]), value=-1)
-        weight, scales = self.weight.data, self.weight_scale_inv.data
+        weight, scales = self.weight.data, self.weight_scale_inv.data.view(torch.float8_e8m0fnu)
         start, table_rows = self.vocab_start_idx, self.num_embeddings
-        if packed:
-            values = gather(weight.view(torch.uint8), None, ids, start, table_rows, torch.uint8)
-            blocks = gather(scales, None, ids, start, table_rows, torch.uint8)
+
+        def rows(
+            part: torch.Tensor, scale: torch.Tensor | None, hot: HotRows | None, dtype: torch.dtype
+        ) -> torch.Tensor:
+            if hot is None:
+                return gather(part, scale, ids, start, table_rows, dtype)
+            return cached_gather(hot, part, scale, ids, start, table_rows, dtype)
+
+        if packed:  # raw bytes: the cache's rows and scales, each gathered as it is stored
+            hot_values = hot_blocks = None
+            if cache is not None and cache.scale is not None:
+                hot_values = HotRows(cache.ids, cache.weight.view(torch.uint8), None)
+                hot_blocks = HotRows(cache.ids, cache.scale.view(torch.uint8), None)
+            values = rows(weight.view(torch.uint8), None, hot_values, torch.uint8)
+            blocks = rows(scales.view(torch.uint8), None, hot_blocks, torch.uint8)
             return torch.cat([values, blocks], dim=2).reshape(ids.shape[0], -1)
-        return gather(weight, scales.view(torch.float8_e8m0fnu), ids, start, table_rows, torch.bfloat16)
+        return rows(weight, scales, cache, torch.bfloat16)
 
 
 _VLLMS_FACTORY = vllm_engram.Engram._create_embedding

@@ -47,10 +47,15 @@ def forget_checkpoints() -> None:
     _CHECKPOINTS.clear()
 
 
+def layer_tail(prefix: str) -> str:
+    """A vLLM module prefix from `layers.` on: vLLM may map a checkpoint's `model.language_model.` to `model.`."""
+    return prefix[prefix.find("layers.") :] if "layers." in prefix else prefix
+
+
 def table_named(found: Checkpoint, prefix: str) -> str:
     """The checkpoint's name for the table a vLLM module under `prefix` holds: the one `<...>.weight` whose
-    name ends as the prefix does from `layers.` on (vLLM may map `model.language_model.` to `model.`)."""
-    tail = prefix[prefix.find("layers.") :] if "layers." in prefix else prefix
+    name ends as the prefix does from `layers.` on."""
+    tail = layer_tail(prefix)
     names = sorted(n.removesuffix(".weight") for n in found.shapes if n.endswith(f"{tail}.weight"))
     if not names and any(f"{tail}.shard_" in n for n in found.shapes):
         raise EngramError(

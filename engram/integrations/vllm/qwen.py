@@ -22,9 +22,11 @@ from vllm.models.qwen4_exp.common.ngram_embedding import (
 from engram.config import EngramConfig
 from engram.errors import EngramError
 from engram.integrations.vllm import files
+from engram.integrations.vllm.cache import hot_cache
 from engram.integrations.vllm.settings import engram_config
 from engram.memory.mapping import Mapping, map_anonymous
 from engram.ops import gather, use_sorted
+from engram.runtime.cache import HotRows, cached_gather
 from engram.runtime.placement.hugepages import map_huge
 from engram.runtime.placement.storage import ShardFormat, TableShard
 
@@ -51,6 +53,9 @@ class EngramStorage:
     _engram: EngramConfig | None
     _mappings: list[Mapping]
     _file: TableShard | None
+    _cache: HotRows | None  # device_cache_bytes (host tables only): built on the first lookup
+    _cache_built: bool
+    _cacheable = False
 
     def _engram_table(self, rows: int, width: int, dtype: torch.dtype, uva: bool) -> torch.Tensor:
         """engram's storage for one of the table's row tensors (the rows, or NVFP4's block scales)."""
@@ -121,11 +126,26 @@ class EngramStorage:
         table_rows = self.num_embeddings_padded  # type: ignore[attr-defined]
         weight = self.weight.data  # type: ignore[attr-defined]
         dedup = use_sorted(ids.numel(), weight, ids.device)
+        scale, table_scale, out_dtype = None, None, weight.dtype
         if isinstance(method, Qwen4ExpPLENvFp4EmbeddingMethod):
             scale = self.weight_scale.data  # type: ignore[attr-defined]
             table_scale = float(self.weight_scale_2.data.reshape(-1)[0])  # type: ignore[attr-defined]
-            return gather(weight, scale, ids, start, table_rows, self.params_dtype, dedup, table_scale=table_scale)  # type: ignore[attr-defined]
-        return gather(weight, None, ids, start, table_rows, weight.dtype, dedup)
+            out_dtype = self.params_dtype  # type: ignore[attr-defined]
+        cache = self._hot_rows(scale)
+        if cache is not None:
+            return cached_gather(cache, weight, scale, ids, start, table_rows, out_dtype, dedup, None, table_scale)
+        return gather(weight, scale, ids, start, table_rows, out_dtype, dedup, table_scale=table_scale)
+
+    def _hot_rows(self, scale: torch.Tensor | None) -> HotRows | None:
+        """This rank's device cache of a host table (device_cache_bytes), built on the first lookup."""
+        if not self._cache_built and self._cacheable:
+            weight = self.weight.data  # type: ignore[attr-defined]
+            fmt = ShardFormat(weight.shape[0], self.embedding_dim, _row_format(self.quant_method, weight.dtype))  # type: ignore[attr-defined]
+            start = self.shard_indices.org_vocab_start_index  # type: ignore[attr-defined]
+            shard = self._file or TableShard(self.prefix, start, fmt, "pinned", weight, scale)  # type: ignore[attr-defined]
+            self._cache = hot_cache(self._engram, self.prefix, shard)  # type: ignore[attr-defined]
+        self._cache_built = True
+        return self._cache
 
 
 def _init_engram(module: Any, pinned: bool) -> None:
@@ -139,6 +159,8 @@ def _init_engram(module: Any, pinned: bool) -> None:
     module._engram = config
     module._mappings = []
     module._file = None
+    module._cache = None
+    module._cache_built = False
 
 
 class EngramQwenDeviceEmbedding(EngramStorage, Qwen4ExpPLEDeviceEmbedding):
@@ -188,7 +210,9 @@ class EngramQwenPinnedHostEmbedding(EngramStorage, Qwen4ExpPLEPinnedHostEmbeddin
     (huge pages with use_thp) registered for UVA, or with file_backed the checkpoint's own pages. Every
     lookup vLLM makes (its prefetch hook on the side stream, and sync_lookup) is engram's gather: on a GPU
     its CUDA kernel over UVA, sorted where that pays; for a file the GPU cannot read, host threads and one
-    copy."""
+    copy. With device_cache_bytes the profile's hot rows of it are kept on the GPU."""
+
+    _cacheable = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         _init_engram(self, pinned=True)

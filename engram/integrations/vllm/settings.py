@@ -12,10 +12,6 @@ from engram.errors import EngramError
 
 ENV = "ENGRAM_VLLM_CONFIG"
 VLLM_FIELDS = ("cpu_offload", "embedding_across_dp", "dp_shared_memory", "use_thp")
-# What the plugin cannot honour yet inside vLLM's layout: refused with the reason, never ignored.
-NOT_YET = {
-    "device_cache_bytes": "the device cache is not built inside vLLM yet: it needs a profile of the served model",
-}
 
 
 def section(vllm_config: Any) -> dict[str, Any] | None:
@@ -53,7 +49,12 @@ def engram_config(vllm_config: Any) -> EngramConfig | None:
             f"engram setting {clash[0]!r} is vLLM's own: give it in --engram-config, not in engram's section"
         )
     config = load_config({**document, **found}, env={})
-    for field, reason in NOT_YET.items():
-        if getattr(config, field) != getattr(EngramConfig(), field):
-            raise EngramError(f"engram setting {field!r}: {reason}")
+    if config.shard_layout != "vllm":
+        raise EngramError(
+            f"engram setting 'shard_layout': inside vLLM its own layout decides which rank holds which rows; {config.shard_layout!r} cannot be honoured there, leave it at 'vllm'"
+        )
+    if config.device_cache_bytes:
+        from engram.integrations.vllm.cache import profile
+
+        profile(config)  # read now: a missing or unreadable profile is an error before anything is allocated
     return config
