@@ -166,6 +166,7 @@ def test_hash_opt_out_compiles() -> None:
         "cpu_offload",
         "file_backed",
         "device_cache_bytes",
+        "device_cache_profile",
         "shard_layout",
     ]
 
