@@ -8,6 +8,7 @@ import difflib
 import math
 import re
 import string
+from collections.abc import Mapping
 from typing import Any
 
 import jsonschema
@@ -103,10 +104,13 @@ def _meta_validator() -> jsonschema.protocols.Validator:
     return jsonschema.Draft202012Validator(meta, format_checker=checker)
 
 
-def check_schema(document: dict[str, Any], *, require_dialect: bool = True) -> list[str]:
+def check_schema(
+    document: dict[str, Any], *, require_dialect: bool = True, resources: Mapping[str, Any] | None = None
+) -> list[str]:
     """Raise SchemaError for what cannot be compiled or is almost surely a mistake; return warnings.
     `require_dialect`: the root must say `"$schema"` (a schema file must; a schema compiled on its own
-    is read as 2020-12 without it)."""
+    is read as 2020-12 without it). `resources`: the local documents references may reach (each one they
+    reach is checked as the document is)."""
     _check_finite(document)
     error = jsonschema.exceptions.best_match(_meta_validator().iter_errors(document))
     if error is not None:
@@ -120,10 +124,16 @@ def check_schema(document: dict[str, Any], *, require_dialect: bool = True) -> l
         raise SchemaError(f'the schema must declare "$schema": "{DRAFT}"')
     if "x-engram-format-assertion" in document and not isinstance(document["x-engram-format-assertion"], bool):
         raise SchemaError("/x-engram-format-assertion: must be true or false")
-    index = SchemaIndex(document)
+    index = SchemaIndex(document, resources)
+    for name, uri in index.origin.items():  # the local resources the document reaches
+        _check_finite(index.bundled[name])
+        error = jsonschema.exceptions.best_match(_meta_validator().iter_errors(index.bundled[name]))
+        if error is not None:
+            at = "".join(f"/{p}" for p in error.absolute_path)
+            raise SchemaError(f"the local resource {uri} fails the 2020-12 meta-schema at {at or '/'}: {error.message}")
     warnings: list[str] = []
     for pointer in index.base:
-        if pointer.startswith("~"):
+        if pointer.startswith("~meta"):
             continue  # a bundled meta-schema
         node = index.at(pointer)
         if isinstance(node, dict):

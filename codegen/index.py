@@ -1,9 +1,13 @@
 """Where every schema node of a document lives: its JSON pointer, base URI and schema resource, so that
 `$ref`, `$dynamicRef`, `$anchor` and `$id` resolve as JSON Schema 2020-12 says, without fetching
-anything. A reference that leaves the document is refused here, naming the keyword and pointer."""
+anything. A reference may leave the document for a local resource (a document the caller registered
+under its URI, codegen.resources) or a bundled 2020-12 meta-schema; any other is refused here, naming
+the keyword and pointer."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote, urldefrag, urljoin, urlsplit
 
@@ -77,12 +81,16 @@ def children(schema: Any, pointer: str) -> list[tuple[str, Any]]:
 
 
 class SchemaIndex:
-    """Pointers are JSON pointers into the document; a bundled meta-schema's nodes have pointers that
-    start with its name, `~meta<n>`, which no pointer into the document can (those start with `/`)."""
+    """Pointers are JSON pointers into the document; the nodes of a local resource or a bundled
+    meta-schema have pointers that start with its name, `~doc<n>` or `~meta<n>`, which no pointer into the
+    document can (those start with `/`). `resources`: URI (no fragment) -> document, loaded only when a
+    reference reaches it."""
 
-    def __init__(self, document: Any) -> None:
+    def __init__(self, document: Any, resources: Mapping[str, Any] | None = None) -> None:
         self.document = document
-        self.bundled: dict[str, Any] = {}  # "~meta<n>" -> bundled meta-schema
+        self.local = dict(resources or {})
+        self.bundled: dict[str, Any] = {}  # "~doc<n>" -> local resource, "~meta<n>" -> bundled meta-schema
+        self.origin: dict[str, str] = {}  # "~doc<n>" -> the URI it was registered under
         self.base: dict[str, str] = {}  # pointer -> base URI of the node (no fragment)
         self.resources: dict[str, str] = {}  # resource URI -> pointer of its root
         self.anchors: dict[str, str] = {}  # "uri#name" -> pointer ($anchor and $dynamicAnchor)
@@ -92,7 +100,8 @@ class SchemaIndex:
         self._bundle()
 
     def _bundle(self) -> None:
-        """Load the meta-schemas the document refers to, and those they refer to, before any compiling."""
+        """Load the local resources and meta-schemas the document refers to, and those they refer to,
+        before any compiling."""
         done = 0
         pointers = list(self.base)
         while done < len(pointers):
@@ -102,16 +111,29 @@ class SchemaIndex:
             for key in ("$ref", "$dynamicRef"):
                 ref = node.get(key) if isinstance(node, dict) else None
                 uri = urldefrag(join(self.base[pointer], ref, f"{pointer}/{key}"))[0] if isinstance(ref, str) else ""
-                if uri.startswith(BUNDLED) and uri not in self.resources:
+                if uri in self.resources:
+                    continue
+                if uri in self.local:
+                    contents = self.local[uri]
+                    loaded = next((n for n, doc in self.bundled.items() if doc is contents), None)
+                    if loaded is not None:  # registered under its $id too, and loaded by that name already
+                        self.resources[uri] = loaded
+                        continue
+                    name = f"~doc{len(self.bundled)}"
+                    self.origin[name] = uri
+                    self.resources[uri] = name  # its own $id, when another, names it too
+                elif uri.startswith(BUNDLED):
                     try:
                         contents = jsonschema_specifications.REGISTRY.contents(uri)
                     except LookupError:
                         continue  # resolve() names it as a remote reference
                     name = f"~meta{len(self.bundled)}"
-                    self.bundled[name] = contents
-                    before = len(self.base)
-                    self._walk(name, contents, uri)
-                    pointers += list(self.base)[before:]
+                else:
+                    continue  # resolve() names it as a remote reference
+                self.bundled[name] = contents
+                before = len(self.base)
+                self._walk(name, contents, uri)
+                pointers += list(self.base)[before:]
 
     def _walk(self, root: str, document: Any, base: str) -> None:
         stack: list[tuple[str, Any, str]] = [(root, document, base)]
@@ -138,6 +160,12 @@ class SchemaIndex:
             self.dynamic.setdefault(base, {})[node["$dynamicAnchor"]] = pointer
         return base
 
+    def readable(self, message: str) -> str:
+        """`message` with each local resource's pointer prefix (`~doc<n>`) written as its URI and `#`."""
+        for name, uri in self.origin.items():
+            message = re.sub(rf"{re.escape(name)}(?!\d)", (f"{uri}#").replace("\\", "\\\\"), message)
+        return message
+
     def at(self, pointer: str) -> Any:
         head, _, _ = pointer.partition("/")
         node = self.bundled[head] if head else self.document
@@ -157,8 +185,9 @@ class SchemaIndex:
         uri, fragment = urldefrag(join(base, ref, where))
         if uri not in self.resources:
             raise SchemaError(
-                f"{where}: remote reference {ref!r} (resolves to {uri!r}) is not supported: the generator "
-                "resolves only references inside the document; embed the referenced schema under $defs with its $id"
+                f"{where}: remote reference {ref!r} (resolves to {uri!r}) is not supported: the generator never "
+                "fetches; embed the referenced schema under $defs with its $id, or register the document as a local "
+                "resource under that URI"
             )
         root = self.resources[uri]
         fragment = unquote(fragment)

@@ -10,24 +10,34 @@ from collections.abc import Callable
 from typing import Any
 
 from codegen.check import check_schema
+from codegen.index import SchemaIndex
 from codegen.load import SchemaError, too_deep
 from codegen.render import compiles, environment
+from codegen.resources import Resources, local_resources
 from codegen.validators import ValidatorCompiler
 from engram.errors import Problem
 from engram.validation.patterns import PatternTimeout
 
 
-def validator_source(schema: Any) -> str:
-    """Python source of a module whose `check_document(v, path, out)` validates against `schema`."""
+def validator_source(schema: Any, resources: Resources | None = None) -> str:
+    """Python source of a module whose `check_document(v, path, out)` validates against `schema`.
+    `resources`: the schema set's other documents, by URI or as a directory (codegen.resources)."""
     if not isinstance(schema, dict | bool):
         raise SchemaError(f"a schema is an object or a boolean, not {type(schema).__name__} {json.dumps(schema)[:80]}")
+    local = local_resources(resources) if resources is not None else {}
+    index = None
     try:
+        index = SchemaIndex(schema, local)
         if isinstance(schema, dict):
-            check_schema(schema, require_dialect=False)
-        compiler = ValidatorCompiler(schema)
+            check_schema(schema, require_dialect=False, resources=local)
+        compiler = ValidatorCompiler(schema, index)
         root = compiler.function("")
     except RecursionError:
         raise too_deep() from None
+    except SchemaError as exc:
+        if index is None or not index.origin:
+            raise
+        raise SchemaError(index.readable(str(exc))) from None
     text = (
         environment()
         .get_template("validators.py.j2")
@@ -43,10 +53,11 @@ def validator_source(schema: Any) -> str:
     return compiles(text, "<schema>")
 
 
-def load_validator(schema: Any) -> Callable[[Any], list[Problem]]:
-    """`check(value)`: every problem `value` has against `schema`, [] when it is valid."""
+def load_validator(schema: Any, resources: Resources | None = None) -> Callable[[Any], list[Problem]]:
+    """`check(value)`: every problem `value` has against `schema` (whose references may reach the local
+    `resources`), [] when it is valid."""
     namespace: dict[str, Any] = {}
-    exec(compile(validator_source(schema), "<schema>", "exec"), namespace)
+    exec(compile(validator_source(schema, resources), "<schema>", "exec"), namespace)
     check = namespace["check_document"]
 
     def problems(value: Any) -> list[Problem]:
