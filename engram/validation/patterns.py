@@ -1,6 +1,5 @@
-"""JSON Schema patterns are ECMA-262 regular expressions. The `regex` package parses what Python's `re`
-cannot (`\\p{Letter}`), and the few places where the two dialects disagree on the same text are
-rewritten here: ECMA's `\\d` and `\\w` are ASCII only, and its `$` matches only at the very end.
+"""JSON Schema patterns are ECMA-262 regular expressions: engram.validation.ecma parses each as
+ECMAScript does and writes it in the `regex` package's syntax with ECMAScript's meaning.
 
 Patterns are bounded before they are compiled: at most MAX_PATTERN characters, and at most
 MAX_EXPANSION characters once every counted repeat is written out (`a{10000000}` would take gigabytes to
@@ -13,33 +12,7 @@ import functools
 
 import regex
 
-_CLASS_ESCAPES = {"d": "0-9", "w": "a-zA-Z0-9_"}
-_OUTSIDE_ESCAPES = {"d": "[0-9]", "D": "[^0-9]", "w": "[a-zA-Z0-9_]", "W": "[^a-zA-Z0-9_]"}
-
-
-def translate(source: str) -> str:
-    """The `regex`-package spelling of an ECMA-262 pattern (no flags, as JSON Schema uses them)."""
-    out: list[str] = []
-    in_class = False
-    i = 0
-    while i < len(source):
-        ch = source[i]
-        if ch == "\\" and i + 1 < len(source):
-            escaped = source[i + 1]
-            table = _CLASS_ESCAPES if in_class else _OUTSIDE_ESCAPES
-            out.append(table.get(escaped, source[i : i + 2]))
-            i += 2
-            continue
-        if in_class:
-            in_class = ch != "]"
-        elif ch == "[":
-            in_class = True
-        elif ch == "$":
-            ch = r"\Z"
-        out.append(ch)
-        i += 1
-    return "".join(out)
-
+from engram.validation.ecma import translate, translate_strict
 
 MAX_PATTERN = 4096
 MAX_EXPANSION = 100_000
@@ -101,11 +74,12 @@ def bound_problem(source: str) -> str | None:
     )
 
 
-def _compile(source: str, cache: bool) -> regex.Pattern[str]:
+def _compile(source: str, cache: bool, strict: bool = False) -> regex.Pattern[str]:
+    """`strict`: the u grammar only (the regex format), else Annex B too (engram.validation.ecma)."""
     problem = bound_problem(source)
     if problem:
         raise ValueError(problem)
-    return regex.compile(translate(source), cache_pattern=cache)
+    return regex.compile(translate_strict(source) if strict else translate(source), cache_pattern=cache)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -135,10 +109,10 @@ def is_pattern(source: str) -> bool:
 
 
 def is_instance_pattern(source: str) -> bool:
-    """A pattern in instance data (format "regex"): checked without keeping it, so data cannot fill a
-    cache with compiled patterns."""
+    """A pattern in instance data (format "regex", the u grammar only): checked without keeping it, so
+    data cannot fill a cache with compiled patterns."""
     try:
-        _compile(source, cache=False)
+        _compile(source, cache=False, strict=True)
     except (regex.error, ValueError, OverflowError, MemoryError):
         return False
     return True
