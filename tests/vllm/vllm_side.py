@@ -546,7 +546,8 @@ def plugin_deepseek_case(case: dict) -> dict:
     answer["file"] = [build({"engram": {"file_backed": True}}, r, cpu_offload=True) for r in range(tp)]
     answer["host"] = [build({"engram": {}}, r, cpu_offload=True) for r in range(tp)]
     answer["hugepages"] = [build({"engram": {}}, r, cpu_offload=True, use_thp=True) for r in range(tp)]
-    answer["cached"] = [build({"engram": case["cache"]}, r, cpu_offload=True) for r in range(tp)]
+    if "cache" in case:  # engram settings of a device cache
+        answer["cached"] = [build({"engram": case["cache"]}, r, cpu_offload=True) for r in range(tp)]
     return answer
 
 
