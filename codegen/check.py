@@ -10,6 +10,7 @@ import re
 import string
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urldefrag
 
 import jsonschema
 
@@ -19,6 +20,19 @@ from codegen.validators import is_rule
 from engram.validation.patterns import bound_problem, is_pattern
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
+VOCABULARIES = frozenset(
+    f"https://json-schema.org/draft/2020-12/vocab/{name}"
+    for name in (
+        "core",
+        "applicator",
+        "unevaluated",
+        "validation",
+        "meta-data",
+        "format-annotation",
+        "format-assertion",
+        "content",
+    )
+)
 # Every keyword of the 2020-12 core, applicator, unevaluated, validation, meta-data, format-annotation
 # and content vocabularies. Anything else is an annotation, as the spec says, unless it is listed below.
 KEYWORDS = frozenset(
@@ -31,13 +45,13 @@ KEYWORDS = frozenset(
         *("minItems", "uniqueItems", "maxContains", "minContains", "maxProperties", "minProperties", "required"),
         *("dependentRequired", "title", "description", "default", "deprecated", "readOnly", "writeOnly"),
         *("examples", "format", "contentEncoding", "contentMediaType", "contentSchema"),
+        "dependencies",  # the 2020-12 meta-schema still describes it; honoured, as the spec's appendix allows
     }
 )
 # Keywords of older drafts: 2020-12 ignores them (they are annotations there, as jsonschema treats them),
 # so they compile to nothing, with a warning naming the 2020-12 keyword that replaced each.
 REPLACED = {
     "additionalItems": "items (after prefixItems)",
-    "dependencies": "dependentRequired or dependentSchemas",
     "$recursiveRef": "$dynamicRef",
     "$recursiveAnchor": "$dynamicAnchor",
 }
@@ -126,18 +140,24 @@ def check_schema(
         raise SchemaError("/x-engram-format-assertion: must be true or false")
     index = SchemaIndex(document, resources)
     for name, uri in index.origin.items():  # the local resources the document reaches
+        dialect = index.bundled[name].get("$schema", DRAFT) if isinstance(index.bundled[name], dict) else DRAFT
+        if not isinstance(dialect, str) or urldefrag(dialect)[0] != DRAFT:
+            raise SchemaError(
+                f"the local resource {uri} declares $schema {str(dialect)[:200]!r}: only 2020-12 documents are compiled (an older draft's keywords mean other things); convert it to 2020-12"
+            )
         _check_finite(index.bundled[name])
         error = jsonschema.exceptions.best_match(_meta_validator().iter_errors(index.bundled[name]))
         if error is not None:
             at = "".join(f"/{p}" for p in error.absolute_path)
             raise SchemaError(f"the local resource {uri} fails the 2020-12 meta-schema at {at or '/'}: {error.message}")
+    dialects = frozenset(uri for uri, meta in index.local.items() if _is_2020_12_dialect(meta))
     warnings: list[str] = []
     for pointer in index.base:
         if pointer.startswith("~meta"):
             continue  # a bundled meta-schema
         node = index.at(pointer)
         if isinstance(node, dict):
-            _check_node(node, pointer)
+            _check_node(node, pointer, dialects)
             warnings += [
                 f"{pointer}/{key}: {key!r} is not a 2020-12 keyword, so it does nothing here; use {REPLACED[key]}"
                 for key in node
@@ -149,6 +169,14 @@ def check_schema(
                     if target not in index.base:  # inside an unknown keyword: checked as a schema here
                         _check_subtree(index, target)
     return warnings
+
+
+def _is_2020_12_dialect(meta: Any) -> bool:
+    """A meta-schema (a local resource) of 2020-12 that uses only vocabularies engram compiles."""
+    if not isinstance(meta, dict) or not isinstance(meta.get("$vocabulary"), dict):
+        return False
+    dialect = meta.get("$schema")
+    return isinstance(dialect, str) and dialect.rstrip("#") == DRAFT and set(meta["$vocabulary"]) <= VOCABULARIES
 
 
 def _check_finite(document: Any) -> None:
@@ -181,7 +209,7 @@ def _check_subtree(index: SchemaIndex, pointer: str) -> None:
         stack += children(sub, at)
 
 
-def _check_node(node: dict[str, Any], pointer: str) -> None:
+def _check_node(node: dict[str, Any], pointer: str, dialects: frozenset[str] = frozenset()) -> None:
     for key in node:
         if key.startswith("x-engram-"):
             if key not in EXTENSIONS:
@@ -197,10 +225,10 @@ def _check_node(node: dict[str, Any], pointer: str) -> None:
                 raise SchemaError(
                     f"{pointer}/{key}: unknown keyword {key!r} would be ignored; did you mean {near[0]!r}?"
                 )
-    if "$schema" in node and node["$schema"].rstrip("#") != DRAFT:
+    if "$schema" in node and node["$schema"].rstrip("#") not in {DRAFT, *dialects}:
         raise SchemaError(
             f"{pointer}/$schema: {node['$schema']!r} declares another dialect or vocabulary set; "
-            f"the generator compiles {DRAFT} only"
+            f"the generator compiles {DRAFT} only, or a local meta-schema of its vocabularies"
         )
     if is_rule(node):
         _check_rule(node, pointer)

@@ -77,6 +77,10 @@ def children(schema: Any, pointer: str) -> list[tuple[str, Any]]:
             found += [(f"{pointer}/{escape(key)}/{escape(name)}", sub) for name, sub in value.items()]
         elif key in LISTS and isinstance(value, list):
             found += [(f"{pointer}/{key}/{i}", sub) for i, sub in enumerate(value)]
+        elif key == "dependencies" and isinstance(value, dict):  # schemas beside name lists
+            found += [
+                (f"{pointer}/dependencies/{escape(n)}", sub) for n, sub in value.items() if isinstance(sub, dict | bool)
+            ]
     return found
 
 

@@ -60,6 +60,7 @@ HELPERS = {
 }
 
 
+FORMAT_ASSERTION = "https://json-schema.org/draft/2020-12/vocab/format-assertion"
 LOOKUP_FROM = 8  # a required or enum list longer than this compiles to a constant lookup
 # The compiled functions a schema may need: engram's takes 132; the bound stops a few kilobytes of
 # $dynamicRef bindings from compiling tens of thousands (seconds and hundreds of MB) before any use.
@@ -99,7 +100,9 @@ def is_rule(schema: Any) -> bool:
 class ValidatorCompiler:
     def __init__(self, document: Any, index: SchemaIndex | None = None) -> None:
         self.index = index or SchemaIndex(document)
-        self.assert_formats = isinstance(document, dict) and document.get("x-engram-format-assertion") is True
+        self.assert_formats = isinstance(document, dict) and (
+            document.get("x-engram-format-assertion") is True or self._format_vocabulary(document)
+        )
         self.functions: list[str] = []
         self.constants: dict[str, str] = {}  # Python expression -> name
         self._names: dict[Variant, str] = {}
@@ -147,6 +150,14 @@ class ValidatorCompiler:
             finally:
                 self._current = None
         self._check_loops()
+
+    def _format_vocabulary(self, document: dict[str, Any]) -> bool:
+        """Whether the root's `$schema` is a meta-schema (a local resource) that uses the format-assertion
+        vocabulary: formats are then asserted (its `false`, "optional", is honoured: engram knows it)."""
+        dialect = document.get("$schema")
+        meta = self.index.local.get(urldefrag(dialect)[0]) if isinstance(dialect, str) else None
+        vocabulary = meta.get("$vocabulary") if isinstance(meta, dict) else None
+        return isinstance(vocabulary, dict) and FORMAT_ASSERTION in vocabulary
 
     def constant(self, expression: str) -> str:
         if expression not in self.constants:
@@ -494,13 +505,16 @@ class _Node:
                 body += self.when(
                     i, f"{key!r} not in v", f"Problem({at}, 'required', {'missing required field ' + key!r})"
                 )
-        for key, needed in s.get("dependentRequired", {}).items():
-            for other in needed:
-                at = f"path + {'/' + escape(other)!r}"
-                text = f"missing field {other}, required when {key} is present (dependentRequired at {self.at('dependentRequired')})"
-                body += self.when(
-                    i, f"{key!r} in v and {other!r} not in v", f"Problem({at}, 'dependentRequired', {text!r})"
-                )
+        # `dependencies`, the older keyword, is honoured: a list as dependentRequired, a schema as dependentSchemas
+        older = s.get("dependencies", {}) if isinstance(s.get("dependencies"), dict) else {}
+        for keyword, lists in (("dependentRequired", s.get("dependentRequired", {})), ("dependencies", older)):
+            for key, needed in lists.items():
+                for other in needed if isinstance(needed, list) else ():
+                    at = f"path + {'/' + escape(other)!r}"
+                    text = f"missing field {other}, required when {key} is present ({keyword} at {self.at(keyword)})"
+                    body += self.when(
+                        i, f"{key!r} in v and {other!r} not in v", f"Problem({at}, {keyword!r}, {text!r})"
+                    )
         for key, op, word in (("minProperties", "<", "at least"), ("maxProperties", ">", "at most")):
             if key in s:
                 body += self.when(i, f"len(v) {op} {s[key]!r}", self.problem(key, f"expected {word} {s[key]} field(s)"))
@@ -519,8 +533,10 @@ class _Node:
             lines = self.apply(i + "        ", sub, self.at("patternProperties", source), "x", at, "key")
             loop = [f"{i}for key, x in v.items():", f"{i}    if pattern_search({pattern}, key):"]
             body += [*loop, *lines] if lines else []
-        for key, _ in s.get("dependentSchemas", {}).items():
-            fn = self.child(self.at("dependentSchemas", key), inplace=True)
+        schemas = [("dependentSchemas", key) for key in s.get("dependentSchemas", {})]
+        schemas += [("dependencies", key) for key, sub in older.items() if isinstance(sub, dict | bool)]
+        for keyword, key in schemas:
+            fn = self.child(self.at(keyword, key), inplace=True)
             body += [
                 f"{i}if {key!r} in v:",
                 *self.call(i + "    ", f"{fn}(v, path, out{', seen' if self.track else ''})"),

@@ -20,9 +20,8 @@ _DURATION = re.compile(
 )
 _LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?", re.ASCII)
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}", re.ASCII)
-_URI_CHARS = re.compile(r"(?:[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=]|%[0-9A-Fa-f]{2})*", re.ASCII)
-_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:", re.ASCII)
 _POINTER = re.compile(r"(?:/(?:[^~/]|~[01])*)*")
+_RELATIVE_POINTER = re.compile(r"(?:0|[1-9][0-9]*)(?:#|(?:/(?:[^~/]|~[01])*)*)", re.ASCII)
 
 
 def _date(text: str) -> bool:
@@ -90,12 +89,78 @@ def _ipv6(text: str) -> bool:
     return True
 
 
-def _uri(text: str) -> bool:
-    return bool(_SCHEME.match(text)) and _uri_reference(text)
+def _references(iri: bool) -> tuple[re.Pattern[str], re.Pattern[str]]:
+    """RFC 3986 (URI, URI-reference) or RFC 3987 (IRI, IRI-reference, with ucschar and iprivate), from
+    their ABNF; an IP-literal's address is checked apart (_host)."""
+    ucs = (
+        "\u00a0-\ud7ff\uf900-\ufdcf\ufdf0-\uffef\U00010000-\U0001fffd\U00020000-\U0002fffd"
+        "\U00030000-\U0003fffd\U00040000-\U0004fffd\U00050000-\U0005fffd\U00060000-\U0006fffd"
+        "\U00070000-\U0007fffd\U00080000-\U0008fffd\U00090000-\U0009fffd\U000a0000-\U000afffd"
+        "\U000b0000-\U000bfffd\U000c0000-\U000cfffd\U000d0000-\U000dfffd\U000e1000-\U000efffd"
+        if iri
+        else ""
+    )
+    private = "\ue000-\uf8ff\U000f0000-\U000ffffd\U00100000-\U0010fffd" if iri else ""
+    unreserved = f"A-Za-z0-9\\-._~{ucs}"
+    pct = "%[0-9A-Fa-f]{2}"
+    pchar = f"(?:[{unreserved}!$&'()*+,;=:@]|{pct})"
+    authority = f"(?:(?:[{unreserved}!$&'()*+,;=:]|{pct})*@)?(?P<host>\\[[^\\]/]*\\]|(?:[{unreserved}!$&'()*+,;=]|{pct})*)(?::[0-9]*)?"
+    tail = f"(?:\\?(?:{pchar}|[/?{private}])*)?(?:#(?:{pchar}|[/?])*)?"
+    segment_nz_nc = f"(?:[{unreserved}!$&'()*+,;=@]|{pct})+"
+    absolute = f"[A-Za-z][A-Za-z0-9+.\\-]*:(?://{authority}(?:/{pchar}*)*|/(?:{pchar}+(?:/{pchar}*)*)?|{pchar}+(?:/{pchar}*)*|){tail}"
+    relative = f"(?://{authority}(?:/{pchar}*)*|/(?:{pchar}+(?:/{pchar}*)*)?|{segment_nz_nc}(?:/{pchar}*)*|){tail}"
+    return re.compile(absolute), re.compile(relative)
 
 
-def _uri_reference(text: str) -> bool:
-    return _URI_CHARS.fullmatch(text) is not None and text.count("#") <= 1
+_URI, _URI_RELATIVE = _references(iri=False)
+_IRI, _IRI_RELATIVE = _references(iri=True)
+
+
+def _host(match: re.Match[str] | None) -> bool:
+    """An IP-literal host holds an IPv6 address (no zone) or an IPvFuture."""
+    if match is None:
+        return False
+    host = match.group("host")
+    if host is None or not host.startswith("["):
+        return True
+    inner = host[1:-1]
+    if inner[:1] in ("v", "V"):
+        return re.fullmatch(r"[vV][0-9A-Fa-f]+\.[A-Za-z0-9\-._~!$&'()*+,;=:]+", inner) is not None
+    return _ipv6(inner)
+
+
+def _reference(absolute: re.Pattern[str], relative: re.Pattern[str], text: str, relative_ok: bool) -> bool:
+    return _host(absolute.fullmatch(text)) or (relative_ok and _host(relative.fullmatch(text)))
+
+
+def _idn_hostname(text: str) -> bool:
+    """IDNA2008 (RFC 5890-5893, with the contextual rules) through the idna package; the label separators
+    it knows (U+3002, U+FF0E, U+FF61) count as dots."""
+    import idna  # here: only a schema that asserts an IDN format needs it
+
+    try:
+        encoded = idna.encode(text, uts46=False)
+    except (idna.IDNAError, UnicodeError, ValueError):
+        return False
+    return len(encoded.rstrip(b".")) <= 253
+
+
+def _idn_email(text: str) -> bool:
+    local, at, domain = text.rpartition("@")
+    if not at or not local or any(c.isspace() for c in text):
+        return False
+    if local.startswith(".") or local.endswith(".") or ".." in local:
+        return False
+    if domain.startswith("[") and domain.endswith("]"):
+        return _email(f"a@{domain}")
+    return _idn_hostname(domain)
+
+
+_VARNAME = r"(?:[A-Za-z0-9_]|%[0-9A-Fa-f]{2})(?:\.?(?:[A-Za-z0-9_]|%[0-9A-Fa-f]{2}))*"
+_VARSPEC = f"{_VARNAME}(?::[1-9][0-9]{{0,3}}|\\*)?"
+_TEMPLATE = re.compile(
+    f"(?:[^\x00-\x20\"'%<>\\\\^`{{|}}\x7f]|%[0-9A-Fa-f]{{2}}|\\{{[+#./;?&=,!@|]?{_VARSPEC}(?:,{_VARSPEC})*\\}})*"
+)
 
 
 CHECKS: dict[str, Callable[[str], bool]] = {
@@ -107,11 +172,17 @@ CHECKS: dict[str, Callable[[str], bool]] = {
     "hostname": _hostname,
     "ipv4": _ipv4,
     "ipv6": _ipv6,
-    "uri": _uri,
-    "uri-reference": _uri_reference,
+    "idn-email": _idn_email,
+    "idn-hostname": _idn_hostname,
+    "uri": lambda text: _reference(_URI, _URI_RELATIVE, text, relative_ok=False),
+    "uri-reference": lambda text: _reference(_URI, _URI_RELATIVE, text, relative_ok=True),
+    "iri": lambda text: _reference(_IRI, _IRI_RELATIVE, text, relative_ok=False),
+    "iri-reference": lambda text: _reference(_IRI, _IRI_RELATIVE, text, relative_ok=True),
+    "uri-template": lambda text: _TEMPLATE.fullmatch(text) is not None,
     "uuid": lambda text: _UUID.fullmatch(text) is not None,
     "regex": is_instance_pattern,
     "json-pointer": lambda text: _POINTER.fullmatch(text) is not None,
+    "relative-json-pointer": lambda text: _RELATIVE_POINTER.fullmatch(text) is not None,
 }
 
 
