@@ -152,12 +152,13 @@ class ValidatorCompiler:
         self._check_loops()
 
     def _format_vocabulary(self, document: dict[str, Any]) -> bool:
-        """Whether the root's `$schema` is a meta-schema (a local resource) that uses the format-assertion
-        vocabulary: formats are then asserted (its `false`, "optional", is honoured: engram knows it)."""
+        """Whether the root's `$schema` is a meta-schema (a local resource) that requires the format-assertion
+        vocabulary (`true`): formats are then asserted. Its `false` makes it optional, and formats stay
+        annotations, as the test suite reads it."""
         dialect = document.get("$schema")
         meta = self.index.local.get(urldefrag(dialect)[0]) if isinstance(dialect, str) else None
         vocabulary = meta.get("$vocabulary") if isinstance(meta, dict) else None
-        return isinstance(vocabulary, dict) and FORMAT_ASSERTION in vocabulary
+        return isinstance(vocabulary, dict) and vocabulary.get(FORMAT_ASSERTION) is True
 
     def constant(self, expression: str) -> str:
         if expression not in self.constants:

@@ -21,7 +21,8 @@ _DURATION = re.compile(
 _LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?", re.ASCII)
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}", re.ASCII)
 _POINTER = re.compile(r"(?:/(?:[^~/]|~[01])*)*")
-_RELATIVE_POINTER = re.compile(r"(?:0|[1-9][0-9]*)(?:#|(?:/(?:[^~/]|~[01])*)*)", re.ASCII)
+# draft-bhutton-relative-json-pointer-00: a prefix, an optional index manipulation, then # or a pointer
+_RELATIVE_POINTER = re.compile(r"(?:0|[1-9][0-9]*)(?:[+-](?:0|[1-9][0-9]*))?(?:#|(?:/(?:[^~/]|~[01])*)*)", re.ASCII)
 
 
 def _date(text: str) -> bool:
@@ -158,8 +159,10 @@ def _idn_email(text: str) -> bool:
 
 _VARNAME = r"(?:[A-Za-z0-9_]|%[0-9A-Fa-f]{2})(?:\.?(?:[A-Za-z0-9_]|%[0-9A-Fa-f]{2}))*"
 _VARSPEC = f"{_VARNAME}(?::[1-9][0-9]{{0,3}}|\\*)?"
+# RFC 6570: literals (an apostrophe too, as the JSON Schema suite reads it), and expressions with the
+# operators of levels 2 and 3 (those it reserves for later are not valid yet)
 _TEMPLATE = re.compile(
-    f"(?:[^\x00-\x20\"'%<>\\\\^`{{|}}\x7f]|%[0-9A-Fa-f]{{2}}|\\{{[+#./;?&=,!@|]?{_VARSPEC}(?:,{_VARSPEC})*\\}})*"
+    f"(?:[^\x00-\x20\"%<>\\\\^`{{|}}\x7f]|%[0-9A-Fa-f]{{2}}|\\{{[+#./;?&]?{_VARSPEC}(?:,{_VARSPEC})*\\}})*"
 )
 
 

@@ -51,6 +51,11 @@ CASES: dict[str, list[tuple[str, bool]]] = {
         ("0/foo/bar", True),
         ("0#", True),
         ("120/foo/bar", True),
+        ("0+1/foo", True),  # index manipulation
+        ("1-2/bar", True),
+        ("0-01", False),
+        ("0++1", False),
+        ("1#/foo", False),
         ("/foo/bar", False),
         ("-1/foo", False),
         ("0##", False),
@@ -73,14 +78,18 @@ CASES: dict[str, list[tuple[str, bool]]] = {
     "duration": [("P4DT12H30M5S", True), ("P4Y", True), ("PT1D", False), ("P", False), ("P1W", True), ("P1Y2W", False)],
     "regex": [("^a{2}$", True), ("\\a", False), ("a{,2}", False)],  # the u grammar only
 }
-FORMAT_ASSERTION_META = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "$id": "http://meta.test/format-assertion.json",
-    "$vocabulary": {
-        "https://json-schema.org/draft/2020-12/vocab/core": True,
-        "https://json-schema.org/draft/2020-12/vocab/format-assertion": False,
-    },
-}
+
+
+def format_meta(required: bool) -> dict[str, Any]:
+    """A 2020-12 meta-schema with the format-assertion vocabulary, required (true) or optional (false)."""
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": f"http://meta.test/format-assertion-{str(required).lower()}.json",
+        "$vocabulary": {
+            "https://json-schema.org/draft/2020-12/vocab/core": True,
+            "https://json-schema.org/draft/2020-12/vocab/format-assertion": required,
+        },
+    }
 
 
 @pytest.mark.parametrize(("name", "text", "valid"), [(n, t, v) for n, items in CASES.items() for t, v in items])
@@ -95,13 +104,15 @@ def test_every_format_of_the_standard_can_be_asserted() -> None:
     assert set(CHECKS) == standard
 
 
-def test_a_meta_schema_with_the_format_assertion_vocabulary_asserts_formats() -> None:
-    """Its `false` (the vocabulary is optional) is honoured too: engram knows the vocabulary."""
-    schema = {"$schema": FORMAT_ASSERTION_META["$id"], "format": "ipv4"}
-    resources = {FORMAT_ASSERTION_META["$id"]: FORMAT_ASSERTION_META}
-    asserting = load_validator(schema, resources)
-    assert asserting("127.0.0.1") == [] and [p.rule for p in asserting("127.0.0.300")] == ["format"]
-    assert load_validator({"format": "ipv4"})("127.0.0.300") == []  # the default: an annotation
+def test_a_meta_schema_that_requires_the_format_assertion_vocabulary_asserts_formats() -> None:
+    """Required (true): asserted; optional (false): annotations, as without it (the test suite's reading)."""
+    metas = {meta["$id"]: meta for meta in (format_meta(True), format_meta(False))}
+    schema = {"$schema": format_meta(True)["$id"], "format": "ipv4"}
+    asserting = load_validator(schema, metas)
+    assert asserting("127.0.0.1") == [] and [p.rule for p in asserting("not-an-ipv4")] == ["format"]
+    assert load_validator({**schema, "$schema": format_meta(False)["$id"]}, metas)("not-an-ipv4") == []
+    assert load_validator({"format": "ipv4"})("not-an-ipv4") == []  # the default: an annotation
+    resources = metas
     with pytest.raises(SchemaError, match=r"^/format: format 'made-up' cannot be asserted; known: date, "):
         load_validator({**schema, "format": "made-up"}, resources)
 
