@@ -1,8 +1,11 @@
 """CPU lookup, one run: rows/s and GB/s for 256- and 512-byte rows drawn uniformly from a table of at
 least 2 GB, EngramEmbedding (one rank, no collectives) against torch.index_select on the same table (the
 fastest stock CPU gather; target: at least 0.9x), and a large sequential copy into a kept buffer as the
-bandwidth ceiling; on ordinary pages and on transparent huge pages. Both gathers return a fresh output
-each call, as they do in use (engram asks for huge pages for large outputs, which saves page faults).
+bandwidth ceiling; on ordinary pages and on transparent huge pages. Each gather returns a fresh output
+each call, as it does in use (engram asks for huge pages for large outputs, which saves page faults), and
+writes into a buffer kept across calls. Each pair (fresh, kept) is timed in turn, round after round
+(interleaved medians), so the ratios hold from run to run on a shared machine where separate medians
+drifted 2-3x.
 
 Then the sorted, deduplicated gather against the plain one, both into kept buffers, from one fp8 table of
 V4.1 rows (256 B + 8 B of scales) of --sorted-table-gb (default 4 GiB), for uniform ids and for the n-gram
@@ -19,7 +22,7 @@ import functools
 import json
 
 import torch
-from _timing import median_seconds, print_table
+from _timing import interleaved_medians, median_seconds, print_table
 
 from engram.apps.corpus import load_corpus, text_rows
 from engram.apps.presets import scaled_preset
@@ -41,12 +44,14 @@ def measure(row_bytes: int, table_bytes: int, lookups: int, placement: str) -> d
     ids = torch.randint(0, rows, (lookups // COLUMNS, COLUMNS), generator=torch.Generator().manual_seed(row_bytes))
     flat = ids.reshape(-1)
     assert torch.equal(module(ids).view(-1, dim), shard.weight.index_select(0, flat))
-    engram_s = median_seconds(lambda: module(ids), number=3)
     buffer = module(ids)  # faulted in once
-    engram_kept_s = median_seconds(lambda: module(ids, out=buffer), number=3)
-    select_s = median_seconds(lambda: shard.weight.index_select(0, flat), number=3)
     kept = shard.weight.index_select(0, flat)  # faulted in once
-    kept_s = median_seconds(lambda: torch.index_select(shard.weight, 0, flat, out=kept), number=3)
+    # fresh outputs against fresh, kept against kept: a fresh index_select's page faults would slow
+    # whatever ran after it in the same round
+    engram_s, select_s = interleaved_medians([lambda: module(ids), lambda: shard.weight.index_select(0, flat)])
+    engram_kept_s, kept_s = interleaved_medians(
+        [lambda: module(ids, out=buffer), lambda: torch.index_select(shard.weight, 0, flat, out=kept)]
+    )
     block = shard.weight[: min(rows, (1 << 30) // row_bytes)]
     target = torch.empty_like(block)
     target.zero_()  # faulted in once: the ceiling is the copy itself, not page faults

@@ -76,18 +76,6 @@ HUGE_PAGE = 2 << 20
 MADV_HUGEPAGE = 14
 
 
-def empty_cpu(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """torch.empty on the CPU; a large one asks for transparent huge pages before its first touch, which
-    roughly halves the page-fault cost of filling a fresh output of hundreds of MB (best effort)."""
-    out = torch.empty(shape, dtype=dtype)
-    size = out.numel() * out.element_size()
-    if size >= 16 * HUGE_PAGE:
-        start = round_up(out.data_ptr(), HUGE_PAGE)
-        stop = (out.data_ptr() + size) // HUGE_PAGE * HUGE_PAGE
-        madvise(start, stop - start, MADV_HUGEPAGE)
-    return out
-
-
 @dataclass(eq=False)
 class Mapping:
     """`size` bytes at `addr` (the mapped length is `length`, page rounded)."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from engram.errors import EngramError
-from engram.memory.mapping import empty_cpu
+from engram.memory.outputs import empty_cpu
 from engram.ngram.layout import Layout
 from engram.ops import check_token_ids, cpu, ngram_hash_reference
 from engram.ops.devices import ensure_kernels

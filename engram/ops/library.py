@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from engram.memory.mapping import empty_cpu
+from engram.memory.outputs import empty_cpu
 from engram.ops.checks import row_format
 from engram.ops.launch import run_gather, run_hash
 

@@ -162,7 +162,7 @@ _VARSPEC = f"{_VARNAME}(?::[1-9][0-9]{{0,3}}|\\*)?"
 # RFC 6570: literals (an apostrophe too, as the JSON Schema suite reads it), and expressions with the
 # operators of levels 2 and 3 (those it reserves for later are not valid yet)
 _TEMPLATE = re.compile(
-    f"(?:[^\x00-\x20\"%<>\\\\^`{{|}}\x7f]|%[0-9A-Fa-f]{{2}}|\\{{[+#./;?&]?{_VARSPEC}(?:,{_VARSPEC})*\\}})*"
+    f'(?:[^\x00-\x20"%<>\\\\^`{{|}}\x7f]|%[0-9A-Fa-f]{{2}}|\\{{[+#./;?&]?{_VARSPEC}(?:,{_VARSPEC})*\\}})*'
 )
 
 

@@ -70,7 +70,7 @@ static void prefetch_row(const table_t* t, int64_t id) {
     const int64_t local = id - t->row_start;
     if (id < 0 || local < 0 || local >= t->shard_rows) return;
     const uint8_t* row = t->weight + local * t->row_bytes;
-    for (int64_t b = 0; b < t->row_bytes; b += 64) __builtin_prefetch(row + b, 0, 0);
+    for (int64_t b = 0; b < t->row_bytes; b += 64) __builtin_prefetch(row + b, 0, 3);
 }
 
 /* One row into dst: zeros for DEAD_ID and rows of other shards. */
@@ -85,6 +85,22 @@ static void read_row(const table_t* t, int64_t id, uint8_t* dst) {
         dequant_scaled_row_cpu(t, t->weight + local * t->row_bytes, t->scale ? t->scale + local * scale_bytes : NULL, dst);
     } else {
         dequant_row_cpu(t->weight + local * t->row_bytes, t->scale + local * (t->dim / 32), t->dim, t->out_kind, t->vec, dst);
+    }
+}
+
+/* Rows stored as they are wanted, ids[lo, hi) into out[lo, hi): the loop a random-row copy is bound by
+ * (outstanding cache and TLB misses), with no per-row dispatch, so the core keeps the next rows' loads in
+ * flight beside the prefetches. */
+static void copy_rows(const table_t* t, const int64_t* ids, int64_t lo, int64_t hi, uint8_t* out) {
+    const uint8_t* weight = t->weight;
+    const size_t row_bytes = (size_t)t->row_bytes;
+    const int64_t row_start = t->row_start, shard_rows = t->shard_rows;
+    for (int64_t i = lo; i < hi; ++i) {
+        if (i + ENGRAM_PREFETCH < hi) prefetch_row(t, ids[i + ENGRAM_PREFETCH]);
+        const int64_t local = ids[i] - row_start;
+        uint8_t* dst = out + i * (int64_t)row_bytes;
+        if (ids[i] >= 0 && local >= 0 && local < shard_rows) memcpy(dst, weight + local * (int64_t)row_bytes, row_bytes);
+        else memset(dst, 0, row_bytes);
     }
 }
 
@@ -131,6 +147,11 @@ static __attribute__((noinline)) int read_part(const table_t* t, const int64_t* 
     if (!ENGRAM_GUARD_ENTER()) {
         engram_guard_leave();
         return 1;
+    }
+    if (order == NULL && t->out_kind == ENGRAM_OUT_RAW) {
+        copy_rows(t, ids, lo, hi, out);
+        engram_guard_leave();
+        return 0;
     }
     for (int64_t i = lo; i < hi; ++i) {
         if (order == NULL) {
