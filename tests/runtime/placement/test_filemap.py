@@ -17,16 +17,17 @@ import torch
 from safetensors.torch import save_file
 
 from engram.errors import EngramError
+from engram.memory.mapping import madvise
 from engram.memory.registration import HOST_REGISTER_MAPPED, HOST_REGISTER_PORTABLE, HOST_REGISTER_READ_ONLY
 from engram.ngram.spec import ModelSpec
-from engram.ops import DEAD_ID, gather
+from engram.ops import DEAD_ID, cpu, gather
 from engram.runtime.cache import caches_for
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.checkpoints.writer import write_checkpoint
 from engram.runtime.embedding import EngramEmbedding
 from engram.runtime.launch import run_local, values
-from engram.runtime.placement.filemap import file_shard, in_memory_fs
-from engram.runtime.placement.storage import ShardFormat
+from engram.runtime.placement.filemap import all_resident, file_shard, in_memory_fs
+from engram.runtime.placement.storage import ShardFormat, TableShard
 from engram.runtime.plan import table_shards
 from engram.runtime.tables import open_tables
 from tests.memory.test_registration import FakeRuntime
@@ -203,32 +204,48 @@ def test_a_checkpoint_on_tmpfs_is_registered_read_only_for_uva(tmp_path: Path, s
         shutil.rmtree(shm)
 
 
-def test_a_cold_file_is_read_ahead_and_a_cached_one_is_not(tmp_path: Path, small_checkpoint: Path) -> None:
-    """A checkpoint out of the page cache (dropped with fadvise here) gets per-lookup readahead of the ids'
-    pages and no fault-around; the rows are the same either way."""
-    for path in small_checkpoint.glob("*.safetensors"):
-        path.read_bytes()  # in the page cache
-    hot = open_tables(SMALL, Checkpoint(small_checkpoint), "file", progress=False)
-    assert [s.readahead for s in hot] == [False, False]
-    cold_dir = tmp_path / "cold"
-    shutil.copytree(small_checkpoint, cold_dir)
-    if in_memory_fs(str(cold_dir)):
-        pytest.skip("the temporary directory is on tmpfs, whose pages never leave the page cache")
-    for path in cold_dir.glob("*.safetensors"):
-        fd = os.open(path, os.O_RDONLY)
+def drop_pages(shards: list[TableShard]) -> None:
+    """Out of the page cache: our own mappings of the files first (a mapped page cannot be dropped)."""
+    for mapping in {m.addr: m for s in shards for m in s.files}.values():
+        madvise(mapping.addr, mapping.length, 4)  # MADV_DONTNEED
+        fd = os.open(mapping.path or "", os.O_RDONLY)
         os.fsync(fd)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         os.close(fd)
+
+
+def test_a_lookup_asks_for_its_rows_pages_only_when_some_are_cold(
+    tmp_path: Path, small_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file on disk may leave the page cache at any time: every lookup probes a sample of its rows' pages
+    and, when one is out, asks for all of them at once (MADV_WILLNEED); when all are in, nothing is asked.
+    The rows are the same either way."""
+    if in_memory_fs(str(small_checkpoint)):
+        pytest.skip("the temporary directory is on tmpfs, whose pages never leave the page cache")
     plans = table_shards(SMALL, 0, 1)
-    cold = open_tables(SMALL, Checkpoint(cold_dir), "file", plans=plans, progress=False)
-    assert [s.readahead for s in cold] == [True, True]
-    assert all("read ahead per lookup" in s.note for s in cold)
-    loaded = open_tables(SMALL, Checkpoint(small_checkpoint), "host", plans=plans, progress=False)
-    ids = torch.randint(0, plans[0].table_rows, (500, SMALL.layout.columns))
+    mapped = open_tables(SMALL, Checkpoint(small_checkpoint), "file", plans=plans, progress=False)
+    assert [s.readahead for s in mapped] == [True, True]
+    assert all("read ahead per lookup" in s.note for s in mapped)
+    library = cpu.cpu_library()
+    asked: list[int] = []
+    real = library.engram_readahead_cpu
+    monkeypatch.setattr(library, "engram_readahead_cpu", lambda *a: asked.append(a[-1]) or real(*a))
+    module = EngramEmbedding(mapped[0], plans[0], columns=SMALL.layout.columns)
+    ids = torch.randint(0, plans[0].table_rows, (500, SMALL.layout.columns), generator=torch.Generator().manual_seed(1))
     ids[0, 0] = DEAD_ID
-    got = EngramEmbedding(cold[0], plans[0], columns=SMALL.layout.columns)(ids)
+    warm = module(ids)
+    asked.clear()
+    module(ids)
+    assert asked == []  # every probed page resident: no madvise at all
+    drop_pages(mapped)
+    flat = ids.reshape(-1)
+    assert not all_resident(mapped[0].weight, mapped[0].row_start, flat)
+    cold = module(ids)
+    assert asked and asked[0] == flat.numel()  # one call over every id of the lookup, weights then scales
+    assert torch.equal(cold.view(torch.uint8), warm.view(torch.uint8))
+    loaded = open_tables(SMALL, Checkpoint(small_checkpoint), "host", plans=plans, progress=False)
     want = EngramEmbedding(loaded[0], plans[0], columns=SMALL.layout.columns)(ids)
-    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    assert torch.equal(cold.view(torch.uint8), want.view(torch.uint8))
 
 
 def test_device_cache_rows_of_a_file_backed_table_are_read_guarded(small_checkpoint: Path) -> None:
