@@ -32,6 +32,7 @@ from engram.memory.mapping import PAGE, madvise
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.embedding import EngramEmbedding
 from engram.runtime.placement.filemap import file_shard
+from engram.runtime.placement.residency import drop_file_cache
 from engram.runtime.placement.storage import ShardFormat
 from engram.runtime.plan import TableShardPlan
 
@@ -60,11 +61,7 @@ def write_table(path: Path, name: str, rows: int, dim: int) -> None:
 def drop_cache(path: Path, shard_pages: list[tuple[int, int]]) -> None:
     for addr, length in shard_pages:  # our own mappings first: a mapped page cannot be dropped
         madvise(addr, length, MADV_DONTNEED)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    drop_file_cache(path)
 
 
 def pread_rows(path: Path, offsets: list[int], row_bytes: int) -> None:

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.vllm.vllm_
 from engram.integrations.vllm import files
 from engram.ngram.spec import ModelSpec
 from engram.runtime.checkpoints.writer import hf_config, write_checkpoint
+from engram.runtime.placement.residency import drop_file_cache
 from tests.vllm.vllm_side import deepseek_config, deepseek_state
 
 ROW_BYTES = 512 + 16  # a 512-wide fp8 row and its 16 ue8m0 scales
@@ -48,14 +49,6 @@ def spec_for(table_gb: float) -> ModelSpec:
         "engram_pad_token_id": 2,
     }
     return ModelSpec("bench", "DeepseekV41ForCausalLM", fields, dtype="fp8")
-
-
-def drop_cache(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def private_bytes() -> int:
@@ -120,7 +113,7 @@ def main() -> None:
             for _ in range(args.repeat):
                 for mode in ("vllm", "file"):
                     if cache == "cold":
-                        drop_cache(path / "model.safetensors")
+                        drop_file_cache(path / "model.safetensors")
                     seconds, added, rows = start(path, hf, ids, mode == "file")
                     if reference is None:
                         reference = rows

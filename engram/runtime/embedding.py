@@ -20,6 +20,7 @@ from engram.ops.devices import ensure_kernels
 from engram.runtime.cache import HotRows, cached_gather
 from engram.runtime.dist import Group
 from engram.runtime.placement.filemap import files_named_on_fault, read_ahead
+from engram.runtime.placement.residency import ResidentBudget
 from engram.runtime.placement.storage import TableShard
 from engram.runtime.plan import TableShardPlan
 
@@ -36,9 +37,11 @@ class EngramEmbedding(nn.Module):
         dp_group: Group | None = None,
         out_dtype: torch.dtype = torch.bfloat16,
         cache: HotRows | None = None,
+        budget: ResidentBudget | None = None,
     ) -> None:
         """`group`: the embedding group (None when it is this rank alone), `shard_order` its global ranks in
-        shard order; `dp_group`: the replicas to gather ids over (embedding_across_dp only)."""
+        shard order; `dp_group`: the replicas to gather ids over (embedding_across_dp only); `budget`: the
+        rank's resident-set budget of its file-backed tables (file_cache_bytes), told of every lookup."""
         super().__init__()
         if plan.rows != shard.rows or plan.row_start != shard.row_start:
             raise EngramError(
@@ -56,6 +59,7 @@ class EngramEmbedding(nn.Module):
         self.dp_group = dp_group if dp_group is not None and dp_group.size > 1 else None
         self.out_dtype = out_dtype
         self.cache = cache  # hot rows in device memory (device_cache_bytes), or None
+        self.budget = budget if shard.files else None
         # File-backed: a read that faults names the file that shrank, a cold file is read ahead, and one
         # the GPU cannot read over UVA (not on tmpfs or hugetlbfs) is gathered on host threads and copied.
         self.shard = shard if shard.files else None
@@ -83,7 +87,10 @@ class EngramEmbedding(nn.Module):
         if self.shard is None:
             return self._lookup_gathered(ids, out)
         with files_named_on_fault(self.shard):  # a read faulted because a file shrank: say which
-            return self._lookup_gathered(ids, out)
+            rows = self._lookup_gathered(ids, out)
+        if self.budget is not None:
+            self.budget.after_lookup(ids)
+        return rows
 
     def _lookup_gathered(self, ids: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
         ensure_kernels(ids.device)

@@ -22,6 +22,7 @@ from engram.runtime.checkpoints.loader import Checkpoint, shard_weight_loader, t
 from engram.runtime.dist import Group, new_group, timeout_s
 from engram.runtime.embedding import EngramEmbedding, gather_replica_ids
 from engram.runtime.nodes import align_to_nodes
+from engram.runtime.placement.residency import ResidentBudget
 from engram.runtime.placement.storage import TableShard
 from engram.runtime.plan import DeploymentPlan, RankPlan, plan_deployment
 from engram.runtime.tables import open_tables
@@ -173,6 +174,10 @@ class EngramTables:
                     "(they are gathered on host threads); put the checkpoint on tmpfs to read it over UVA and cache it"
                 )
             caches = caches_for(cacheable, hot, config.device_cache_bytes, "cuda" if platform == "cuda" else "cpu")
+        budget = None
+        files = tuple({m.addr: m for s in shards for m in s.files}.values())
+        if config.file_cache_bytes and files:  # one budget over every file this rank's tables are read from
+            budget = ResidentBudget(files, config.file_cache_bytes, max(s.format.row_bytes for s in shards))
         layers = [
             EngramEmbedding(
                 shards[table],
@@ -183,6 +188,7 @@ class EngramTables:
                 dp_group=groups.dp,
                 out_dtype=out_dtype,
                 cache=caches.get(shards[table].name),
+                budget=budget,
             )
             for table in spec.layout.table_of_layer
         ]

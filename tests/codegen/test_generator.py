@@ -165,6 +165,7 @@ def test_hash_opt_out_compiles() -> None:
     assert [f.name for f in compiled.engram.fields if f.hash_exclude] == [
         "cpu_offload",
         "file_backed",
+        "file_cache_bytes",
         "device_cache_bytes",
         "device_cache_profile",
         "shard_layout",

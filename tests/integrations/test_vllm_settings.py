@@ -71,6 +71,11 @@ def test_the_section_with_vllms_fields_beside_it(monkeypatch: pytest.MonkeyPatch
             "'replica' cannot be honoured there, leave it at 'vllm'",
         ),
         (
+            {"engram": {"file_backed": True, "file_cache_bytes": 1}},
+            None,
+            "engram setting 'file_cache_bytes': the resident-set budget is not built inside vLLM yet",
+        ),
+        (
             {"engram": {"device_cache_bytes": 1}},
             None,
             "engram setting 'device_cache_bytes' needs 'device_cache_profile': the hot rows `engram profile --out` "

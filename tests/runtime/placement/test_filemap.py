@@ -27,6 +27,7 @@ from engram.runtime.checkpoints.writer import write_checkpoint
 from engram.runtime.embedding import EngramEmbedding
 from engram.runtime.launch import run_local, values
 from engram.runtime.placement.filemap import all_resident, file_shard, in_memory_fs
+from engram.runtime.placement.residency import drop_file_cache
 from engram.runtime.placement.storage import ShardFormat, TableShard
 from engram.runtime.plan import table_shards
 from engram.runtime.tables import open_tables
@@ -208,10 +209,7 @@ def drop_pages(shards: list[TableShard]) -> None:
     """Out of the page cache: our own mappings of the files first (a mapped page cannot be dropped)."""
     for mapping in {m.addr: m for s in shards for m in s.files}.values():
         madvise(mapping.addr, mapping.length, 4)  # MADV_DONTNEED
-        fd = os.open(mapping.path or "", os.O_RDONLY)
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
+        drop_file_cache(mapping.path or "")
 
 
 def test_a_lookup_asks_for_its_rows_pages_only_when_some_are_cold(

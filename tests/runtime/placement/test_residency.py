@@ -1,0 +1,115 @@
+"""The resident-set budget of file-backed tables (file_cache_bytes, engram.runtime.placement.residency):
+lookups over a table several times the budget keep its page cache near the bound, measured with mincore,
+and return the same rows; in a memory cgroup whose limit the table exceeds, the budgeted process never
+meets the limit where the unbudgeted one keeps running into it (cgroup v1, where this machine can make one)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from engram.memory.mapping import PAGE
+from engram.runtime.checkpoints.loader import Checkpoint
+from engram.runtime.embedding import EngramEmbedding
+from engram.runtime.placement.filemap import file_shard, in_memory_fs
+from engram.runtime.placement.residency import ResidentBudget, drop_file_cache, resident_bytes
+from engram.runtime.placement.storage import ShardFormat
+from engram.runtime.plan import TableShardPlan
+
+ROWS, DIM, COLUMNS = 98_304, 512, 8  # a 96 MiB bf16 table
+BUDGET = 16 << 20
+CGROUP = Path("/sys/fs/cgroup/memory")
+
+
+def table(directory: Path) -> Path:
+    weight = torch.randn(ROWS, DIM, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    save_file({"t.weight": weight}, str(directory / "model.safetensors"))
+    fd = os.open(directory / "model.safetensors", os.O_RDONLY)
+    os.fsync(fd)  # written back: clean pages, which the page cache may drop (a checkpoint's always are)
+    os.close(fd)
+    return directory
+
+
+def open_table(directory: Path, budget: int) -> tuple[EngramEmbedding, ResidentBudget | None]:
+    shard = file_shard("t", ShardFormat(ROWS, DIM, "bf16"), 0, ROWS, Checkpoint(directory), None)
+    limit = ResidentBudget(shard.files, budget, DIM * 2) if budget else None
+    plan = TableShardPlan("t", ROWS, "row", 0, ROWS, 0, COLUMNS)
+    return EngramEmbedding(shard, plan, columns=COLUMNS, budget=limit), limit
+
+
+def test_lookups_keep_the_page_cache_near_the_budget(tmp_path: Path) -> None:
+    if in_memory_fs(str(tmp_path)):
+        pytest.skip("the temporary directory is on tmpfs, whose pages are memory, not page cache")
+    directory = table(tmp_path)
+    module, budget = open_table(directory, BUDGET)
+    assert budget is not None
+    weight = load_file(directory / "model.safetensors")["t.weight"].clone()  # a copy: no mapping of the file
+    generator = torch.Generator().manual_seed(5)
+    step_bytes = 1024 * COLUMNS * 2 * PAGE  # what one lookup can bring in: a page (two, unaligned) per row
+    budget.release()  # written just now: the whole table is in the page cache
+    for _ in range(12):
+        ids = torch.randint(0, ROWS, (1024, COLUMNS), generator=generator)
+        rows = module(ids)
+        assert resident_bytes(budget.mappings) <= BUDGET + step_bytes
+        assert torch.equal(rows.view(torch.int16), weight[ids].view(torch.int16))
+    assert budget.trims >= 1 and budget.peak <= BUDGET + step_bytes
+
+
+CHILD = """
+import json, os, sys
+cgroup, directory, budget = sys.argv[1], sys.argv[2], int(sys.argv[3])
+with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+    f.write(str(os.getpid()))
+import torch
+sys.path.insert(0, {root!r})
+from tests.runtime.placement.test_residency import COLUMNS, ROWS, open_table
+from pathlib import Path
+module, _ = open_table(Path(directory), budget)
+generator = torch.Generator().manual_seed(7)
+for _ in range(80):  # 4,096 rows a lookup: at most 16 MiB of pages before the budget is checked
+    module(torch.randint(0, ROWS, (512, COLUMNS), generator=generator))
+print(json.dumps({{"ok": True}}))
+"""
+
+
+def cgroup_run(directory: Path, budget: int, limit: int) -> dict[str, int]:
+    """Run the lookups in a fresh memory cgroup of `limit` bytes; its failcnt and peak usage."""
+    drop_file_cache(directory / "model.safetensors")  # else the pages are charged to whoever read them first
+    group = CGROUP / f"engram-test-{uuid.uuid4().hex[:8]}"
+    group.mkdir()
+    try:
+        (group / "memory.limit_in_bytes").write_text(str(limit))
+        root = str(Path(__file__).resolve().parents[3])
+        done = subprocess.run(
+            [sys.executable, "-c", CHILD.format(root=root), str(group), str(directory), str(budget)],
+            capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0 and json.loads(done.stdout.splitlines()[-1]) == {"ok": True}, done.stderr[-2000:]
+        return {
+            "failcnt": int((group / "memory.failcnt").read_text()),
+            "peak": int((group / "memory.max_usage_in_bytes").read_text()),
+        }
+    finally:
+        group.rmdir()
+
+
+def test_a_table_bigger_than_a_memory_limit_stays_under_it_with_a_budget(tmp_path: Path) -> None:
+    if not os.access(CGROUP, os.W_OK) or not (CGROUP / "memory.limit_in_bytes").exists():
+        pytest.skip("needs a writable cgroup v1 memory controller to set a memory limit")
+    if in_memory_fs(str(tmp_path)):
+        pytest.skip("the temporary directory is on tmpfs, whose pages are memory, not page cache")
+    directory = table(tmp_path)
+    probe = cgroup_run(directory, BUDGET, 1 << 40)  # no limit: what the process needs besides the table
+    limit = probe["peak"] + (48 << 20)  # the table (96 MiB) does not fit under it
+    budgeted = cgroup_run(directory, BUDGET, limit)
+    unbounded = cgroup_run(directory, 0, limit)
+    assert budgeted["failcnt"] == 0 and budgeted["peak"] < limit
+    assert unbounded["failcnt"] > 0  # ran into the limit: the kernel had to reclaim under it
