@@ -134,16 +134,28 @@ def _reference(absolute: re.Pattern[str], relative: re.Pattern[str], text: str, 
     return _host(absolute.fullmatch(text)) or (relative_ok and _host(relative.fullmatch(text)))
 
 
+_LABEL_SEPARATORS = re.compile("[.\u3002\uff0e\uff61]")  # RFC 3490 3.1: all four are dots
+
+
 def _idn_hostname(text: str) -> bool:
-    """IDNA2008 (RFC 5890-5893, with the contextual rules) through the idna package; the label separators
-    it knows (U+3002, U+FF0E, U+FF61) count as dots."""
+    """IDNA2008 (RFC 5890-5893), each label checked by the idna package (code points, contextual rules,
+    hyphens, combining marks, bidi; an A-label must be Punycode of a valid U-label), at most 63
+    characters a label and 253 in all, no empty label (so no leading or trailing dot), as the JSON
+    Schema suite reads it."""
     import idna  # here: only a schema that asserts an IDN format needs it
 
+    labels = _LABEL_SEPARATORS.split(text)
+    if len(text) > 253 or any(not label or len(label) > 63 for label in labels):
+        return False
     try:
-        encoded = idna.encode(text, uts46=False)
+        for label in labels:
+            if label[:4].lower() == "xn--":
+                idna.decode(label)
+            else:
+                idna.core.check_label(label)
     except (idna.IDNAError, UnicodeError, ValueError):
         return False
-    return len(encoded.rstrip(b".")) <= 253
+    return True
 
 
 def _idn_email(text: str) -> bool:

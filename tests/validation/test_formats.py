@@ -73,6 +73,10 @@ CASES: dict[str, list[tuple[str, bool]]] = {
         ("-hello", False),
         ("\u302e\uc2e4\ub840.\ud14c\uc2a4\ud2b8", False),  # starts with a combining mark
         ("", False),
+        ("example.", False),  # no empty label, trailing or leading, whichever dot
+        ("\uff61example", False),
+        ("\u03c0\u03b1\u03c1\u03ac\u03b4\u03b5\u03b9\u03b3\u03bc\u03b1" * 6 + "\uff0ecom", True),  # 60 characters
+        ("\u03c0\u03b1\u03c1\u03ac\u03b4\u03b5\u03b9\u03b3\u03bc\u03b1" * 7 + ".com", False),  # 70
     ],
     "idn-email": [("\uc2e4\ub840@\uc2e4\ub840.\ud14c\uc2a4\ud2b8", True), ("joe@example.com", True), ("2962", False)],
     "duration": [("P4DT12H30M5S", True), ("P4Y", True), ("PT1D", False), ("P", False), ("P1W", True), ("P1Y2W", False)],
