@@ -95,7 +95,7 @@ def check_files(shard: TableShard) -> None:
             raise EngramError(f"{mapping.path}: the file-backed checkpoint cannot be read any more: {exc}") from None
         if size < mapping.size:
             raise EngramError(
-                f"{mapping.path}: the checkpoint shrank from {mapping.size:,} to {size:,} bytes while its tables "
+                f"{mapping.path}: truncated at offset {size:,}: the checkpoint shrank from {mapping.size:,} bytes while its tables "
                 "were mapped; restore the file and restart the engine"
             )
 
