@@ -49,10 +49,14 @@ int engram_vector_bytes_cpu(const void* base, int64_t row_bytes);
 
 /* Ask the kernel to start reading the pages of rows `ids` of a file-backed shard (`base`: shard_rows rows
  * of row_bytes, holding global rows from row_start) before a gather faults on them one by one: on a disk
- * file that is not in the page cache, the reads are then in flight together. Ids outside the shard are
- * skipped; nothing is read or written, so a shrunken file cannot fault here. */
+ * file that is not in the page cache, the reads are then in flight together. The pages are sorted and
+ * deduplicated, and pages at most gap_bytes apart are asked for as one range of at most max_range_bytes;
+ * *ranges (when not NULL) is set to the number of ranges asked for. scratch: int64 [scratch_n >= n], the
+ * caller's workspace. Ids outside the shard are skipped; nothing of the table is read or written, so a
+ * shrunken file cannot fault here. */
 int engram_readahead_cpu(const uint8_t* base, int64_t shard_rows, int64_t row_bytes, int64_t row_start,
-                         const int64_t* ids, int64_t n);
+                         const int64_t* ids, int64_t n, int64_t gap_bytes, int64_t max_range_bytes, int64_t* scratch,
+                         int64_t scratch_n, int64_t* ranges);
 
 /* ---- CUDA (the .cu files). `stream` is a cudaStream_t; nothing here allocates or synchronises, so the
  * calls can be captured in CUDA graphs. A launch failure returns ENGRAM_ERR_CUDA; the CUDA error code is

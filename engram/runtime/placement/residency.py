@@ -20,15 +20,18 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
 
 
+def resident_pages(addr: int, length: int) -> torch.Tensor:
+    """Which pages of [addr, addr + length) are in the page cache (one mincore call; `addr` page-aligned),
+    as bools; all False where the range is not mapped."""
+    vector = torch.zeros((length + PAGE - 1) // PAGE, dtype=torch.uint8)
+    if _libc.mincore(ctypes.c_void_p(addr), length, ctypes.c_void_p(vector.data_ptr())) != 0:
+        vector.zero_()
+    return (vector & 1).bool()
+
+
 def resident_bytes(mappings: tuple[Mapping, ...]) -> int:
-    """Bytes of these mappings whose pages are in the page cache (one mincore call per mapping)."""
-    total = 0
-    for mapping in mappings:
-        pages = (mapping.length + PAGE - 1) // PAGE
-        vector = torch.empty(pages, dtype=torch.uint8)
-        if _libc.mincore(ctypes.c_void_p(mapping.addr), mapping.length, ctypes.c_void_p(vector.data_ptr())) == 0:
-            total += int((vector & 1).sum()) * PAGE
-    return total
+    """Bytes of these mappings whose pages are in the page cache."""
+    return sum(int(resident_pages(m.addr, m.length).sum()) for m in mappings) * PAGE
 
 
 class ResidentBudget:

@@ -227,7 +227,7 @@ def test_a_lookup_asks_for_its_rows_pages_only_when_some_are_cold(
     library = cpu.cpu_library()
     asked: list[int] = []
     real = library.engram_readahead_cpu
-    monkeypatch.setattr(library, "engram_readahead_cpu", lambda *a: asked.append(a[-1]) or real(*a))
+    monkeypatch.setattr(library, "engram_readahead_cpu", lambda *a: asked.append(a[5]) or real(*a))
     module = EngramEmbedding(mapped[0], plans[0], columns=SMALL.layout.columns)
     ids = torch.randint(0, plans[0].table_rows, (500, SMALL.layout.columns), generator=torch.Generator().manual_seed(1))
     ids[0, 0] = DEAD_ID
