@@ -8,7 +8,9 @@ this way)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -48,8 +50,11 @@ EXTRAS = ("graph", "compile")
 
 def cached_checkpoint(spec: ModelSpec, seed: int = 0) -> Path:
     """The preset's synthetic checkpoint, written once into the cache (atomically: a half-written one is
-    never picked up)."""
-    target = cache_dir().parent / "checkpoints" / f"{spec.name}-{spec.dtype}-seed{seed}"
+    never picked up). Its name carries a digest of the whole spec, so a preset that changed shape gets a
+    checkpoint of its own instead of the old one."""
+    fields = dataclasses.asdict(spec)
+    key = hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    target = cache_dir().parent / "checkpoints" / f"{spec.name}-{spec.dtype}-seed{seed}-{key}"
     if (target / "config.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

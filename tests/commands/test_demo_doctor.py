@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
+from engram.apps.demo import cached_checkpoint
 from engram.apps.presets import get_preset
 from engram.cli import main
+from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.placement.shm import shm_dir
 
 TINY = get_preset("tiny").table_bytes
@@ -23,6 +27,19 @@ def demo(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:  # type: ignor
 
 def engram_files() -> list[str]:
     return sorted(p.name for p in shm_dir().iterdir() if p.name.startswith("engram-") and p.is_file())
+
+
+def test_the_cached_checkpoint_follows_the_preset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A preset whose tables changed shape gets a checkpoint of its own, not the one cached before."""
+    monkeypatch.setenv("ENGRAM_CACHE_DIR", str(tmp_path))
+    spec = get_preset("tiny")
+    first = cached_checkpoint(spec)
+    assert cached_checkpoint(spec) == first
+    config = {**spec.hf_text_config, "engram_vocab_size": [1_000, 1_600]}  # tiny: [1_000, 1_500]
+    grown = dataclasses.replace(spec, hf_text_config=config)
+    second = cached_checkpoint(grown)
+    assert second != first and first.exists() and second.exists()
+    assert Checkpoint(second).shapes != Checkpoint(first).shapes
 
 
 @pytest.mark.slow
