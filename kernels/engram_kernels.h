@@ -51,12 +51,13 @@ int engram_vector_bytes_cpu(const void* base, int64_t row_bytes);
  * of row_bytes, holding global rows from row_start) before a gather faults on them one by one: on a disk
  * file that is not in the page cache, the reads are then in flight together. The pages are sorted and
  * deduplicated, and pages at most gap_bytes apart are asked for as one range of at most max_range_bytes;
- * *ranges (when not NULL) is set to the number of ranges asked for. scratch: int64 [scratch_n >= n], the
+ * *ranges and *bytes (each when not NULL) are set to the number of ranges and the bytes they span, the
+ * most the page cache can grow by. scratch: int64 [scratch_n >= n], the
  * caller's workspace. Ids outside the shard are skipped; nothing of the table is read or written, so a
  * shrunken file cannot fault here. */
 int engram_readahead_cpu(const uint8_t* base, int64_t shard_rows, int64_t row_bytes, int64_t row_start,
                          const int64_t* ids, int64_t n, int64_t gap_bytes, int64_t max_range_bytes, int64_t* scratch,
-                         int64_t scratch_n, int64_t* ranges);
+                         int64_t scratch_n, int64_t* ranges, int64_t* bytes);
 
 /* ---- CUDA (the .cu files). `stream` is a cudaStream_t; nothing here allocates or synchronises, so the
  * calls can be captured in CUDA graphs. A launch failure returns ENGRAM_ERR_CUDA; the CUDA error code is

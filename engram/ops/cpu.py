@@ -36,7 +36,7 @@ SIGNATURES: dict[str, list[type]] = {
     "engram_vector_bytes_cpu": [_VP, ctypes.c_int64],
     "engram_readahead_cpu": [
         _VP, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, _I64P, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-        _I64P, ctypes.c_int64, _I64P,
+        _I64P, ctypes.c_int64, _I64P, _I64P,
     ],
     "engram_gather_cpu": [
         _VP, _VP, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,

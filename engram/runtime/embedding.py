@@ -87,15 +87,14 @@ class EngramEmbedding(nn.Module):
         if self.shard is None:
             return self._lookup_gathered(ids, out)
         with files_named_on_fault(self.shard):  # a read faulted because a file shrank: say which
+            asked = read_ahead(self.shard, ids) if self.shard.readahead else None
             rows = self._lookup_gathered(ids, out)
         if self.budget is not None:
-            self.budget.after_lookup(ids)
+            self.budget.after_lookup(ids, None if asked is None else asked.bytes)
         return rows
 
     def _lookup_gathered(self, ids: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
         ensure_kernels(ids.device)
-        if self.shard is not None and self.shard.readahead:
-            read_ahead(self.shard, ids)
         plan = self.plan
         if self.group is None:
             if out is not None and self.cache is None and not (self.staged and ids.is_cuda):

@@ -22,6 +22,7 @@ from engram.runtime.checkpoints.loader import Checkpoint, shard_weight_loader, t
 from engram.runtime.dist import Group, new_group, timeout_s
 from engram.runtime.embedding import EngramEmbedding, gather_replica_ids
 from engram.runtime.nodes import align_to_nodes
+from engram.runtime.placement.filemap import READAHEAD_GAP
 from engram.runtime.placement.residency import ResidentBudget
 from engram.runtime.placement.storage import TableShard
 from engram.runtime.plan import DeploymentPlan, RankPlan, plan_deployment
@@ -177,7 +178,8 @@ class EngramTables:
         budget = None
         files = tuple({m.addr: m for s in shards for m in s.files}.values())
         if config.file_cache_bytes and files:  # one budget over every file this rank's tables are read from
-            budget = ResidentBudget(files, config.file_cache_bytes, max(s.format.row_bytes for s in shards))
+            read = max(s.format.row_bytes for s in shards) + READAHEAD_GAP  # a coalesced read joins the gap too
+            budget = ResidentBudget(files, config.file_cache_bytes, read)
         layers = [
             EngramEmbedding(
                 shards[table],

@@ -17,7 +17,7 @@ static int ascending(const void* a, const void* b) {
 
 int engram_readahead_cpu(const uint8_t* base, int64_t shard_rows, int64_t row_bytes, int64_t row_start,
                          const int64_t* ids, int64_t n, int64_t gap_bytes, int64_t max_range_bytes, int64_t* scratch,
-                         int64_t scratch_n, int64_t* ranges) {
+                         int64_t scratch_n, int64_t* ranges, int64_t* bytes) {
     if (!base || shard_rows < 0 || row_bytes < 1 || row_start < 0 || n < 0 || (n && !ids)) return ENGRAM_ERR_ARGUMENT;
     if (shard_rows > INT64_MAX / row_bytes || gap_bytes < 0 || max_range_bytes < 1) return ENGRAM_ERR_ARGUMENT;
     if (scratch_n < n || (n && !scratch)) return ENGRAM_ERR_ARGUMENT;
@@ -29,7 +29,7 @@ int engram_readahead_cpu(const uint8_t* base, int64_t shard_rows, int64_t row_by
     }
     qsort(scratch, (size_t)m, sizeof *scratch, ascending);
     uintptr_t lo = 0, hi = 0; /* the range being built: [lo, hi), page-aligned; hi == 0 before the first */
-    int64_t count = 0;
+    int64_t count = 0, asked = 0;
     for (int64_t k = 0; k < m; ++k) {
         if (k && scratch[k] == scratch[k - 1]) continue;
         const uintptr_t start = (uintptr_t)base + (uintptr_t)(scratch[k] * row_bytes);
@@ -38,10 +38,11 @@ int engram_readahead_cpu(const uint8_t* base, int64_t shard_rows, int64_t row_by
             hi = end > hi ? end : hi;
             continue;
         }
-        if (hi) madvise((void*)lo, hi - lo, MADV_WILLNEED), ++count;
+        if (hi) madvise((void*)lo, hi - lo, MADV_WILLNEED), ++count, asked += (int64_t)(hi - lo);
         lo = first, hi = end;
     }
-    if (hi) madvise((void*)lo, hi - lo, MADV_WILLNEED), ++count;
+    if (hi) madvise((void*)lo, hi - lo, MADV_WILLNEED), ++count, asked += (int64_t)(hi - lo);
     if (ranges) *ranges = count;
+    if (bytes) *bytes = asked;
     return ENGRAM_OK;
 }

@@ -26,6 +26,7 @@ import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -34,7 +35,7 @@ from engram.memory.mapping import HUGETLBFS_MAGIC, PAGE, Mapping, madvise, map_r
 from engram.memory.registration import ATTRIBUTE_READ_ONLY_REGISTER, CudaRuntime, read_only_supported, register
 from engram.ops import cpu
 from engram.runtime.checkpoints.loader import Checkpoint, SafetensorsFile, expected_parts, table_scale_tensor
-from engram.runtime.placement.residency import resident_pages
+from engram.runtime.placement.residency import RESIDENCY_PROBES, page_resident
 from engram.runtime.placement.storage import TABLE_SCALE_DTYPE, ShardFormat, TableShard
 
 log = logging.getLogger("engram")
@@ -45,7 +46,6 @@ _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True
 
 
 MADV_RANDOM = 1
-RESIDENCY_PROBES = 16  # pages a lookup probes before deciding to ask for all of its rows
 READAHEAD_GAP = PAGE  # rows at most this far apart are read as one range: one more page costs less than a read
 READAHEAD_MAX_RANGE = 1 << 20  # ranges stay small enough that many are in flight at once
 
@@ -65,32 +65,38 @@ def all_resident(part: torch.Tensor, row_start: int, flat: torch.Tensor, probes:
     step = max(1, flat.numel() // probes)
     for row in flat[::step][:probes].tolist():
         local = row - row_start
-        if 0 <= local < part.shape[0] and not resident_pages(
-            (part.data_ptr() + local * row_bytes) // PAGE * PAGE, PAGE
-        ):
+        if 0 <= local < part.shape[0] and not page_resident((part.data_ptr() + local * row_bytes) // PAGE * PAGE):
             return False
     return True
 
 
-def read_ahead(shard: TableShard, ids: torch.Tensor) -> int:
+class Asked(NamedTuple):
+    """What a lookup's read-ahead asked for: ranges, and the bytes they span (the most it can add)."""
+
+    ranges: int
+    bytes: int
+
+
+def read_ahead(shard: TableShard, ids: torch.Tensor) -> Asked | None:
     """When a sample of these rows' pages is not all resident, start reading the pages of every one of
-    them (weights and scales) at once, sorted and coalesced (READAHEAD_GAP, READAHEAD_MAX_RANGE); the
-    number of ranges asked for (0 when every probed page was resident)."""
+    them (weights and scales) at once, sorted and coalesced (READAHEAD_GAP, READAHEAD_MAX_RANGE), and
+    say what was asked for; None when every probed page was resident and nothing was asked."""
     library = cpu.cpu_library()
     flat = ids.reshape(-1).to(torch.int64).cpu().contiguous()
     if library is None or not flat.numel() or all_resident(shard.weight, shard.row_start, flat):
-        return 0
-    scratch, ranges, total = torch.empty_like(flat), ctypes.c_int64(), 0
+        return None
+    scratch, ranges, nbytes, asked = torch.empty_like(flat), ctypes.c_int64(), ctypes.c_int64(), Asked(0, 0)
     for part in (shard.weight, shard.scale):
         if part is not None:
             row_bytes = part.shape[1] * part.element_size()
             status = library.engram_readahead_cpu(
                 part.data_ptr(), part.shape[0], row_bytes, shard.row_start, cpu.ptr(flat), flat.numel(),
                 READAHEAD_GAP, READAHEAD_MAX_RANGE, cpu.ptr(scratch), scratch.numel(), ctypes.byref(ranges),
+                ctypes.byref(nbytes),
             )  # fmt: skip
             cpu.check(status, "engram_readahead_cpu")
-            total += ranges.value
-    return total
+            asked = Asked(asked.ranges + ranges.value, asked.bytes + nbytes.value)
+    return asked
 
 
 def check_files(shard: TableShard) -> None:

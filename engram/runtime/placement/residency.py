@@ -16,41 +16,61 @@ import torch
 from engram.memory.mapping import PAGE, Mapping, madvise
 
 MADV_DONTNEED = 4
+RESIDENCY_PROBES = 16  # pages a lookup of a file on disk probes before deciding to ask for all of its rows
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
 
 
-def resident_pages(addr: int, length: int) -> torch.Tensor:
-    """Which pages of [addr, addr + length) are in the page cache (one mincore call; `addr` page-aligned),
-    as bools; all False where the range is not mapped."""
-    vector = torch.zeros((length + PAGE - 1) // PAGE, dtype=torch.uint8)
-    if _libc.mincore(ctypes.c_void_p(addr), length, ctypes.c_void_p(vector.data_ptr())) != 0:
-        vector.zero_()
-    return (vector & 1).bool()
+_one_page = ctypes.c_ubyte()
+_LOW_BIT = bytes(i & 1 for i in range(256))  # mincore's other bits are reserved
+
+
+def page_resident(addr: int) -> bool:
+    """Whether the page at the page-aligned `addr` is in the page cache (False where it is not mapped);
+    one mincore call and no allocation, for the probes every lookup makes."""
+    return _libc.mincore(ctypes.c_void_p(addr), PAGE, ctypes.byref(_one_page)) == 0 and bool(_one_page.value & 1)
+
+
+def resident_pages(addr: int, length: int) -> bytes:
+    """A byte per page of [addr, addr + length), 1 where the page is in the page cache and 0 where it is
+    not (one mincore call; `addr` page-aligned); all 0 where the range is not mapped. Plain bytes, not a
+    tensor: a torch op's thread team costs milliseconds when replicas share the cores."""
+    vector = (ctypes.c_ubyte * ((length + PAGE - 1) // PAGE))()
+    if _libc.mincore(ctypes.c_void_p(addr), length, vector) != 0:
+        return bytes(len(vector))
+    return bytes(vector).translate(_LOW_BIT)
 
 
 def resident_bytes(mappings: tuple[Mapping, ...]) -> int:
     """Bytes of these mappings whose pages are in the page cache."""
-    return sum(int(resident_pages(m.addr, m.length).sum()) for m in mappings) * PAGE
+    return sum(resident_pages(m.addr, m.length).count(1) for m in mappings) * PAGE
 
 
 class ResidentBudget:
-    """Keeps the page cache of `mappings` near `budget_bytes` across lookups (after_lookup)."""
+    """Keeps the page cache of `mappings` near `budget_bytes` across lookups (after_lookup); `read_bytes`:
+    the most bytes reading one row may bring in."""
 
-    def __init__(self, mappings: tuple[Mapping, ...], budget_bytes: int, row_bytes: int) -> None:
+    def __init__(self, mappings: tuple[Mapping, ...], budget_bytes: int, read_bytes: int) -> None:
         self.mappings = mappings
         self.budget = budget_bytes
-        self.page_span = (row_bytes + PAGE - 1) // PAGE + 1  # pages one row can touch, scales alike
+        self.page_span = (read_bytes + PAGE - 1) // PAGE + 1  # pages one row's read can touch, scales alike
         self.resident = resident_bytes(mappings)
         self.unmeasured = 0  # bytes the lookups since the last measure may have brought in
         self.trims = 0
+        self.measures = 0  # mincore passes over the mappings after lookups (each reads a byte a page)
         self.peak = 0  # the most measured after a lookup
 
-    def after_lookup(self, ids: torch.Tensor) -> None:
-        self.unmeasured += ids.numel() * self.page_span * PAGE * 2  # weights and scales
+    def after_lookup(self, ids: torch.Tensor, asked: int | None) -> None:
+        """Count what a lookup of `ids` may have added to the page cache, and measure when that could cross
+        the budget. `asked`: the bytes its read-ahead asked for, every page it can add; None where it
+        asked for nothing because its RESIDENCY_PROBES probes all found their pages resident, and then
+        that share of the most its rows can touch is counted (a sample that all hits seldom hides more)."""
+        most = ids.numel() * self.page_span * PAGE * 2  # weights and scales
+        self.unmeasured += asked if asked is not None else most // RESIDENCY_PROBES
         if self.resident + self.unmeasured <= self.budget:
             return
         self.resident, self.unmeasured = resident_bytes(self.mappings), 0
+        self.measures += 1
         self.peak = max(self.peak, self.resident)
         if self.resident > self.budget:
             self.release()

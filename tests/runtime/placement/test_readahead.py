@@ -29,18 +29,21 @@ def library() -> ctypes.CDLL:
 
 def ranges_asked(
     base: int, shard_rows: int, row_bytes: int, row_start: int, ids: list[int], gap: int, most: int
-) -> int:
+) -> tuple[int, int]:
+    """The kernel's (ranges, bytes) for these rows."""
     flat = torch.tensor(ids, dtype=torch.int64)
-    scratch, ranges = torch.full_like(flat, -7), ctypes.c_int64(-1)
+    scratch, ranges, nbytes = torch.full_like(flat, -7), ctypes.c_int64(-1), ctypes.c_int64(-1)
     status = library().engram_readahead_cpu(
         base, shard_rows, row_bytes, row_start, cpu.ptr(flat), flat.numel(), gap, most,
-        cpu.ptr(scratch), scratch.numel(), ctypes.byref(ranges),
+        cpu.ptr(scratch), scratch.numel(), ctypes.byref(ranges), ctypes.byref(nbytes),
     )  # fmt: skip
     assert status == 0
-    return ranges.value
+    return ranges.value, nbytes.value
 
 
-def model(base: int, shard_rows: int, row_bytes: int, row_start: int, ids: list[int], gap: int, most: int) -> int:
+def model(
+    base: int, shard_rows: int, row_bytes: int, row_start: int, ids: list[int], gap: int, most: int
+) -> tuple[int, int]:
     """The rule as the header states it, written plainly: page spans of the shard's distinct rows in address
     order, joined when the next starts at most `gap` bytes after the range ends and the join is <= `most`."""
     spans: list[list[int]] = []
@@ -51,7 +54,7 @@ def model(base: int, shard_rows: int, row_bytes: int, row_start: int, ids: list[
             spans[-1][1] = max(spans[-1][1], end)
         else:
             spans.append([first, end])
-    return len(spans)
+    return len(spans), sum(end - first for first, end in spans)
 
 
 @pytest.fixture(scope="module")
@@ -61,25 +64,27 @@ def region() -> tuple[mmap.mmap, int]:
 
 
 @pytest.mark.parametrize(
-    ("ids", "gap", "most", "want"),
+    ("ids", "gap", "most", "ranges", "pages"),
     [
-        ([0, 1, 2], 0, 1 << 20, 1),  # adjacent pages
-        ([2, 0, 2, 0], 0, 1 << 20, 2),  # repeats and order do not matter; one page between: two reads
-        ([0, 2], PAGE, 1 << 20, 1),  # ... unless a page's gap is allowed
-        ([0, 3], PAGE, 1 << 20, 2),  # two pages between is more than the gap
-        ([0, 1, 2, 3], 0, 2 * PAGE, 2),  # a range stops at its most bytes
-        ([5, -1, 400, 40, 39], 0, 1 << 20, 2),  # DEAD_ID and rows outside the shard [0, 40) are skipped
-        ([], 0, 1 << 20, 0),
+        ([0, 1, 2], 0, 1 << 20, 1, 3),  # adjacent pages
+        ([2, 0, 2, 0], 0, 1 << 20, 2, 2),  # repeats and order do not matter; one page between: two reads
+        ([0, 2], PAGE, 1 << 20, 1, 3),  # ... unless a page's gap is allowed, and then it is read too
+        ([0, 3], PAGE, 1 << 20, 2, 2),  # two pages between is more than the gap
+        ([0, 1, 2, 3], 0, 2 * PAGE, 2, 4),  # a range stops at its most bytes
+        ([5, -1, 400, 40, 39], 0, 1 << 20, 2, 2),  # DEAD_ID and rows outside the shard [0, 40) are skipped
+        ([], 0, 1 << 20, 0, 0),
     ],
 )
-def test_ranges_by_hand(region: tuple[mmap.mmap, int], ids: list[int], gap: int, most: int, want: int) -> None:
+def test_ranges_by_hand(
+    region: tuple[mmap.mmap, int], ids: list[int], gap: int, most: int, ranges: int, pages: int
+) -> None:
     _, base = region
-    assert ranges_asked(base, 40, PAGE, 0, ids, gap, most) == want
+    assert ranges_asked(base, 40, PAGE, 0, ids, gap, most) == (ranges, pages * PAGE)
 
 
 def test_ranges_follow_the_rule_for_any_rows(region: tuple[mmap.mmap, int]) -> None:
     """Unaligned bases, rows that straddle pages, a shard starting past row 0, duplicates and ids of other
-    shards: the count equals the model's for seeded random lookups."""
+    shards: the ranges and bytes equal the model's for seeded random lookups."""
     _, base = region
     generator = torch.Generator().manual_seed(5)
     for trial in range(300):
@@ -99,14 +104,15 @@ def test_ranges_follow_the_rule_for_any_rows(region: tuple[mmap.mmap, int]) -> N
 def test_bad_arguments_are_refused_and_nothing_is_written(region: tuple[mmap.mmap, int]) -> None:
     _, base = region
     flat = torch.arange(10, dtype=torch.int64)
-    ranges = ctypes.c_int64(-1)
+    ranges, nbytes = ctypes.c_int64(-1), ctypes.c_int64(-1)
     for scratch_n, gap, most, row_bytes in [(9, 0, PAGE, 8), (10, -1, PAGE, 8), (10, 0, 0, 8), (10, 0, PAGE, 0)]:
         scratch = torch.full((10,), -7, dtype=torch.int64)
         status = library().engram_readahead_cpu(
-            base, 40, row_bytes, 0, cpu.ptr(flat), 10, gap, most, cpu.ptr(scratch), scratch_n, ctypes.byref(ranges)
-        )
+            base, 40, row_bytes, 0, cpu.ptr(flat), 10, gap, most, cpu.ptr(scratch), scratch_n,
+            ctypes.byref(ranges), ctypes.byref(nbytes),
+        )  # fmt: skip
         assert status == 1
-        assert ranges.value == -1 and scratch.eq(-7).all()
+        assert (ranges.value, nbytes.value) == (-1, -1) and scratch.eq(-7).all()
 
 
 def test_the_ranges_pages_and_only_those_come_into_the_page_cache(tmp_path: Path) -> None:
@@ -121,13 +127,13 @@ def test_the_ranges_pages_and_only_those_come_into_the_page_cache(tmp_path: Path
     try:
         madvise(mapping.addr, mapping.length, MADV_RANDOM)
         drop_file_cache(path)
-        assert resident_pages(mapping.addr, 64 * PAGE).tolist() == [False] * 64
+        assert list(resident_pages(mapping.addr, 64 * PAGE)) == [0] * 64
         rows = [10, 12, 30, 40, 41]  # one row a page: 10-12 joined over page 11, 30 alone, 40-41 joined
-        assert ranges_asked(mapping.addr, 64, PAGE, 0, rows, PAGE, 1 << 20) == 3
-        want = [page in {10, 11, 12, 30, 40, 41} for page in range(64)]
+        assert ranges_asked(mapping.addr, 64, PAGE, 0, rows, PAGE, 1 << 20) == (3, 6 * PAGE)
+        want = [int(page in {10, 11, 12, 30, 40, 41}) for page in range(64)]
         deadline = time.monotonic() + WILLNEED_TIMEOUT_S
-        while resident_pages(mapping.addr, 64 * PAGE).tolist() != want and time.monotonic() < deadline:
+        while list(resident_pages(mapping.addr, 64 * PAGE)) != want and time.monotonic() < deadline:
             time.sleep(0.01)  # the reads are asynchronous
-        assert resident_pages(mapping.addr, 64 * PAGE).tolist() == want
+        assert list(resident_pages(mapping.addr, 64 * PAGE)) == want
     finally:
         mapping.release()

@@ -19,7 +19,8 @@ from safetensors.torch import load_file, save_file
 from engram.memory.mapping import PAGE
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.embedding import EngramEmbedding
-from engram.runtime.placement.filemap import file_shard, in_memory_fs
+from engram.runtime.placement import residency
+from engram.runtime.placement.filemap import READAHEAD_GAP, file_shard, in_memory_fs
 from engram.runtime.placement.residency import ResidentBudget, drop_file_cache, resident_bytes
 from engram.runtime.placement.storage import ShardFormat
 from engram.runtime.plan import TableShardPlan
@@ -40,7 +41,7 @@ def table(directory: Path) -> Path:
 
 def open_table(directory: Path, budget: int) -> tuple[EngramEmbedding, ResidentBudget | None]:
     shard = file_shard("t", ShardFormat(ROWS, DIM, "bf16"), 0, ROWS, Checkpoint(directory), None)
-    limit = ResidentBudget(shard.files, budget, DIM * 2) if budget else None
+    limit = ResidentBudget(shard.files, budget, DIM * 2 + READAHEAD_GAP) if budget else None  # as the engine does
     plan = TableShardPlan("t", ROWS, "row", 0, ROWS, 0, COLUMNS)
     return EngramEmbedding(shard, plan, columns=COLUMNS, budget=limit), limit
 
@@ -61,6 +62,34 @@ def test_lookups_keep_the_page_cache_near_the_budget(tmp_path: Path) -> None:
         assert resident_bytes(budget.mappings) <= BUDGET + step_bytes
         assert torch.equal(rows.view(torch.int16), weight[ids].view(torch.int16))
     assert budget.trims >= 1 and budget.peak <= BUDGET + step_bytes
+
+
+def warm_measures(directory: Path) -> int:
+    """Measures taken by forty warm lookups of 512 rows under BUDGET, after one cold lookup."""
+    module, budget = open_table(directory, BUDGET)
+    assert budget is not None
+    budget.release()  # the page cache of the file from earlier work: out
+    ids = torch.randint(0, ROWS, (64, COLUMNS), generator=torch.Generator().manual_seed(9))
+    want = module(ids)  # cold: reads its rows' pages, 2 to 4 MiB
+    assert budget.measures == 0
+    for _ in range(40):
+        assert torch.equal(module(ids).view(torch.int16), want.view(torch.int16))
+    assert budget.trims == 1 and budget.resident <= 4 << 20  # only the release above
+    return budget.measures
+
+
+def test_lookups_whose_pages_are_resident_seldom_measure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A measure reads a byte for every page of the files, so it is taken only when the lookups since the
+    last could have crossed the budget: a cold lookup counts the bytes its read-ahead asked for, and one
+    whose probes all hit a sixteenth of the most its rows can touch (512 ids x 3 pages x 4 KiB x 2 / 16 =
+    768 KiB, a measure every 17 or so warm lookups). Counting the most for every lookup measures at every
+    other one."""
+    if in_memory_fs(str(tmp_path)):
+        pytest.skip("the temporary directory is on tmpfs, whose pages are memory, not page cache")
+    directory = table(tmp_path)
+    assert warm_measures(directory) == 2
+    monkeypatch.setattr(residency, "RESIDENCY_PROBES", 1)  # a warm lookup counted as the most it can add
+    assert warm_measures(directory) == 20
 
 
 CHILD = """
