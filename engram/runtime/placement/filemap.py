@@ -13,7 +13,7 @@ Its pages may leave the page cache at any time (more tables than RAM, memory pre
 every lookup first probes a sample of its rows' pages (mincore, RESIDENCY_PROBES of them) and, when any is
 out, asks for all its rows' pages at once (MADV_WILLNEED), sorted, deduplicated and coalesced into ranges:
 the reads are then in flight together, at the device's random-read rate, rather than one fault at a time
-(bench_cold_rows.py: a cold decode step 20x faster than faulting). Reading the rows with preads from a
+(bench_cold_rows.py: a cold decode step 16-20x faster than faulting). Reading the rows with preads from a
 thread pool or io_uring instead was measured beside it there: no faster, and the pages land where the
 guarded gather reads them anyway."""
 

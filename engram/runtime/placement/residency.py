@@ -4,7 +4,8 @@ neighbours, out of memory. The footprint is measured, not guessed: mincore over 
 only when the pages the lookups since the last measure could have added might cross the budget. Past
 it, the mappings' pages are released (MADV_DONTNEED, then POSIX_FADV_DONTNEED on the file, which drops
 what no other process maps) and the next lookups read their rows again. Pages that other processes keep
-mapped stay, so a node's replicas sharing one page cache each bound only what they alone hold."""
+mapped stay. The replicas of a node that read the same files share their page cache, and each measures
+all of it, so the bound is the node's: past it, every rank releases what it holds."""
 
 from __future__ import annotations
 
