@@ -22,12 +22,12 @@ import json
 import os
 import statistics
 import struct
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from _scratch import scratch_dir
 from _timing import print_table
 
 from engram.apps.corpus import load_corpus, text_rows
@@ -139,7 +139,7 @@ def main() -> None:
     corpus = load_corpus().held_out
     library = native_readers()
     results = []
-    with tempfile.TemporaryDirectory(dir=os.environ.get("ENGRAM_BENCH_DIR", "/var/tmp")) as tmp:
+    with scratch_dir() as tmp:
         path = Path(tmp) / "model.safetensors"
         write_table(path, name, rows, dim)
         shard = file_shard(name, fmt, 0, rows, Checkpoint(tmp), None)

@@ -15,14 +15,13 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
+from _scratch import scratch_dir
 from _timing import print_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.vllm.vllm_side: vLLM's state as the tests set it
@@ -101,7 +100,7 @@ def main() -> None:
         func()
     spec = spec_for(args.table_gb)
     results = []
-    with tempfile.TemporaryDirectory(dir=os.environ.get("ENGRAM_BENCH_DIR", "/var/tmp")) as tmp:
+    with scratch_dir() as tmp:
         path = Path(tmp)
         write_checkpoint(spec, path, seed=3)
         hf = hf_config(spec, "fp8", 3)["text_config"]

@@ -58,7 +58,8 @@ def _boot_tag() -> str:
     return boot_id().replace("-", "")[:12]
 
 
-def _owner_tag() -> str:
+def owner_tag() -> str:
+    """<boot>-<pid>-<start>: names this process's files so that stale_files can tell when it is gone."""
     return f"{_boot_tag()}-{os.getpid()}-{_start_time(os.getpid())}"
 
 
@@ -77,10 +78,11 @@ def stale_files(directory: Path) -> list[Path]:
 
 
 def reclaim_stale(directory: Path) -> list[Path]:
-    """Remove stale_files(directory); returns what was removed (a file already gone is not an error)."""
+    """Remove stale_files(directory) (files only); returns what was removed (a file already gone is not
+    an error)."""
     removed = []
     for path in stale_files(directory):
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
             path.unlink()
             removed.append(path)
     return removed
@@ -139,7 +141,7 @@ def _create(directory: Path, size: int, tag: str) -> tuple[str | None, str | Non
         )
     if error:
         return None, error
-    path = directory / f"engram-{tag}-{_owner_tag()}-{secrets.token_hex(16)}"
+    path = directory / f"engram-{tag}-{owner_tag()}-{secrets.token_hex(16)}"
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC, 0o600)
     except OSError as exc:

@@ -118,11 +118,11 @@ def test_named_table_leader_killed_is_reclaimed(shm_tmp: Path, capsys: pytest.Ca
 
 
 def test_a_live_owner_is_never_reclaimed(shm_tmp: Path) -> None:
-    from engram.runtime.placement.shm import _owner_tag
+    from engram.runtime.placement.shm import owner_tag
 
-    mine = shm_tmp / f"engram-layers-1-engram-embed-{_owner_tag()}-{'0' * 32}"
+    mine = shm_tmp / f"engram-layers-1-engram-embed-{owner_tag()}-{'0' * 32}"
     mine.write_bytes(b"x")
-    dead = shm_tmp / f"engram-layers-1-engram-embed-{_owner_tag().rsplit('-', 2)[0]}-999999999-1-{'0' * 32}"
+    dead = shm_tmp / f"engram-layers-1-engram-embed-{owner_tag().rsplit('-', 2)[0]}-999999999-1-{'0' * 32}"
     dead.write_bytes(b"x")
     other_boot = shm_tmp / f"engram-t-000000000000-999999999-1-{'0' * 32}"
     other_boot.write_bytes(b"x")
