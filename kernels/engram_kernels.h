@@ -52,9 +52,8 @@ int engram_vector_bytes_cpu(const void* base, int64_t row_bytes);
  * file that is not in the page cache, the reads are then in flight together. The pages are sorted and
  * deduplicated, and pages at most gap_bytes apart are asked for as one range of at most max_range_bytes;
  * *ranges and *bytes (each when not NULL) are set to the number of ranges and the bytes they span, the
- * most the page cache can grow by. scratch: int64 [scratch_n >= n], the
- * caller's workspace. Ids outside the shard are skipped; nothing of the table is read or written, so a
- * shrunken file cannot fault here. */
+ * most the page cache can grow by. scratch: int64 [scratch_n >= n], the caller's workspace. Ids outside
+ * the shard are skipped; nothing of the table is read or written, so a shrunken file cannot fault here. */
 int engram_readahead_cpu(const uint8_t* base, int64_t shard_rows, int64_t row_bytes, int64_t row_start,
                          const int64_t* ids, int64_t n, int64_t gap_bytes, int64_t max_range_bytes, int64_t* scratch,
                          int64_t scratch_n, int64_t* ranges, int64_t* bytes);
