@@ -90,7 +90,7 @@ class EngramEmbedding(nn.Module):
             asked = read_ahead(self.shard, ids) if self.shard.readahead else None
             rows = self._lookup_gathered(ids, out)
         if self.budget is not None:
-            self.budget.after_lookup(ids, None if asked is None else asked.bytes)
+            self.budget.after_lookup(self.shard, ids, None if asked is None else asked.bytes)
         return rows
 
     def _lookup_gathered(self, ids: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:

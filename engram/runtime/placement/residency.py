@@ -3,7 +3,9 @@ resident stays near a bound, so a table bigger than RAM does not push the servin
 neighbours, out of memory. The footprint is measured, not guessed: mincore over the file mappings, taken
 only when the pages the lookups since the last measure could have added might cross the budget. Past
 it, the mappings' pages are released (MADV_DONTNEED, then POSIX_FADV_DONTNEED on the file, which drops
-what no other process maps) and the next lookups read their rows again. Pages that other processes keep
+what no other process maps), all but those of each table's latest lookup when they fit in half the
+budget: the rows a step just read are the likeliest to be read again (hot n-grams), so the next step
+does not start cold; other rows are read again when asked for. Pages that other processes keep
 mapped stay. The replicas of a node that read the same files share their page cache, and each measures
 all of it, so the bound is the node's: past it, every rank releases what it holds."""
 
@@ -11,10 +13,15 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 
 from engram.memory.mapping import PAGE, Mapping, madvise
+
+if TYPE_CHECKING:
+    from engram.runtime.placement.storage import TableShard
 
 MADV_DONTNEED = 4
 RESIDENCY_PROBES = 16  # pages a lookup of a file on disk probes before deciding to ask for all of its rows
@@ -60,12 +67,14 @@ class ResidentBudget:
         self.trims = 0
         self.measures = 0  # mincore passes over the mappings after lookups (each reads a byte a page)
         self.peak = 0  # the most measured after a lookup
+        self.latest: dict[int, tuple[TableShard, torch.Tensor]] = {}  # each table's latest ids, kept on release
 
-    def after_lookup(self, ids: torch.Tensor, asked: int | None) -> None:
-        """Count what a lookup of `ids` may have added to the page cache, and measure when that could cross
-        the budget. `asked`: the bytes its read-ahead asked for, every page it can add; None where it
+    def after_lookup(self, shard: TableShard, ids: torch.Tensor, asked: int | None) -> None:
+        """Count what a lookup of `ids` in `shard` may have added to the page cache, and measure when that
+        could cross the budget. `asked`: the bytes its read-ahead asked for, every page it can add; None where it
         asked for nothing because its RESIDENCY_PROBES probes all found their pages resident, and then
         that share of the most its rows can touch is counted (a sample that all hits seldom hides more)."""
+        self.latest[shard.weight.data_ptr()] = (shard, ids)
         most = ids.numel() * self.page_span * PAGE * 2  # weights and scales
         self.unmeasured += asked if asked is not None else most // RESIDENCY_PROBES
         if self.resident + self.unmeasured <= self.budget:
@@ -77,21 +86,67 @@ class ResidentBudget:
             self.release()
 
     def release(self) -> None:
-        """Drop this process's pages of the files, and the page cache's where no one else maps them."""
+        """Drop this process's pages of the files, and the page cache's where no one else maps them: all
+        but the pages of each table's latest lookup, when those fit in half the budget."""
+        keep = merged(
+            torch.cat([page_spans(part, shard.row_start, ids) for shard, ids in self.latest.values() for part in
+                       (shard.weight, shard.scale) if part is not None] or [torch.empty(0, 2, dtype=torch.int64)])
+        )  # fmt: skip
+        if int((keep[:, 1] - keep[:, 0]).sum()) > self.budget // 2:
+            keep = keep[:0]
         for mapping in self.mappings:
-            madvise(mapping.addr, mapping.length, MADV_DONTNEED)
+            gaps = outside(keep, mapping.addr, mapping.addr + mapping.length)
+            for lo, hi in gaps:
+                madvise(lo, hi - lo, MADV_DONTNEED)
             if mapping.path:
-                drop_file_cache(mapping.path)
+                drop_file_cache(mapping.path, [(lo - mapping.addr, hi - lo) for lo, hi in gaps])
         self.resident = resident_bytes(self.mappings)
         self.trims += 1
 
 
-def drop_file_cache(path: str | os.PathLike[str]) -> None:
-    """POSIX_FADV_DONTNEED on a whole file: its pages that no process maps leave the page cache (written
-    back first: a dirty page would stay; a checkpoint's are clean, and then this costs nothing)."""
+def page_spans(part: torch.Tensor, row_start: int, ids: torch.Tensor) -> torch.Tensor:
+    """int64 [k, 2]: the page-aligned address ranges [start, stop) that the rows `ids` (global) of the
+    shard view `part` (holding rows from row_start) lie in, one a row, in address order."""
+    row_bytes = part.shape[1] * part.element_size()
+    local = torch.unique(ids.reshape(-1).to(device="cpu", dtype=torch.int64)) - row_start
+    local = local[(local >= 0) & (local < part.shape[0])]
+    start = part.data_ptr() + local * row_bytes
+    return torch.stack([start // PAGE * PAGE, (start + row_bytes + PAGE - 1) // PAGE * PAGE], 1)
+
+
+def merged(spans: torch.Tensor) -> torch.Tensor:
+    """Ranges [start, stop) joined where they overlap or touch, in address order."""
+    if not spans.shape[0]:
+        return spans
+    spans = spans[torch.argsort(spans[:, 0], stable=True)]
+    reach = torch.cummax(spans[:, 1], 0).values  # the furthest stop so far
+    opens = torch.ones(spans.shape[0], dtype=torch.bool)
+    opens[1:] = spans[1:, 0] > reach[:-1]
+    first = torch.nonzero(opens).flatten()
+    last = torch.cat([first[1:] - 1, torch.tensor([spans.shape[0] - 1])])
+    return torch.stack([spans[first, 0], reach[last]], 1)
+
+
+def outside(keep: torch.Tensor, lo: int, hi: int) -> list[tuple[int, int]]:
+    """The parts of [lo, hi) that the merged ranges `keep` do not cover."""
+    gaps, at = [], lo
+    for start, stop in keep.tolist():
+        if stop <= lo or start >= hi:
+            continue
+        if start > at:
+            gaps.append((at, start))
+        at = max(at, stop)
+    return [*gaps, (at, hi)] if at < hi else gaps
+
+
+def drop_file_cache(path: str | os.PathLike[str], ranges: Iterable[tuple[int, int]] = ((0, 0),)) -> None:
+    """POSIX_FADV_DONTNEED on (offset, length) ranges of a file (default: all of it, length 0 meaning to
+    its end): their pages that no process maps leave the page cache (written back first: a dirty page
+    would stay; a checkpoint's are clean, and then this costs nothing)."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        for offset, length in ranges:
+            os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)

@@ -20,8 +20,16 @@ from engram.memory.mapping import PAGE
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.embedding import EngramEmbedding
 from engram.runtime.placement import residency
-from engram.runtime.placement.filemap import READAHEAD_GAP, file_shard, in_memory_fs
-from engram.runtime.placement.residency import ResidentBudget, drop_file_cache, resident_bytes
+from engram.runtime.placement.filemap import READAHEAD_GAP, file_shard, in_memory_fs, read_ahead
+from engram.runtime.placement.residency import (
+    ResidentBudget,
+    drop_file_cache,
+    merged,
+    outside,
+    page_spans,
+    resident_bytes,
+    resident_pages,
+)
 from engram.runtime.placement.storage import ShardFormat
 from engram.runtime.plan import TableShardPlan
 
@@ -90,6 +98,47 @@ def test_lookups_whose_pages_are_resident_seldom_measure(tmp_path: Path, monkeyp
     assert warm_measures(directory) == 2
     monkeypatch.setattr(residency, "RESIDENCY_PROBES", 1)  # a warm lookup counted as the most it can add
     assert warm_measures(directory) == 20
+
+
+def resident_set(budget: ResidentBudget) -> set[int]:
+    (mapping,) = budget.mappings
+    return {mapping.addr + i * PAGE for i, r in enumerate(resident_pages(mapping.addr, mapping.length)) if r}
+
+
+def test_a_release_keeps_the_pages_of_the_latest_lookup(tmp_path: Path) -> None:
+    """Past the budget, the pages of each table's latest lookup stay (when they fit in half the budget)
+    and every other page goes: the next step that asks for the same rows finds them resident."""
+    if in_memory_fs(str(tmp_path)):
+        pytest.skip("the temporary directory is on tmpfs, whose pages are memory, not page cache")
+    directory = table(tmp_path)
+    module, budget = open_table(directory, BUDGET)
+    assert budget is not None and module.shard is not None
+    budget.release()  # nothing looked up yet: every page goes
+    assert resident_set(budget) == set()
+    generator = torch.Generator().manual_seed(11)
+    earlier, latest = (torch.randint(0, ROWS, (64, COLUMNS), generator=generator) for _ in range(2))
+    module(earlier)
+    want = module(latest)
+    spans = page_spans(module.shard.weight, 0, latest).tolist()
+    pages = {page for start, stop in spans for page in range(start, stop, PAGE)}
+    assert len(pages) * PAGE <= BUDGET // 2 and not pages >= resident_set(budget)  # the earlier rows are in too
+    budget.release()
+    assert resident_set(budget) == pages  # the latest lookup's pages, exactly
+    assert read_ahead(module.shard, latest) is None  # its probes all hit: nothing to read
+    assert torch.equal(module(latest).view(torch.int16), want.view(torch.int16))
+
+    budget.budget = len(pages) * PAGE  # now the latest lookup is more than half of the budget
+    budget.release()
+    assert resident_set(budget) == set()
+
+
+def test_outside_and_merged_ranges() -> None:
+    spans = torch.tensor([[40, 50], [0, 10], [10, 20], [45, 60], [70, 80]])
+    assert merged(spans).tolist() == [[0, 20], [40, 60], [70, 80]]
+    assert outside(merged(spans), 0, 100) == [(20, 40), (60, 70), (80, 100)]
+    assert outside(merged(spans), 15, 75) == [(20, 40), (60, 70)]
+    assert outside(merged(spans[:0]), 5, 9) == [(5, 9)]
+    assert outside(torch.tensor([[0, 100]]), 10, 20) == []
 
 
 CHILD = """
