@@ -19,7 +19,7 @@ from engram.ops import DEAD_ID, gather, gather_into, use_sorted
 from engram.ops.devices import ensure_kernels
 from engram.runtime.cache import HotRows, cached_gather
 from engram.runtime.dist import Group
-from engram.runtime.placement.filemap import files_named_on_fault, read_ahead
+from engram.runtime.placement.filemap import reading
 from engram.runtime.placement.residency import ResidentBudget
 from engram.runtime.placement.storage import TableShard
 from engram.runtime.plan import TableShardPlan
@@ -86,12 +86,8 @@ class EngramEmbedding(nn.Module):
         replica's, or with embedding_across_dp everyone's, as gather_replica_ids returns them)."""
         if self.shard is None:
             return self._lookup_gathered(ids, out)
-        with files_named_on_fault(self.shard):  # a read faulted because a file shrank: say which
-            asked = read_ahead(self.shard, ids) if self.shard.readahead else None
-            rows = self._lookup_gathered(ids, out)
-        if self.budget is not None:
-            self.budget.after_lookup(self.shard, ids, None if asked is None else asked.bytes)
-        return rows
+        with reading(self.shard, ids, self.budget):
+            return self._lookup_gathered(ids, out)
 
     def _lookup_gathered(self, ids: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
         ensure_kernels(ids.device)

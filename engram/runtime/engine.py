@@ -22,7 +22,7 @@ from engram.runtime.checkpoints.loader import Checkpoint, shard_weight_loader, t
 from engram.runtime.dist import Group, new_group, timeout_s
 from engram.runtime.embedding import EngramEmbedding, gather_replica_ids
 from engram.runtime.nodes import align_to_nodes
-from engram.runtime.placement.filemap import READAHEAD_GAP
+from engram.runtime.placement.filemap import watch_files
 from engram.runtime.placement.residency import ResidentBudget
 from engram.runtime.placement.storage import TableShard
 from engram.runtime.plan import DeploymentPlan, RankPlan, plan_deployment
@@ -176,10 +176,10 @@ class EngramTables:
                 )
             caches = caches_for(cacheable, hot, config.device_cache_bytes, "cuda" if platform == "cuda" else "cpu")
         budget = None
-        files = tuple({m.addr: m for s in shards for m in s.files}.values())
-        if config.file_cache_bytes and files:  # one budget over every file this rank's tables are read from
-            read = max(s.format.row_bytes for s in shards) + READAHEAD_GAP  # a coalesced read joins the gap too
-            budget = ResidentBudget(files, config.file_cache_bytes, read)
+        if config.file_cache_bytes and any(s.files for s in shards):  # one budget over every file of the rank's
+            budget = ResidentBudget(config.file_cache_bytes)
+            for shard in shards:
+                watch_files(budget, shard)
         layers = [
             EngramEmbedding(
                 shards[table],

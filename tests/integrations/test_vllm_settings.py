@@ -1,6 +1,6 @@
 """The vLLM plugin outside vLLM: its entry point does nothing where vLLM is absent, and its settings (the
 `engram` section of --additional-config, or ENGRAM_VLLM_CONFIG) are engram's schema with vLLM's own Engram
-fields beside them; what it cannot honour yet is refused with the reason. (Inside vLLM: tests/vllm.)"""
+fields beside them; what it cannot honour is refused with the reason. (Inside vLLM: tests/vllm.)"""
 
 from __future__ import annotations
 
@@ -43,11 +43,15 @@ def test_the_section_with_vllms_fields_beside_it(monkeypatch: pytest.MonkeyPatch
     config = engram_config(vllm_config({"engram": {"file_backed": True}}, use_thp=False))
     assert config is not None and (config.use_thp, config.file_backed, config.cpu_offload) == (False, True, True)
     assert engram_config(vllm_config({"engram": {}}, use_thp=True)).use_thp  # type: ignore[union-attr]
+    bounded = engram_config(vllm_config({"engram": {"file_backed": True, "file_cache_bytes": 1 << 30}}))
+    assert bounded is not None and bounded.file_cache_bytes == 1 << 30
     monkeypatch.setenv(ENV, '{"shard_layout": "vllm"}')
     from_env = engram_config(vllm_config())
     assert from_env is not None and from_env.shard_layout == "vllm"
     with pytest.raises(ConfigError, match=r"^/engram/shard_layout: .*\[enum\]$"):
         engram_config(vllm_config({"engram": {"shard_layout": "rows"}}))
+    with pytest.raises(ConfigError, match=r"^/engram/file_cache_bytes: .* it requires file_backed=True \["):
+        engram_config(vllm_config({"engram": {"file_cache_bytes": 1 << 30}}))
 
 
 @pytest.mark.parametrize(
@@ -69,11 +73,6 @@ def test_the_section_with_vllms_fields_beside_it(monkeypatch: pytest.MonkeyPatch
             None,
             "engram setting 'shard_layout': inside vLLM its own layout decides which rank holds which rows; "
             "'replica' cannot be honoured there, leave it at 'vllm'",
-        ),
-        (
-            {"engram": {"file_backed": True, "file_cache_bytes": 1}},
-            None,
-            "engram setting 'file_cache_bytes': the resident-set budget is not built inside vLLM yet",
         ),
         (
             {"engram": {"device_cache_bytes": 1}},

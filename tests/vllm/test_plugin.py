@@ -4,9 +4,10 @@ then built, loaded through its load_weights from a checkpoint make-checkpoint wr
 ids. Not enabled, the swapped class returns vLLM's rows from vLLM's storage; enabled, the table lives in an
 engram mapping and engram's gather returns the same rows, bit for bit, for bf16, fp8-table and nvfp4
 tables, one ETP rank or one of two; with cpu_offload (vLLM's pinned-host class) too, in engram's host
-mapping, on huge pages, or file-backed: the checkpoint's own pages, loaded by no copy; and with a device
-cache of a profile's hot rows (in host memory here, on the GPU there), hits and misses alike. Settings engram's
-schema refuses, or the plugin cannot honour, are one-line errors naming the setting."""
+mapping, on huge pages, or file-backed: the checkpoint's own pages, loaded by no copy (under a resident-set
+budget too); and with a device cache of a profile's hot rows (in host memory here, on the GPU there), hits
+and misses alike. Settings engram's schema refuses, or the plugin cannot honour, are one-line errors naming
+the setting."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from engram.memory.mapping import PAGE
 from engram.ngram.spec import ModelSpec
 from engram.runtime.checkpoints.writer import hf_config, write_checkpoint
+from engram.runtime.placement.filemap import in_memory_fs
 from engram.runtime.placement.storage import ShardFormat
 from tests.runtime.specs import QWEN
 from tests.vllm.runner import ask_vllm, needs_vllm
@@ -85,12 +88,14 @@ def test_the_plugin_serves_qwen_tables_as_vllm_does(dtype: str, tmp_path: Path) 
                 "layers.0.ple.ple_embedding.ngram_embedding is split into shard_<k> parts; set file_backed to "
                 "false, or write the table whole"
             )
-        for placement in PINNED if dtype != "nvfp4" else PINNED[:2]:
+        for placement in (*PINNED, "bounded") if dtype != "nvfp4" else PINNED[:2]:
             for layer in vllm:
                 table = answer[placement][layer]
                 assert table["class"] == "EngramQwenPinnedHostEmbedding", table
                 assert table["rows"] == vllm[layer]["rows"]
-                assert table["file_backed"] == (placement == "file") != table["engram_storage"]
+                file_backed = placement in ("file", "bounded")
+                assert table["file_backed"] == file_backed != table["engram_storage"]
+                assert table["budget_files"] == (placement == "bounded")  # file_cache_bytes: the one file
         for layer, rows in zip(vllm, spec.layout.table_rows, strict=True):  # device_cache_bytes
             assert answer["cached"][layer]["rows"] == vllm[layer]["rows"]
             assert_partly_cached(answer["cached"][layer], rows)
@@ -155,3 +160,31 @@ def test_two_replicas_share_one_copy_and_a_kill_leaves_nothing(tmp_path: Path) -
     assert killed["replicas"]["0"].startswith(
         "EngramError: vLLM's Engram DP group: ranks [0, 1] did not all reach 'load "
     )
+
+
+def test_file_backed_tables_under_a_budget_keep_the_page_cache_near_it(tmp_path: Path) -> None:
+    """file_cache_bytes through the plugin: DeepSeek tables of 60 MiB served from the checkpoint's pages
+    under an 8 MiB budget, one per checkpoint and process that both tables share. Over twenty steps of
+    random text from a cold page cache, the file's resident pages stay within the budget and one step's
+    reads (two tables x 384 ids x a weight page, its gap page and two scale pages), while without the
+    budget they pass three times it; every step's rows are vLLM's own, bit for bit."""
+    if in_memory_fs(str(tmp_path)):
+        pytest.skip("the temporary directory is on tmpfs, whose pages are memory, not page cache")
+    big = dataclasses.replace(DS, hf_text_config={**DS.hf_text_config, "engram_vocab_size": 80_000})
+    write_checkpoint(big, tmp_path, seed=3)
+    hf = hf_config(big, "fp8", 0)["text_config"]
+    generator = torch.Generator().manual_seed(6)
+    steps = [
+        big.hasher().hash(torch.randint(0, big.vocab, (64,), generator=generator)).transpose(0, 1).tolist()
+        for _ in range(20)
+    ]
+    budget, step_reads = 8 << 20, 2 * 64 * 6 * 4 * PAGE
+    [answer] = ask_vllm("plugin_file_budget", [{"path": str(tmp_path), "hf": hf, "steps": steps, "budget": budget}])
+    vllm, bounded, unbounded = answer["vllm"], answer["bounded"], answer["unbounded"]
+    assert bounded["digests"] == unbounded["digests"] == vllm["digests"]
+    assert len(set(vllm["digests"])) == len(steps)
+    assert (vllm["budgets"], unbounded["budgets"], bounded["budgets"], bounded["files"]) == (0, 0, 1, 1)
+    assert bounded["resident"][0] == unbounded["resident"][0] == 0  # cold at the start
+    assert max(bounded["resident"]) <= budget + step_reads and bounded["peak"] <= budget + step_reads
+    assert bounded["trims"] >= 2 and bounded["measures"] >= bounded["trims"]
+    assert unbounded["resident"][-1] > 3 * budget

@@ -421,6 +421,7 @@ def plugin_qwen_case(case: dict) -> dict:
                         "rows": rows.contiguous().cpu().view(torch.uint8).flatten().tolist(),
                         "engram_storage": any(m.addr == table.weight.data_ptr() for m in mappings),
                         "file_backed": file is not None and file.weight.data_ptr() == table.weight.data_ptr(),
+                        "budget_files": len(getattr(getattr(table, "_budget", None), "mappings", ())),
                     }
         except Exception as exc:  # the message is the answer
             return {"error": f"{type(exc).__name__}: {exc}"}
@@ -441,6 +442,7 @@ def plugin_qwen_case(case: dict) -> dict:
     answer["host"] = build({"engram": {}}, cpu_offload=True)
     answer["hugepages"] = build({"engram": {}}, cpu_offload=True, use_thp=True)
     answer["file"] = build({"engram": {"file_backed": True}}, cpu_offload=True)
+    answer["bounded"] = build({"engram": {"file_backed": True, "file_cache_bytes": 1 << 20}}, cpu_offload=True)
     answer["cached"] = build({"engram": case["cache"]}, cpu_offload=True)
     return answer
 
@@ -551,6 +553,61 @@ def plugin_deepseek_case(case: dict) -> dict:
     return answer
 
 
+def plugin_file_budget_case(case: dict) -> dict:
+    """DeepSeek tables served file-backed through the plugin, with and without a resident-set budget
+    (file_cache_bytes), each run from a cold page cache over the same steps' ids: a digest of each step's
+    rows beside vLLM's own storage's, the bytes of the checkpoint file in the page cache before the first
+    step and after each (mincore), and what the budget counted."""
+    import hashlib
+
+    import vllm.models.deepseek_v41.common.engram as engram
+    from safetensors.torch import load_file
+    from vllm.plugins import DEFAULT_PLUGINS_GROUP, load_plugins_by_group
+    from vllm.transformers_utils.configs.deepseek_v41 import DeepseekV41Config
+
+    from engram.integrations.vllm import files
+    from engram.runtime.placement.residency import drop_file_cache, resident_bytes
+
+    layout = engram.EngramLayout(DeepseekV41Config(text_config=case["hf"]))
+    path = f"{case['path']}/model.safetensors"
+
+    def run(additional: dict, cpu_offload: bool) -> dict:
+        current = deepseek_config(case["path"], additional, cpu_offload)
+        weights = load_file(path)
+        with deepseek_state(current, 1, 0), torch.device(DEVICE):
+            tables = [engram.Engram._create_embedding(None, layout, index) for index in range(len(layout.layer_ids))]
+            for table, layer_id in zip(tables, layout.layer_ids, strict=True):
+                name = f"layers.{layer_id}.engram.embed"
+                table.weight.weight_loader(table.weight, weights[f"{name}.weight"])
+                table.weight_scale_inv.weight_loader(table.weight_scale_inv, weights[f"{name}.scale"])
+            del weights
+            drop_file_cache(path)  # cold: no page of the file left from writing or loading it
+            shard = getattr(tables[0], "_file_shard", None)
+            digests, resident = [], [None if shard is None else resident_bytes(shard.files)]
+            for step in case["steps"]:
+                rows = []
+                for table, ids in zip(tables, step, strict=True):
+                    out = torch.zeros(len(ids), table.part_n_hash_cols, table.dim, dtype=torch.bfloat16)
+                    table.lookup(torch.tensor(ids), out)
+                    rows.append(out.cpu().view(torch.int16).numpy().tobytes())
+                digests.append(hashlib.sha256(b"".join(rows)).hexdigest())
+                resident.append(None if shard is None else resident_bytes(shard.files))
+        budgets = {id(b): b for b in (getattr(t, "_budget", None) for t in tables) if b is not None}
+        answer = {"digests": digests, "resident": resident, "budgets": len(budgets)}
+        for budget in budgets.values():
+            answer.update(files=len(budget.mappings), trims=budget.trims, measures=budget.measures, peak=budget.peak)
+        del tables
+        files.forget_checkpoints()
+        return answer
+
+    answer = {"vllm": run({}, cpu_offload=False)}  # vLLM's pinned host tables need a GPU driver
+    for func in load_plugins_by_group(DEFAULT_PLUGINS_GROUP).values():
+        func()
+    answer["bounded"] = run({"engram": {"file_backed": True, "file_cache_bytes": case["budget"]}}, cpu_offload=True)
+    answer["unbounded"] = run({"engram": {"file_backed": True}}, cpu_offload=True)
+    return answer
+
+
 KINDS = {
     "config": config_case,
     "qwen_ids": qwen_ids_case,
@@ -561,6 +618,7 @@ KINDS = {
     "qwen_load": qwen_load_case,
     "plugin_qwen": plugin_qwen_case,
     "plugin_deepseek": plugin_deepseek_case,
+    "plugin_file_budget": plugin_file_budget_case,
 }
 
 

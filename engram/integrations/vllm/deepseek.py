@@ -21,6 +21,7 @@ from engram.ops import gather
 from engram.runtime.cache import HotRows, cached_gather
 from engram.runtime.dist import Group, barrier, timeout_s
 from engram.runtime.placement.hugepages import map_huge
+from engram.runtime.placement.residency import ResidentBudget
 from engram.runtime.placement.shm import create_shared
 from engram.runtime.placement.storage import ShardFormat, TableShard
 
@@ -54,6 +55,7 @@ class EngramParallelEmbedding(vllm_engram.ParallelEngramEmbedding):
         self._checkpoint = checkpoint
         self._mappings: list[Mapping] = []
         self._file_shard: TableShard | None = None
+        self._budget: ResidentBudget | None = None  # file_cache_bytes, shared by the checkpoint's tables
         self._cache: HotRows | None = None  # device_cache_bytes: built on the first lookup (weights loaded)
         self._cache_built = False
         self._group: Group | None = None  # the node's Engram DP group, for shared tables
@@ -108,6 +110,7 @@ class EngramParallelEmbedding(vllm_engram.ParallelEngramEmbedding):
         fmt = ShardFormat(self.part_num_embeddings, self.dim, "fp8")
         shard = files.map_rows(self._checkpoint, self._table, fmt, self.vocab_start_idx, self.num_embeddings)
         self._file_shard = shard
+        self._budget = files.file_budget(self._checkpoint, self._engram.file_cache_bytes, shard)
         assert shard.scale is not None
         return shard.weight, shard.scale.view(torch.uint8)
 
@@ -119,11 +122,11 @@ class EngramParallelEmbedding(vllm_engram.ParallelEngramEmbedding):
         if not indices.shape[0] or (indices.is_cuda and cache is None and not files.staged(shard)):
             super().lookup(indices, out, background)
             return
-        packed = out.dtype == torch.uint8
+        packed, ids = out.dtype == torch.uint8, self._own_ids(indices)
         if shard is None or (indices.is_cuda and not files.staged(shard)):
-            rows = self._engram_rows(indices, packed, cache)
-        else:
-            rows = files.staged_rows(shard, indices, lambda ids: self._engram_rows(ids, packed, cache))
+            rows = self._engram_rows(ids, packed, cache)
+        else:  # host reads of this rank's heads' rows alone: the other heads' rows are other ranks'
+            rows = files.staged_rows(shard, ids, lambda own: self._engram_rows(own, packed, cache), self._budget)
         if packed:
             out[:, : rows.shape[1]].copy_(rows)
         else:
@@ -140,13 +143,15 @@ class EngramParallelEmbedding(vllm_engram.ParallelEngramEmbedding):
         self._cache_built = True
         return self._cache
 
-    def _engram_rows(self, indices: torch.Tensor, packed: bool, cache: HotRows | None) -> torch.Tensor:
-        """engram's gather of this rank's heads (hits from the device cache when there is one): packed
-        bytes [T, heads x (dim + scales)] or bf16 [T, heads, dim]."""
+    def _own_ids(self, indices: torch.Tensor) -> torch.Tensor:
+        """int64 [T, part_n_hash_cols]: the columns of this rank's heads, -1 (zeros) for heads past the last."""
         heads = self.part_n_hash_cols
         ids = indices[:, self.head_start : self.head_start + heads].to(torch.int64)
-        if ids.shape[1] < heads:
-            ids = torch.nn.functional.pad(ids, (0, heads - ids.shape[1]), value=-1)
+        return torch.nn.functional.pad(ids, (0, heads - ids.shape[1]), value=-1) if ids.shape[1] < heads else ids
+
+    def _engram_rows(self, ids: torch.Tensor, packed: bool, cache: HotRows | None) -> torch.Tensor:
+        """engram's gather of this rank's heads' ids (_own_ids; hits from the device cache when there is
+        one): packed bytes [T, heads x (dim + scales)] or bf16 [T, heads, dim]."""
         weight, scales = self.weight.data, self.weight_scale_inv.data.view(torch.float8_e8m0fnu)
         start, table_rows = self.vocab_start_idx, self.num_embeddings
 

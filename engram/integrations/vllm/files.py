@@ -2,12 +2,12 @@
 and shared by every table in it, each table a view of the checkpoint's own read-only pages. On a GPU a file
 on tmpfs or hugetlbfs is registered read-only so vLLM's kernels read it over UVA; any other file is
 `staged`: host threads gather its rows (guarded, so a file that shrank is named, never SIGBUS) and one copy
-takes them to the GPU."""
+takes them to the GPU. With file_cache_bytes, one resident-set budget per checkpoint and process bounds the
+page cache of every file its tables are read from, as in engram's own engine."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +15,12 @@ import torch
 
 from engram.errors import EngramError
 from engram.runtime.checkpoints.loader import Checkpoint
-from engram.runtime.placement.filemap import file_shard, files_named_on_fault, read_ahead
+from engram.runtime.placement.filemap import file_shard, reading, watch_files
+from engram.runtime.placement.residency import ResidentBudget
 from engram.runtime.placement.storage import ShardFormat, TableShard
 
 _CHECKPOINTS: dict[str, Checkpoint] = {}  # one open checkpoint per directory and process
+_BUDGETS: dict[tuple[str, int], ResidentBudget] = {}  # file_cache_bytes: one per checkpoint and bound
 
 
 def checkpoint_dir(vllm_config: Any) -> str:
@@ -45,6 +47,7 @@ def checkpoint(path: str) -> Checkpoint:
 def forget_checkpoints() -> None:
     """Drop this process's open checkpoints (each file's mapping goes with its last table view)."""
     _CHECKPOINTS.clear()
+    _BUDGETS.clear()
 
 
 def layer_tail(prefix: str) -> str:
@@ -85,19 +88,25 @@ def staged(shard: TableShard | None) -> bool:
     return shard is not None and shard.device_pointer is None
 
 
-@contextlib.contextmanager
-def reading(shard: TableShard, ids: torch.Tensor) -> Iterator[None]:
-    """Host reads of `shard`'s rows for `ids` inside: a cold file's pages asked for first, and a read that
-    faulted because the file shrank raised as the error naming it."""
-    if shard.readahead:
-        read_ahead(shard, ids)
-    with files_named_on_fault(shard):
-        yield
+def file_budget(path: str, budget_bytes: int, shard: TableShard) -> ResidentBudget | None:
+    """file_cache_bytes (None for 0, no bound): the budget of the checkpoint at `path` in this process,
+    now bounding `shard`'s files too; every table served from the checkpoint shares it."""
+    if not budget_bytes:
+        return None
+    budget = _BUDGETS.setdefault((path, budget_bytes), ResidentBudget(budget_bytes))
+    watch_files(budget, shard)
+    return budget
 
 
-def staged_rows(shard: TableShard, ids: torch.Tensor, rows: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """rows(ids) gathered on the host from a file-backed shard, on ids' device (one copy when it is a GPU)."""
+def staged_rows(
+    shard: TableShard,
+    ids: torch.Tensor,
+    rows: Callable[[torch.Tensor], torch.Tensor],
+    budget: ResidentBudget | None = None,
+) -> torch.Tensor:
+    """rows(ids) gathered on the host from a file-backed shard, on ids' device (one copy when it is a GPU);
+    `budget` (file_cache_bytes) is told what the reads may have added to the page cache."""
     host_ids = ids.cpu()
-    with reading(shard, host_ids):
+    with reading(shard, host_ids, budget):
         out = rows(host_ids)
     return out if not ids.is_cuda else out.pin_memory().to(ids.device, non_blocking=True)

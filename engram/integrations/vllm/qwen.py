@@ -28,6 +28,7 @@ from engram.memory.mapping import Mapping, map_anonymous
 from engram.ops import gather, use_sorted
 from engram.runtime.cache import HotRows, cached_gather
 from engram.runtime.placement.hugepages import map_huge
+from engram.runtime.placement.residency import ResidentBudget
 from engram.runtime.placement.storage import ShardFormat, TableShard
 
 log = logging.getLogger("engram")
@@ -53,6 +54,7 @@ class EngramStorage:
     _engram: EngramConfig | None
     _mappings: list[Mapping]
     _file: TableShard | None
+    _budget: ResidentBudget | None  # file_cache_bytes, shared by the checkpoint's tables
     _cache: HotRows | None  # device_cache_bytes (host tables only): built on the first lookup
     _cache_built: bool
     _cacheable = False
@@ -61,7 +63,7 @@ class EngramStorage:
         """engram's storage for one of the table's row tensors (the rows, or NVFP4's block scales)."""
         assert self._engram is not None
         if self._engram.file_backed:
-            return self._file_rows(rows, width, dtype)
+            return self._file_rows(rows, width, dtype, self._engram.file_cache_bytes)
         nbytes = max(1, rows * width * dtype.itemsize)
         mapping = map_huge(nbytes).mapping if self._engram.use_thp else map_anonymous(nbytes, kind="host")
         if uva:
@@ -72,14 +74,16 @@ class EngramStorage:
         self._mappings.append(mapping)
         return mapping.view(0, (rows, width), dtype)
 
-    def _file_rows(self, rows: int, width: int, dtype: torch.dtype) -> torch.Tensor:
-        """This ETP rank's rows of a row tensor, in place in the checkpoint's file (mapped on first use)."""
+    def _file_rows(self, rows: int, width: int, dtype: torch.dtype, cache_bytes: int) -> torch.Tensor:
+        """This ETP rank's rows of a row tensor, in place in the checkpoint's file (mapped on first use, its
+        page cache bounded by `cache_bytes`, file_cache_bytes)."""
         start = self.shard_indices.org_vocab_start_index  # type: ignore[attr-defined]
         if self._file is None:
             path = files.checkpoint_dir(get_current_vllm_config())
             table = files.table_named(files.checkpoint(path), self.prefix)  # type: ignore[attr-defined]
             fmt = ShardFormat(rows, self.embedding_dim, _row_format(self.quant_method, dtype))  # type: ignore[attr-defined]
             self._file = files.map_rows(path, table, fmt, start, self.org_vocab_size)  # type: ignore[attr-defined]
+            self._budget = files.file_budget(path, cache_bytes, self._file)
         for part in (self._file.weight, self._file.scale):
             if part is not None and part.dtype == dtype and tuple(part.shape) == (rows, width):
                 return part
@@ -115,7 +119,7 @@ class EngramStorage:
         quantisation method returns them: stored rows (fp8 stays fp8), NVFP4 dequantised; a file-backed
         table's by guarded host reads (files.staged_rows) unless a GPU reads the file over UVA."""
         if self._file is not None and (not ids.is_cuda or files.staged(self._file)):
-            return files.staged_rows(self._file, ids, self._gather)
+            return files.staged_rows(self._file, ids, self._gather, self._budget)
         return self._gather(ids)  # a GPU reads an in-memory file over UVA, pinned: no guard needed
 
     def _gather(self, ids: torch.Tensor) -> torch.Tensor:
@@ -159,6 +163,7 @@ def _init_engram(module: Any, pinned: bool) -> None:
     module._engram = config
     module._mappings = []
     module._file = None
+    module._budget = None
     module._cache = None
     module._cache_built = False
 

@@ -53,10 +53,6 @@ def engram_config(vllm_config: Any) -> EngramConfig | None:
         raise EngramError(
             f"engram setting 'shard_layout': inside vLLM its own layout decides which rank holds which rows; {config.shard_layout!r} cannot be honoured there, leave it at 'vllm'"
         )
-    if config.file_cache_bytes:
-        raise EngramError(
-            "engram setting 'file_cache_bytes': the resident-set budget is not built inside vLLM yet (engram's own runtime honours it); leave it at 0"
-        )
     if config.device_cache_bytes:
         from engram.integrations.vllm.cache import profile
 

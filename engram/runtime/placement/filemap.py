@@ -35,7 +35,7 @@ from engram.memory.mapping import HUGETLBFS_MAGIC, PAGE, Mapping, madvise, map_r
 from engram.memory.registration import ATTRIBUTE_READ_ONLY_REGISTER, CudaRuntime, read_only_supported, register
 from engram.ops import cpu
 from engram.runtime.checkpoints.loader import Checkpoint, SafetensorsFile, expected_parts, table_scale_tensor
-from engram.runtime.placement.residency import RESIDENCY_PROBES, page_resident
+from engram.runtime.placement.residency import RESIDENCY_PROBES, ResidentBudget, page_resident
 from engram.runtime.placement.storage import TABLE_SCALE_DTYPE, ShardFormat, TableShard
 
 log = logging.getLogger("engram")
@@ -124,6 +124,25 @@ def files_named_on_fault(shard: TableShard) -> Iterator[None]:
         if shard.files:
             check_files(shard)
         raise
+
+
+def watch_files(budget: ResidentBudget, shard: TableShard) -> None:
+    """Put the files behind `shard` under `budget` (file_cache_bytes); a coalesced read of one of its rows
+    may bring in the gap beside it too. A shard in memory has no files, and adds nothing."""
+    if shard.files:
+        budget.watch(shard.files, shard.format.row_bytes + READAHEAD_GAP)
+
+
+@contextlib.contextmanager
+def reading(shard: TableShard, ids: torch.Tensor, budget: ResidentBudget | None = None) -> Iterator[None]:
+    """Host reads of a file-backed `shard`'s rows for `ids` inside: a cold file's pages asked for first
+    (read_ahead), a read that faulted because the file shrank raised as the error naming it, and after
+    the reads `budget` told what they may have added to the page cache."""
+    with files_named_on_fault(shard):
+        asked = read_ahead(shard, ids) if shard.readahead else None
+        yield
+    if budget is not None:
+        budget.after_lookup(shard, ids, None if asked is None else asked.bytes)
 
 
 def in_memory_fs(path: str) -> bool:

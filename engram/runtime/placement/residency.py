@@ -55,19 +55,27 @@ def resident_bytes(mappings: tuple[Mapping, ...]) -> int:
 
 
 class ResidentBudget:
-    """Keeps the page cache of `mappings` near `budget_bytes` across lookups (after_lookup); `read_bytes`:
-    the most bytes reading one row may bring in."""
+    """Keeps the page cache of the files it watches near `budget_bytes` across lookups (after_lookup)."""
 
-    def __init__(self, mappings: tuple[Mapping, ...], budget_bytes: int, read_bytes: int) -> None:
-        self.mappings = mappings
+    def __init__(self, budget_bytes: int) -> None:
+        self.mappings: tuple[Mapping, ...] = ()
         self.budget = budget_bytes
-        self.page_span = (read_bytes + PAGE - 1) // PAGE + 1  # pages one row's read can touch, scales alike
-        self.resident = resident_bytes(mappings)
+        self.page_span = 0  # the most pages one row's read can touch, scales alike
+        self.resident = 0
         self.unmeasured = 0  # bytes the lookups since the last measure may have brought in
         self.trims = 0
         self.measures = 0  # mincore passes over the mappings after lookups (each reads a byte a page)
         self.peak = 0  # the most measured after a lookup
         self.latest: dict[int, tuple[TableShard, torch.Tensor]] = {}  # each table's latest ids, kept on release
+
+    def watch(self, files: tuple[Mapping, ...], read_bytes: int) -> None:
+        """Bound these file mappings too (each once, however many tables are views of it); `read_bytes`:
+        the most bytes reading one row of their tables may bring in."""
+        known = {m.addr for m in self.mappings}
+        new = tuple({m.addr: m for m in files if m.addr not in known}.values())
+        self.mappings += new
+        self.page_span = max(self.page_span, (read_bytes + PAGE - 1) // PAGE + 1)
+        self.resident += resident_bytes(new)
 
     def after_lookup(self, shard: TableShard, ids: torch.Tensor, asked: int | None) -> None:
         """Count what a lookup of `ids` in `shard` may have added to the page cache, and measure when that

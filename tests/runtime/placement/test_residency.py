@@ -20,7 +20,7 @@ from engram.memory.mapping import PAGE
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.embedding import EngramEmbedding
 from engram.runtime.placement import residency
-from engram.runtime.placement.filemap import READAHEAD_GAP, file_shard, in_memory_fs, read_ahead
+from engram.runtime.placement.filemap import READAHEAD_GAP, file_shard, in_memory_fs, read_ahead, watch_files
 from engram.runtime.placement.residency import (
     ResidentBudget,
     drop_file_cache,
@@ -49,7 +49,10 @@ def table(directory: Path) -> Path:
 
 def open_table(directory: Path, budget: int) -> tuple[EngramEmbedding, ResidentBudget | None]:
     shard = file_shard("t", ShardFormat(ROWS, DIM, "bf16"), 0, ROWS, Checkpoint(directory), None)
-    limit = ResidentBudget(shard.files, budget, DIM * 2 + READAHEAD_GAP) if budget else None  # as the engine does
+    limit = None
+    if budget:  # as the engine does
+        limit = ResidentBudget(budget)
+        watch_files(limit, shard)
     plan = TableShardPlan("t", ROWS, "row", 0, ROWS, 0, COLUMNS)
     return EngramEmbedding(shard, plan, columns=COLUMNS, budget=limit), limit
 
@@ -130,6 +133,23 @@ def test_a_release_keeps_the_pages_of_the_latest_lookup(tmp_path: Path) -> None:
     budget.budget = len(pages) * PAGE  # now the latest lookup is more than half of the budget
     budget.release()
     assert resident_set(budget) == set()
+
+
+def test_a_budget_watches_each_file_once_whatever_the_tables_of_it(tmp_path: Path) -> None:
+    """Two tables that are views of one file put one mapping under the budget, counted once, and the
+    span of a row's read is the widest table's (its row, the coalescing gap, one page for misalignment)."""
+    weights = {"a.weight": torch.zeros(64, DIM, dtype=torch.bfloat16), "b.weight": torch.zeros(64, 4 * DIM)}
+    save_file(weights, str(tmp_path / "model.safetensors"))
+    checkpoint = Checkpoint(tmp_path)
+    a = file_shard("a", ShardFormat(64, DIM, "bf16"), 0, 64, checkpoint, None)
+    b = file_shard("b", ShardFormat(64, 4 * DIM, "fp32"), 0, 64, checkpoint, None)
+    budget = ResidentBudget(1 << 20)
+    watch_files(budget, a)
+    watch_files(budget, b)
+    watch_files(budget, a)
+    assert budget.mappings == a.files == b.files and len(budget.mappings) == 1
+    assert budget.resident == resident_bytes(a.files)
+    assert budget.page_span == (4 * DIM * 4 + READAHEAD_GAP + PAGE - 1) // PAGE + 1
 
 
 def test_outside_and_merged_ranges() -> None:
