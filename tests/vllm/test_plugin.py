@@ -188,3 +188,17 @@ def test_file_backed_tables_under_a_budget_keep_the_page_cache_near_it(tmp_path:
     assert max(bounded["resident"]) <= budget + step_reads and bounded["peak"] <= budget + step_reads
     assert bounded["trims"] >= 2 and bounded["measures"] >= bounded["trims"]
     assert unbounded["resident"][-1] > 3 * budget
+
+
+def test_a_table_class_another_plugin_replaced_stays_theirs_and_engram_says_so() -> None:
+    [answer] = ask_vllm("plugin_collision", [{}])
+    assert answer["classes"] == {
+        "Qwen4ExpPLEDeviceEmbedding": "Theirs",
+        "Qwen4ExpPLEPinnedHostEmbedding": "EngramQwenPinnedHostEmbedding",
+    }
+    warning = (
+        "engram: vLLM's Qwen4ExpPLEDeviceEmbedding is already replaced by "
+        "__main__.plugin_collision_case.<locals>.Theirs (another plugin), so engram does not serve Qwen4Exp's PLE "
+        "tables of that class in this process; uninstall one of the two plugins"
+    )
+    assert answer["warnings"] == [warning, warning]  # once each time vLLM loads the plugins

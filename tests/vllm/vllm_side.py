@@ -608,6 +608,33 @@ def plugin_file_budget_case(case: dict) -> dict:
     return answer
 
 
+def plugin_collision_case(case: dict) -> dict:
+    """engram's entry point where another plugin already replaced vLLM's Qwen4Exp device table class: the
+    classes vLLM's out-of-tree registry holds after it, and what engram logged."""
+    import logging
+
+    from vllm.model_executor.custom_op import op_registry_oot
+
+    from engram.integrations.vllm import SWAPPED, register
+
+    class Theirs:
+        pass
+
+    for name in SWAPPED:
+        op_registry_oot.pop(name, None)
+    op_registry_oot[SWAPPED[0]] = Theirs
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logging.getLogger("engram").addHandler(handler)
+    register()
+    register()  # vLLM may load the plugins again in the same process
+    return {
+        "classes": {name: op_registry_oot[name].__name__ for name in SWAPPED},
+        "warnings": [r.getMessage() for r in records if r.levelno == logging.WARNING],
+    }
+
+
 KINDS = {
     "config": config_case,
     "qwen_ids": qwen_ids_case,
@@ -619,6 +646,7 @@ KINDS = {
     "plugin_qwen": plugin_qwen_case,
     "plugin_deepseek": plugin_deepseek_case,
     "plugin_file_budget": plugin_file_budget_case,
+    "plugin_collision": plugin_collision_case,
 }
 
 

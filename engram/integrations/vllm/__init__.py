@@ -28,6 +28,11 @@ def register() -> None:
     from engram.integrations.vllm import deepseek, qwen
 
     for name, cls in zip(SWAPPED, (qwen.EngramQwenDeviceEmbedding, qwen.EngramQwenPinnedHostEmbedding), strict=True):
-        if op_registry_oot.get(name) is None:
-            op_registry_oot[name] = cls
+        theirs = op_registry_oot.setdefault(name, cls)
+        if theirs is not cls:  # another plugin's: it stays, and engram says it does not serve those tables
+            log.warning(
+                "engram: vLLM's %s is already replaced by %s.%s (another plugin), so engram does not serve "
+                "Qwen4Exp's PLE tables of that class in this process; uninstall one of the two plugins",
+                name, theirs.__module__, theirs.__qualname__,
+            )  # fmt: skip
     deepseek.install()
