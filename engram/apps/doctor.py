@@ -64,6 +64,8 @@ def check_dp_shared_memory(plan: DeploymentPlan, given: bool | None) -> Check:
     if not plan.config.dp_shared_memory:
         detail = resolution or "false: every replica keeps its tables to itself"
         return Check(name, "pass", detail)
+    if plan.sharing_note:
+        return Check(name, "pass", f"{resolution}; but {plan.sharing_note}" if resolution else plan.sharing_note)
     local = plan.parallel.data_parallel_size_local or plan.parallel.data_parallel_size
     needed = _most_per_node(plan, "shm_bytes")
     reason = "Engram DP size 1: one replica per node, nobody to share with" if local == 1 else None

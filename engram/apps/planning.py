@@ -82,7 +82,7 @@ def collectives(plan: DeploymentPlan) -> list[dict[str, Any]]:
     if size > 1:
         kind = plan.ranks[0].tables[0].kind
         group = f"TP x {plan.group_size // tp} DP ranks" if plan.across_dp else "TP ranks of a replica"
-        what = "rows along heads" if kind == "head" else "rows, summed (one owner per row)"
+        what = "rows along heads" if kind == "head" else "rows, their bits summed as integers (one owner per row)"
         out.append(
             {
                 "op": "all_gather" if kind == "head" else "all_reduce",
@@ -104,6 +104,7 @@ def summary(plan: DeploymentPlan) -> dict[str, Any]:
         "placement": plan.ranks[0].placement,
         "shard_layout": plan.layout_name,
         "vllm_refusal": plan.vllm_refusal,
+        "sharing_note": plan.sharing_note,
         "table_bytes": plan.spec.table_bytes,
         "per_rank": per_rank(plan),
         "per_node": per_node(plan),

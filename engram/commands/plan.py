@@ -69,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
     resolution = dp_shared_memory_resolution(given, plan.config.dp_shared_memory)
     if resolution:
         print(resolution)
+    if plan.sharing_note:
+        print(plan.sharing_note)
     print("per rank:           device bytes     pinned host bytes     shm (mapped) bytes")
     for row in report["per_rank"]:
         print(

@@ -2,9 +2,10 @@
 
 forward(ids [T, C] global row ids, DEAD_ID = -1) -> [T, C, D] in the output dtype. The local gather reads
 owned rows (zeros for DEAD_ID and rows of other shards); head shards then all-gather along heads, row
-shards all-reduce (exact: every row has one owner). With embedding_across_dp the ids of all replicas are
-gathered first, padded with DEAD_ID to the largest (idle replicas take part), and each replica keeps its
-own window of the combined rows. With dp_shared_memory no DP collective runs at all."""
+shards all-reduce the rows' bits as integers (exact: every row has one owner, the others add zero bits).
+With embedding_across_dp the ids of all replicas are gathered first, padded with DEAD_ID to the largest
+(idle replicas take part), and each replica keeps its own window of the combined rows. With
+dp_shared_memory no DP collective runs at all."""
 
 from __future__ import annotations
 
@@ -149,8 +150,16 @@ class EngramEmbedding(nn.Module):
     def _combine_rows(self, rows: torch.Tensor) -> torch.Tensor:
         group = self.group
         assert group is not None
-        dist.all_reduce(rows, group=group.handle)
+        dist.all_reduce(as_integers(rows), group=group.handle)
         return rows
+
+
+def as_integers(rows: torch.Tensor) -> torch.Tensor:
+    """`rows` (contiguous) viewed as integers for the row shards' all-reduce: every element has one owner
+    and the others hold zero bits, so an integer sum is that owner's bits exactly, where a float sum turns
+    an owned -0.0 into +0.0 (0.0 + -0.0). int32 where the bytes allow it (gloo has no int16), else uint8."""
+    flat = rows.view(-1).view(torch.uint8)
+    return flat.view(torch.int32) if flat.numel() % 4 == 0 else flat
 
 
 def gather_replica_ids(ids: torch.Tensor, group: Group) -> tuple[torch.Tensor, int]:

@@ -137,6 +137,8 @@ class EngramTables:
             config, parallel, resolved=resolved, table_bytes=spec.table_bytes, limits=host_limits
         )
         plan = plan_deployment(spec, config, parallel, platform)
+        if plan.sharing_note and dist.get_rank() == 0:
+            log.warning("engram: %s", plan.sharing_note)
         check_pinned_bytes(plan.pinned_bytes_per_node(), host_limits)  # the plan's exact bytes, any layout
         if dist.get_world_size() != len(plan.ranks):
             raise EngramError(

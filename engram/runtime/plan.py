@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+import msgspec
+
 from engram.config import EngramConfig, ParallelConfig
 from engram.errors import EngramError
 from engram.ngram.spec import ModelSpec
@@ -67,11 +69,13 @@ class DeploymentPlan:
     platform: str
     ranks: tuple[RankPlan, ...]
     vllm_refusal: str | None = None  # why vLLM 0.33 would refuse this layout (engram serves it anyway)
+    sharing_note: str | None = None  # why a dp_shared_memory that is on shares nothing in this layout
 
     @property
     def across_dp(self) -> bool:
-        """Embedding groups span DP replicas, whose ids are gathered every step (dp_group). dp_shared_memory
-        rules it out: its shards are TP-only and no DP collective may run."""
+        """Embedding groups span DP replicas, whose ids are gathered every step (dp_group). Shared tables
+        rule it out: their shards are TP-only and no DP collective may run (a Qwen ETP group over DP shares
+        nothing, see sharing_note)."""
         return self.group_size > self.parallel.tensor_parallel_size
 
     @property
@@ -169,18 +173,30 @@ def plan_deployment(
         )
     # The DP ranks one embedding group spans (a block of consecutive ones), and whether the group's shard
     # index puts DP first (vLLM's Qwen ETP: dp * TP + tp) or TP first (tp * span + dp).
-    if config.dp_shared_memory or (config.file_backed and config.shard_layout == "vllm"):
+    if config.shard_layout == "vllm" and spec.family == "qwen":
+        # vLLM 0.33 sizes Qwen's ETP group by get_parallel_size, whatever dp_shared_memory or file_backed say
+        span, dp_major = config.get_parallel_size(parallel) // tp, True
+    elif config.dp_shared_memory or (config.file_backed and config.shard_layout == "vllm"):
         span, dp_major = 1, False  # one copy per node already (file-backed: the page cache's)
     elif config.shard_layout == "replica":
         span, dp_major = (dp if config.embedding_across_dp else 1), False
-    elif spec.family == "qwen":
-        span, dp_major = (dp if config.embedding_across_dp else 1), True
     else:
         span, dp_major = engram_dp_size(spec, config, parallel), False
+    # Replicas share a copy only where they hold the same rows: not in an ETP group spread over DP.
+    shared = bool(config.dp_shared_memory) and span == 1
+    note = None
+    if config.dp_shared_memory and not shared:
+        note = (
+            "dp_shared_memory shares nothing here: Qwen4Exp's ETP group spreads one copy of the tables over the "
+            f"{span} replicas (embedding_across_dp), so each holds rows of its own, privately"
+        )
+        config_for_placement = msgspec.structs.replace(config, dp_shared_memory=False)
+    else:
+        config_for_placement = config
     # vLLM's GPU tables at TP 1 over EDP > 1 split rows (each rank reads its peers' memory), not heads
     peer_rows = config.shard_layout == "vllm" and spec.family == "deepseek" and not config.cpu_offload
     peer_rows = peer_rows and tp == 1 and span > 1
-    placement = placement_for(config, platform)
+    placement = placement_for(config_for_placement, platform)
 
     def rank_of(tp_rank: int, dp_rank: int) -> int:
         return dp_rank * tp + tp_rank
@@ -199,7 +215,7 @@ def plan_deployment(
                 order = sorted(members, key=lambda m: (m[1], m[0])) if dp_major else members
                 groups[block] = tuple(rank_of(t, d) for t, d in order)
             shm = None
-            if config.dp_shared_memory:
+            if shared:
                 shm = range(rank_of(tp_rank, node * local), rank_of(tp_rank, (node + 1) * local), tp)
             if (index, size) not in shards:
                 shards[(index, size)] = table_shards(spec, index, size, peer_rows)
@@ -218,4 +234,4 @@ def plan_deployment(
                 )
             )
     refusal = vllm_refusal(spec, tp * span) if config.shard_layout == "vllm" and not peer_rows else None
-    return DeploymentPlan(spec, config, parallel, platform, tuple(ranks), refusal)
+    return DeploymentPlan(spec, config, parallel, platform, tuple(ranks), refusal, note)

@@ -1,5 +1,6 @@
-"""Per-rank code of the sharding tests: build the sharded tables for every valid config, look up
-uneven, partly dead and idle batches, and compare with an unsharded single-process lookup."""
+"""Per-rank code of the sharding tests: build the sharded tables for every valid config (every placement
+the CPU platform has, both shard layouts), look up uneven, partly dead and idle batches, and compare them
+bit for bit with the rows safetensors' own reader gives (tests/runtime/reference.py)."""
 
 from __future__ import annotations
 
@@ -17,19 +18,19 @@ from engram.errors import EngramError
 from engram.ngram.spec import ModelSpec
 from engram.ops import DEAD_ID
 from engram.runtime.checkpoints.loader import Checkpoint
-from engram.runtime.embedding import EngramEmbedding
 from engram.runtime.engine import EngramTables
-from engram.runtime.tables import open_tables, whole_tables
+from tests.runtime.reference import expected_lookup, expected_tables, same_bits
 from tests.runtime.specs import SPECS
 
-FIELDS = ("cpu_offload", "embedding_across_dp", "dp_shared_memory", "use_thp")
+FIELDS = ("cpu_offload", "embedding_across_dp", "dp_shared_memory", "use_thp", "file_backed")
 
 
 def valid_configs(parallel: ParallelConfig) -> list[EngramConfig]:
-    """Every valid setting of the four fields, in vLLM 0.33's shard layout, and where DP > 1 and the tables
-    are not shared (the layouts differ only there) in the seed's replica layout too."""
+    """Every valid setting of the five fields that choose a placement and a layout, in vLLM 0.33's shard
+    layout, and where DP > 1 and the tables are not shared (the layouts differ only there) in the seed's
+    replica layout too."""
     out = []
-    for values in itertools.product([False, True], repeat=4):
+    for values in itertools.product([False, True], repeat=len(FIELDS)):
         for layout in ("vllm", "replica"):
             try:
                 config = load_config({**dict(zip(FIELDS, values, strict=True)), "shard_layout": layout}, env={})
@@ -55,11 +56,8 @@ def batches(spec: ModelSpec, dp_rank: int, dp: int) -> Iterator[torch.Tensor]:
         yield torch.where(dead, torch.full_like(rows, DEAD_ID), rows)
 
 
-def unsharded(spec: ModelSpec, checkpoint: str) -> list[EngramEmbedding]:
-    """The single-process reference: whole tables, no group."""
-    plans = whole_tables(spec)
-    shards = open_tables(spec, Checkpoint(checkpoint), "host", progress=False)
-    return [EngramEmbedding(shards[t], plans[t], columns=spec.layout.columns) for t in spec.layout.table_of_layer]
+def matches(got: list[torch.Tensor], want: list[torch.Tensor]) -> bool:
+    return len(got) == len(want) and all(same_bits(g, w) for g, w in zip(got, want, strict=True))
 
 
 @contextlib.contextmanager
@@ -118,24 +116,19 @@ def check_all(
     reports = []
     for spec_name in spec_names:
         spec = SPECS[spec_name]
-        reference = unsharded(spec, checkpoints[spec_name])
+        tables_wanted = expected_tables(checkpoints[spec_name], spec)
         for config in valid_configs(parallel):
             plan_rank = rank % tp, rank // tp
             os.environ["ENGRAM_NODE_ID"] = f"node-{plan_rank[1] // dp_local}"  # simulated nodes share nothing
             tables = EngramTables.build(spec, config, parallel, checkpoints[spec_name], platform="cpu", progress=False)
-            reload_with_weight_loaders(tables, checkpoints[spec_name], wipe_first=not config.dp_shared_memory)
-            forbidden = {tables.groups.shm.handle, None} if config.dp_shared_memory else set()
-            matches = []
+            private = tables.rank_plan.placement not in ("shm", "file")  # wiped first: the reload must refill it
+            reload_with_weight_loaders(tables, checkpoints[spec_name], wipe_first=private)
+            shared = tables.groups.shm is not None
+            forbidden = {tables.groups.shm.handle, None} if tables.groups.shm is not None else set()
+            steps = []
             with forbid_collectives(forbidden):
                 for ids in batches(spec, tables.rank_plan.dp_rank, dp):
-                    got = tables.lookup(ids)
-                    want = [layer(ids[:, i]) for i, layer in enumerate(reference)]
-                    matches.append(
-                        all(
-                            g.dtype == w.dtype and g.shape == w.shape and torch.equal(g, w)
-                            for g, w in zip(got, want, strict=True)
-                        )
-                    )
+                    steps.append(matches(tables.lookup(ids), expected_lookup(tables_wanted, spec, ids)))
                 guard_works = None
                 if forbidden:  # the guard itself must bite, or the check above proves nothing
                     try:
@@ -146,12 +139,15 @@ def check_all(
             reports.append(
                 {
                     "spec": spec_name,
-                    "config": {f: getattr(config, f) for f in (*FIELDS, "shard_layout")},
-                    "match": all(matches),
-                    "steps": len(matches),
+                    "config": {f: getattr(tables.plan.config, f) for f in (*FIELDS, "shard_layout")},
+                    "match": all(steps),
+                    "steps": len(steps),
+                    "shared": shared,
+                    "sharing_note": tables.plan.sharing_note,
                     "guard_works": guard_works,
                     "kind": tables.rank_plan.tables[0].kind,
                     "placement": tables.rank_plan.placement,
+                    "rows": [(t.row_start, t.row_stop) for t in tables.rank_plan.tables],
                     "group": list(tables.rank_plan.embedding_group),
                     "shm_path": tables.shards[0].mapping.path if tables.shards[0].mapping is not None else None,
                 }
@@ -201,17 +197,17 @@ def bad_id_then_good(
             shapes.append("accepted")
         except EngramError as exc:
             shapes.append(str(exc))
-    reference = unsharded(spec, checkpoint)
     got = tables.lookup(good)
     prefetched = tables.prefetch(good)
-    want = [layer(good[:, i]) for i, layer in enumerate(reference)]
-    tables.release()
-    return {
+    want = expected_lookup(expected_tables(checkpoint, spec), spec, good)
+    report = {
         "error": error,
         "shapes": shapes,
-        "good_after": all(torch.equal(g, w) for g, w in zip(got, want, strict=True)),
-        "prefetch": all(torch.equal(prefetched.take(i), w) for i, w in enumerate(want)),
+        "good_after": matches(got, want),
+        "prefetch": matches([prefetched.take(i) for i in range(len(want))], want),
     }
+    tables.release()
+    return report
 
 
 def build_on_nodes(rank: int, world: int, nodes: list[str], local: int, checkpoint: str) -> dict[str, Any]:
@@ -223,10 +219,7 @@ def build_on_nodes(rank: int, world: int, nodes: list[str], local: int, checkpoi
         spec, load_config({"dp_shared_memory": True}, env={}), parallel, checkpoint, progress=False
     )
     ids = next(batches(spec, rank, world))
-    reference = unsharded(spec, checkpoint)
-    match = all(
-        torch.equal(g, layer(ids[:, i])) for i, (g, layer) in enumerate(zip(tables.lookup(ids), reference, strict=True))
-    )
+    match = matches(tables.lookup(ids), expected_lookup(expected_tables(checkpoint, spec), spec, ids))
     report = {
         "placement": tables.rank_plan.placement,
         "local": tables.plan.parallel.data_parallel_size_local,

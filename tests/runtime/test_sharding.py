@@ -1,5 +1,7 @@
-"""Sharded lookups equal the unsharded lookup exactly, for TP in {1, 2} x DP in {1, 2}, every valid
-config, both families; two simulated nodes; processes started by torchrun."""
+"""Sharded lookups return exactly the rows safetensors' own reader gives (tests/runtime/reference.py), bit
+for bit on checkpoints planted with negative zeros, for TP in {1, 2} x DP in {1, 2}, every valid config
+(each placement of the CPU platform, both shard layouts), both families; two simulated nodes; processes
+started by torchrun."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from engram.runtime.checkpoints.writer import write_checkpoint
 from engram.runtime.launch import free_port, run_local, values
 from engram.runtime.plan import head_range, plan_deployment, row_range, table_shards
 from tests.runtime import sharding_workers
+from tests.runtime.reference import plant_negative_zeros
 from tests.runtime.specs import DS3, DS7, QWEN, SPECS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,6 +31,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     for name, spec in SPECS.items():
         path = tmp_path_factory.mktemp(name)
         write_checkpoint(spec, path, seed=11)
+        assert plant_negative_zeros(path, spec) > 0
         out[name] = str(path)
     return out
 
@@ -125,25 +129,63 @@ def test_vllm_layout_groups() -> None:
     ] and not seed.across_dp
 
 
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"cpu_offload": True, "embedding_across_dp": True},  # dp_shared_memory null, resolved to true
+        {"cpu_offload": True, "embedding_across_dp": True, "dp_shared_memory": True},
+        {"file_backed": True, "embedding_across_dp": True, "dp_shared_memory": False},
+    ],
+)
+def test_qwen_etp_group_is_get_parallel_size_whatever_sharing_says(fields: dict[str, bool]) -> None:
+    """vLLM 0.33 sizes Qwen4Exp's ETP group by get_parallel_size (TP x DP with embedding_across_dp): at TP 2
+    x DP 2 its rank 0 holds rows [0, 80,000,384) of the 320,001,536; ETP ranks go DP-major. Replicas that
+    hold different rows share nothing, and the plan says so where sharing is on."""
+    spec = get_preset("qwen4-exp-ple")
+    config = load_config(fields, env={})
+    parallel = ParallelConfig(tensor_parallel_size=2, data_parallel_size=2)
+    plan = plan_deployment(spec, config, parallel, "cuda")
+    assert config.get_parallel_size(parallel) == 4 and spec.layout.table_rows[0] == 320_001_536
+    quarter = 80_000_384
+    assert [(t.row_start, t.row_stop) for r in plan.ranks for t in r.tables[:1]] == [
+        (i * quarter, (i + 1) * quarter) for i in range(4)
+    ]
+    assert all(tuple(r.embedding_group) == (0, 1, 2, 3) for r in plan.ranks) and plan.across_dp
+    assert all(r.shm_group is None for r in plan.ranks)
+    assert {r.placement for r in plan.ranks} == {"file" if fields.get("file_backed") else "pinned"}
+    if plan.config.dp_shared_memory:
+        assert plan.sharing_note == (
+            "dp_shared_memory shares nothing here: Qwen4Exp's ETP group spreads one copy of the tables over the "
+            "2 replicas (embedding_across_dp), so each holds rows of its own, privately"
+        )
+    else:
+        assert plan.sharing_note is None
+
+
 # -- real processes -------------------------------------------------------------------------------
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("tp", "dp"), [(1, 1), (2, 1), (1, 2), (2, 2)])
-def test_sharded_equals_unsharded(tp: int, dp: int, checkpoints: dict[str, str], shm_tmp: Path) -> None:
+def test_sharded_rows_equal_the_checkpoints(tp: int, dp: int, checkpoints: dict[str, str], shm_tmp: Path) -> None:
     names = ["ds7", "ds3", "qwen-small", *(["qwen-nvfp4"] if tp * dp == 4 else [])]
     reports = values(run_local(tp * dp, sharding_workers.check_all, tp, dp, dp, checkpoints, names, timeout=600))
     configs = len(sharding_workers.valid_configs(ParallelConfig(tensor_parallel_size=tp, data_parallel_size=dp)))
-    assert configs == (14 if dp > 1 else 6)  # DP > 1: 8 in vLLM 0.33's layout, 6 unshared in the replica layout
+    # DP > 1: 10 in vLLM 0.33's layout, 8 unshared in the replica layout; DP 1: the 8 without sharing
+    assert configs == (18 if dp > 1 else 8)
     for rank_reports in reports:
         assert len(rank_reports) == configs * len(names)
         for report in rank_reports:
             assert report["match"] is True, report
             assert report["steps"] == 3
-            if report["config"]["dp_shared_memory"]:
+            if report["shared"]:
                 assert report["guard_works"] is True and report["placement"] == "shm"
+    placements = {r["placement"] for r in reports[0]}
+    assert placements == {"device", "host", "hugepages", "file", *(["shm"] if dp > 1 else [])}
     kinds = {(r["spec"], r["kind"]) for r in reports[0]}
     assert ("qwen-small", "row") in kinds and ("ds7", "head") in kinds
+    if (tp, dp) == (1, 2):  # vLLM's GPU tables at TP 1 over DP: rows split over the replicas
+        assert ("ds7", "row") in kinds
     if tp * dp == 4:
         assert ("ds3", "row") in kinds  # 4 ranks > 3 heads: row fallback under embedding_across_dp
     assert list(shm_tmp.iterdir()) == []
@@ -221,6 +263,8 @@ def test_two_simulated_nodes(checkpoints: dict[str, str], shm_tmp: Path) -> None
             continue
         if config["shard_layout"] == "replica":  # the seed's: TP x DP with embedding_across_dp, else a replica
             want = [[0, 1, 2, 3]] * 4 if config["embedding_across_dp"] else [[0], [1], [2], [3]]
+        elif config["file_backed"]:  # the page cache holds one copy per node already: TP-only shards
+            want = [[0], [1], [2], [3]]
         elif not config["cpu_offload"] and config["embedding_across_dp"]:  # GPU tables at TP 1: EDP = DP
             want = [[0, 1, 2, 3]] * 4
         else:  # vLLM's node-local Engram DP group: gcd(DP 4, 2 replicas per node)

@@ -1,7 +1,9 @@
-"""DeepSeek V4.1 per-rank layouts against vLLM 0.33.0's own code (tests/vllm/runner.py): for TP 1/2/4 x
+"""Per-rank layouts against vLLM 0.33.0's own code (tests/vllm/runner.py). DeepSeek V4.1: for TP 1/2/4 x
 DP 1/2/4/8 on nodes of 1, 2 or all replicas, host and GPU tables, embedding_across_dp on and off, shared
 or not, every rank's table slice (first row, rows, first head) equals what vLLM's ParallelEngramEmbedding
-takes, and where vLLM refuses the layout, engram's plan names the same reason."""
+takes, and where vLLM refuses the layout, engram's plan names the same reason. Qwen4Exp: for TP 1/2/4 x
+DP 1/2/4, every rank's ETP group and table rows equal those of vLLM's initialize_model_parallel and
+Qwen4ExpNGramEmbedding, whatever dp_shared_memory (null, false, true) and file_backed say."""
 
 from __future__ import annotations
 
@@ -15,9 +17,10 @@ from engram.config import ParallelConfig, load_config
 from engram.errors import ConfigError
 from engram.ngram.spec import ModelSpec
 from engram.runtime.checkpoints.loader import Checkpoint
-from engram.runtime.checkpoints.writer import write_checkpoint
+from engram.runtime.checkpoints.writer import hf_config, write_checkpoint
 from engram.runtime.plan import plan_deployment
 from engram.runtime.tables import open_tables
+from tests.runtime.specs import QWEN
 from tests.vllm.runner import ask_vllm, needs_vllm
 
 pytestmark = needs_vllm
@@ -104,3 +107,45 @@ def test_deepseek_checkpoints_load_through_vllms_weight_loaders(tmp_path: Path) 
             assert table["row_start"] == shard.row_start and table["rows"] == shard.rows
             assert table["weight"] == shard.weight.view(torch.uint8).flatten().tolist()
             assert table["scale"] == shard.scale.view(torch.uint8).flatten().tolist()
+
+
+def qwen_cases() -> list[dict[str, Any]]:
+    """vLLM's config fields over TP x DP, with engram's file_backed beside the host-table cases it may take
+    (vLLM has no such field: the rows must be those of the same config without it)."""
+    out = []
+    for tp, dp, cpu_offload, across, shared, thp in itertools.product(
+        (1, 2, 4), (1, 2, 4), (False, True), (False, True), (None, False, True), (False, True)
+    ):
+        fields = {"cpu_offload": cpu_offload, "embedding_across_dp": across, "dp_shared_memory": shared, "use_thp": thp}
+        parallel = ParallelConfig(tensor_parallel_size=tp, data_parallel_size=dp)
+        variants = [fields]
+        if cpu_offload and not thp and not shared:
+            variants.append({**fields, "dp_shared_memory": False, "file_backed": True})
+        for ours in variants:
+            try:
+                load_config(ours, env={}).resolve_dp_shared_memory(parallel).verify_parallel_config(parallel)
+            except ConfigError:
+                continue
+            out.append({"tp": tp, "dp": dp, "engram": fields, "ours": ours})
+    return out
+
+
+def test_qwen_layouts_equal_vllm() -> None:
+    all_cases = qwen_cases()
+    hf = hf_config(QWEN, "bf16", 0)
+    theirs = ask_vllm(
+        "qwen_layout", [{"tp": c["tp"], "dp": c["dp"], "engram": c["engram"], "hf": hf} for c in all_cases]
+    )
+    spread = 0
+    for case, vllm in zip(all_cases, theirs, strict=True):
+        parallel = ParallelConfig(tensor_parallel_size=case["tp"], data_parallel_size=case["dp"])
+        plan = plan_deployment(QWEN, load_config(case["ours"], env={}), parallel)
+        ours = [
+            {"group": list(r.embedding_group), "tables": [[t.row_start, t.row_stop] for t in r.tables]}
+            for r in plan.ranks
+        ]
+        assert ours == vllm["ranks"], case
+        if vllm["etp"] > case["tp"] and plan.config.dp_shared_memory:  # ETP over DP with sharing on: nothing shared
+            assert plan.sharing_note is not None and all(r.shm_group is None for r in plan.ranks), case
+            spread += 1
+    assert (len(all_cases), spread) == (156, 12)

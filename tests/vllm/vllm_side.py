@@ -214,6 +214,74 @@ def deepseek_layout_case(case: dict) -> dict:
     return out
 
 
+def qwen_layout_case(case: dict) -> dict:
+    """Each rank's Qwen4Exp PLE table rows as vLLM 0.33 lays them out: its EngramConfig, null
+    dp_shared_memory resolved as VllmConfig does; the ETP groups initialize_model_parallel builds from its
+    get_parallel_size (its own rank arithmetic, the process groups it would create recorded instead); and
+    the row range Qwen4ExpNGramEmbedding's table takes at each rank's place in its group (meta device)."""
+    from unittest import mock
+
+    import vllm.distributed.parallel_state as state
+    from transformers import Qwen4ExpTextConfig
+
+    tp, dp = case["tp"], case["dp"]
+    world = tp * dp
+    engram_config = EngramConfig(**case["engram"])
+    parallel = SimpleNamespace(
+        tensor_parallel_size=tp, data_parallel_size=dp, enable_elastic_ep=False, use_all2all=False, enable_eplb=False
+    )
+    engram_config.resolve_dp_shared_memory(parallel)
+    current = SimpleNamespace(
+        parallel_config=parallel,
+        engram_config=engram_config,
+        model_config=SimpleNamespace(architecture="Qwen4ExpForCausalLM", is_moe=False),
+    )
+    groups: dict[str, list[list[int]]] = {}
+
+    def record(group_ranks, local_rank, backend, *, group_name, **kwargs):
+        groups[group_name] = group_ranks
+        return SimpleNamespace(rank_in_group=0, world_size=len(group_ranks[0]), destroy=lambda: None)
+
+    import vllm.config
+
+    globals_ = ("_TP", "_ETP", "_ENGRAM_DP", "_DCP", "_PCP", "_PP", "_DP", "_EP", "_EPLB")
+    with contextlib.ExitStack() as stack:
+        for name in globals_:  # a fresh parallel state for this case, restored afterwards
+            stack.enter_context(mock.patch.object(state, name, None))
+        stack.enter_context(mock.patch.object(vllm.config, "get_current_vllm_config", lambda: current))
+        stack.enter_context(mock.patch.object(state, "init_model_parallel_group", record))
+        stack.enter_context(
+            mock.patch.object(state, "get_world_group", lambda: SimpleNamespace(local_rank=0, device_group=None))
+        )
+        stack.enter_context(mock.patch.object(torch.distributed, "is_initialized", lambda: True))
+        stack.enter_context(mock.patch.object(torch.distributed, "get_world_size", lambda group=None: world))
+        stack.enter_context(mock.patch.object(torch.distributed, "get_rank", lambda group=None: 0))
+        stack.enter_context(mock.patch.object(torch.distributed, "get_backend", lambda group=None: "gloo"))
+        state.initialize_model_parallel(tensor_model_parallel_size=tp)
+    etp_groups = groups.get("etp", groups["tp"])  # vLLM reuses the TP group where ETP = TP
+    config = Qwen4ExpTextConfig(**case["hf"])
+    torch.set_default_device("meta")
+    ranks = []
+    try:
+        for rank in range(world):
+            members = next(g for g in etp_groups if rank in g)
+            with qwen_parallel_state(len(members), members.index(rank), SimpleNamespace(engram_config=None)):
+                tables = []
+                for layer_id in config.ple_layer_ids:
+                    dense = sorted(set(config.ple_layer_ids)).index(layer_id)
+                    module = Qwen4ExpNGramEmbedding(
+                        config, config.ple_embed_dim, dense, 16, data_parallel_rank=rank // tp,
+                        prefix=f"model.language_model.layers.{layer_id - 1}.ple.ple_embedding",
+                        params_dtype=torch.bfloat16,
+                    )  # fmt: skip
+                    indices = module.ngram_embedding.shard_indices
+                    tables.append([indices.org_vocab_start_index, indices.org_vocab_end_index])
+            ranks.append({"group": members, "tables": tables})
+    finally:
+        torch.set_default_device("cpu")
+    return {"etp": len(etp_groups[0]), "dp_shared_memory": engram_config.dp_shared_memory, "ranks": ranks}
+
+
 def deepseek_ids_case(case: dict) -> dict:
     """Row ids of one batch step from vLLM's own NgramHashState.forward (its Triton hash kernel, V2 runner:
     lookback ids instead of the slot cache), with an identity token map: the ids given are compressed."""
@@ -558,6 +626,7 @@ def plugin_file_budget_case(case: dict) -> dict:
     (file_cache_bytes), each run from a cold page cache over the same steps' ids: a digest of each step's
     rows beside vLLM's own storage's, the bytes of the checkpoint file in the page cache before the first
     step and after each (mincore), and what the budget counted."""
+    import gc
     import hashlib
 
     import vllm.models.deepseek_v41.common.engram as engram
@@ -598,6 +667,7 @@ def plugin_file_budget_case(case: dict) -> dict:
             answer.update(files=len(budget.mappings), trims=budget.trims, measures=budget.measures, peak=budget.peak)
         del tables
         files.forget_checkpoints()
+        gc.collect()  # the tables' mappings go now, not with a later collection: mapped pages stay cached
         return answer
 
     answer = {"vllm": run({}, cpu_offload=False)}  # vLLM's pinned host tables need a GPU driver
@@ -640,6 +710,7 @@ KINDS = {
     "qwen_ids": qwen_ids_case,
     "checkpoint_config": checkpoint_config_case,
     "deepseek_layout": deepseek_layout_case,
+    "qwen_layout": qwen_layout_case,
     "deepseek_ids": deepseek_ids_case,
     "ple_rows": ple_rows_case,
     "qwen_load": qwen_load_case,

@@ -4,6 +4,7 @@ equal bit for bit to loaded tables; a truncated file is an error naming it, at o
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -21,6 +22,7 @@ from engram.memory.mapping import madvise
 from engram.memory.registration import HOST_REGISTER_MAPPED, HOST_REGISTER_PORTABLE, HOST_REGISTER_READ_ONLY
 from engram.ngram.spec import ModelSpec
 from engram.ops import DEAD_ID, cpu, gather
+from engram.ops.formats import FORMATS
 from engram.runtime.cache import caches_for
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.checkpoints.writer import write_checkpoint
@@ -29,12 +31,13 @@ from engram.runtime.launch import run_local, values
 from engram.runtime.placement.filemap import all_resident, file_shard, in_memory_fs
 from engram.runtime.placement.residency import drop_file_cache
 from engram.runtime.placement.storage import ShardFormat, TableShard
-from engram.runtime.plan import table_shards
+from engram.runtime.plan import TableShardPlan, table_shards
 from engram.runtime.tables import open_tables
 from tests.memory.test_registration import FakeRuntime
 from tests.runtime import workers
 from tests.runtime.conftest import SMALL, checkpoint_digests
-from tests.runtime.specs import DS3, DS7
+from tests.runtime.reference import dequantise, pick, plant_negative_zeros, read_tensors, same_bits
+from tests.runtime.specs import DS3, DS7, QWEN
 
 TABLE_BYTES = sum(ShardFormat(rows, SMALL.head_dim, SMALL.dtype).nbytes for rows in SMALL.layout.table_rows)
 
@@ -60,6 +63,43 @@ def test_file_shards_equal_loaded_shards(spec: ModelSpec, tp: int, tmp_path: Pat
                     got = gather(a.weight, scale_a, ids, a.row_start, table_rows, out_dtype, dedup)
                     want = gather(b.weight, scale_b, ids, b.row_start, table_rows, out_dtype, dedup)
                     assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
+@pytest.mark.parametrize(
+    ("spec", "dtype"),
+    [(DS7, "fp8"), (DS3, "bf16"), (DS3, "fp16"), (DS3, "fp32"), (QWEN, "fp8-table"), (QWEN, "nvfp4")],
+)
+def test_file_shards_at_an_offset_hold_the_checkpoints_rows(spec: ModelSpec, dtype: str, tmp_path: Path) -> None:
+    """Every row format, a shard starting at row 37 (no multiple of a page, a block or a row group): its
+    views hold the bytes safetensors' own reader gives for those rows, and lookups through it return them
+    dequantised as tests/runtime/reference.py does from the format's definition, bit for bit (negative
+    zeros planted), zeros for DEAD_ID and for rows outside the shard."""
+    spec = dataclasses.replace(spec, dtype=dtype)
+    write_checkpoint(spec, tmp_path, seed=5)
+    plant_negative_zeros(tmp_path, spec)
+    tensors = read_tensors(tmp_path)
+    table, rows = spec.table_names()[0], spec.layout.table_rows[0]
+    start, stop = 37, rows - 41
+    f = FORMATS[dtype]
+    shard = file_shard(table, ShardFormat(stop - start, spec.head_dim, dtype), start, rows, Checkpoint(tmp_path), None)
+    assert shard.placement == "file"
+    parts = [("weight", shard.weight), (f.scale_name, shard.scale)] if f.scale else [("weight", shard.weight)]
+    for suffix, view in parts:
+        want = tensors[f"{table}.{suffix}"][start:stop]
+        assert view.dtype == want.dtype and torch.equal(view.view(torch.uint8), want.view(torch.uint8)), suffix
+    if f.table_scale:
+        assert shard.table_scale is not None and torch.equal(
+            shard.table_scale.reshape(()), tensors[f"{table}.{f.table_scale_name}"]
+        )
+    plan = TableShardPlan(table, rows, "row", start, stop, 0, spec.layout.columns)
+    layer = EngramEmbedding(shard, plan, columns=spec.layout.columns)
+    ids = torch.randint(0, rows, (300, spec.layout.columns), generator=torch.Generator().manual_seed(2))
+    ids[0, :3] = torch.tensor([start, stop - 1, DEAD_ID])
+    ids[1, :2] = torch.tensor([start - 1, stop])  # the neighbours just outside the shard
+    owned = ((ids >= start) & (ids < stop))[..., None]
+    full = pick(dequantise(tensors, table, dtype, torch.bfloat16), ids)
+    want = torch.where(owned, full, torch.zeros((), dtype=full.dtype))
+    assert same_bits(layer(ids), want)
 
 
 def test_a_truncated_file_is_refused_at_open(tmp_path: Path) -> None:
