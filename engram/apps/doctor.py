@@ -208,7 +208,7 @@ def check_native() -> Check:
             "native CPU kernels",
             "warn",
             "not built: lookups and hashing use plain torch (slower)",
-            "install a C compiler (cc) with OpenMP",
+            cpu.unavailable_reason() or "",
         )
     return Check("native CPU kernels", "pass", "built (kernels/cpu, OpenMP)")
 

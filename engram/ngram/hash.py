@@ -50,7 +50,9 @@ class NgramHasher:
         self.backend = backend
         self._on_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         if backend == "native" and cpu.cpu_library() is None:
-            raise EngramError("the native CPU kernels could not be built; see the log, or use backend='torch'")
+            raise EngramError(
+                f"the native CPU kernels are unavailable ({cpu.unavailable_reason()}); or use backend='torch'"
+            )
 
     @property
     def context(self) -> int:

@@ -16,7 +16,7 @@ from typing import BinaryIO
 
 from engram.errors import EngramError
 
-KERNELS = Path(__file__).resolve().parents[2] / "kernels"
+KERNELS = Path(__file__).resolve().parents[1] / "_kernels"  # kernels/ in a checkout (a link), copied in a wheel
 BUILD_TIMEOUT_S = 600
 
 

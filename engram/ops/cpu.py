@@ -59,19 +59,34 @@ def check(status: int, what: str) -> None:
         raise EngramError(f"{what} failed: {STATUS.get(status, f'status {status}')}")
 
 
-@functools.cache
 def cpu_library() -> ctypes.CDLL | None:
-    """The CPU twin library, or None (logged once) where it cannot be built."""
+    """The CPU twin library, or None (logged once) where it cannot be built: unavailable_reason() says why."""
+    return _built()[0]
+
+
+def unavailable_reason() -> str | None:
+    """Why the CPU twins are not available here (what to change), or None when they are."""
+    return _built()[1]
+
+
+@functools.cache
+def _built() -> tuple[ctypes.CDLL | None, str | None]:
     if os.environ.get("ENGRAM_NATIVE", "1") == "0":
-        return None
+        return None, "ENGRAM_NATIVE=0 turns them off; unset it"
     sources = sorted((KERNELS / "cpu").glob("*.c"))
+    if not sources:  # an install that left the kernel sources behind: no compiler can help
+        reason = (
+            f"engram's kernel sources are missing from {KERNELS}; reinstall engram from a complete wheel or checkout"
+        )
+        log.warning("engram: CPU kernels unavailable, using plain torch: %s", reason)
+        return None, reason
     flags = ["-O3", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-Wall", "-Wextra", "-Werror"]
     try:
         path = build_library("engram_cpu", sources, os.environ.get("CC", "cc"), flags)
-        return bind(ctypes.CDLL(str(path)), SIGNATURES)
+        return bind(ctypes.CDLL(str(path)), SIGNATURES), None
     except (EngramError, OSError) as exc:
         log.warning("engram: CPU kernels unavailable, using plain torch: %s", exc)
-        return None
+        return None, f"{str(exc).splitlines()[0]} (a C compiler with OpenMP builds them: install cc, or set CC)"
 
 
 def ptr(tensor: torch.Tensor) -> ctypes._Pointer[ctypes.c_int64]:

@@ -49,7 +49,7 @@ def gather_reference(
         )
     else:
         values = rows.to(out_dtype)
-    values[~owned] = 0
+    zero_unowned(values, owned)
     return values.view(*ids.shape, weight.shape[1])
 
 
@@ -80,8 +80,15 @@ def _table_scaled(
         factor = torch.tensor(table_scale, dtype=torch.float32).to(out_dtype).float()
         values = rows.float() * factor
     values = values.to(out_dtype)
-    values[~owned] = 0
+    zero_unowned(values, owned)
     return values.view(*ids.shape, dim)
+
+
+def zero_unowned(values: torch.Tensor, owned: torch.Tensor) -> None:
+    """+0.0 in the rows of `values` [N, W] that `owned` [N] leaves out, by their bits: fp8 and other raw
+    dtypes have no masked fill in torch."""
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[values.element_size()]
+    values.view(bits)[~owned] = 0
 
 
 def ngram_hash_reference(

@@ -3,6 +3,8 @@ out-of-table ids refused, native twin equal to plain torch, and torch.compile.""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -74,6 +76,22 @@ def test_zeros_for_dead_and_unowned_rows(path: str) -> None:
     assert got is not None and got.shape == (2, 3, 32)
     assert torch.equal(got[0, 0], weight[0]) and torch.equal(got[0, 2], weight[3]) and torch.equal(got[1, 2], weight[1])
     assert not got[0, 1].any() and not got[1, 0].any() and not got[1, 1].any()
+
+
+@pytest.mark.parametrize("path", ["native", "sorted", "torch"])
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.uint8, torch.bfloat16, torch.float16, torch.float32])
+def test_raw_rows_of_every_stored_dtype_with_zeros_for_dead_and_unowned(path: str, dtype: torch.dtype) -> None:
+    """Rows in their stored dtype (fp8 bytes, packed NVFP4 bytes, floats): each owned row's bytes, zero
+    bytes for DEAD_ID and rows of other shards. The plain-torch fallback too: torch has no masked fill for
+    fp8, so a fallback that zeroes by value crashes there."""
+    raw = torch.randint(1, 256, (4, 32 * dtype.itemsize), dtype=torch.uint8, generator=torch.Generator().manual_seed(9))
+    weight = raw.view(dtype)
+    ids = torch.tensor([12, -1, 9, 10, 14])  # the shard holds rows 10..13 of a 20-row table
+    got = PATHS[path](weight, None, ids, 10, 20, dtype)
+    assert got is not None and got.dtype == dtype and got.shape == (5, 32)
+    zero = torch.zeros(32 * dtype.itemsize, dtype=torch.uint8)
+    want = torch.stack([raw[2], zero, zero, raw[0], zero])
+    assert torch.equal(got.view(torch.uint8), want)
 
 
 @pytest.mark.parametrize("path", ["native", "sorted", "torch"])
@@ -315,3 +333,31 @@ def test_fp8_nans_dequantise_to_a_quiet_nan_of_their_sign() -> None:
     scale = torch.full((2, 1), 127, dtype=torch.uint8).view(torch.float8_e8m0fnu)
     rows = gather(weight, scale, torch.tensor([0, 1]), 0, 2, torch.bfloat16).view(torch.int16)
     assert (rows[0] == 0x7FC0).all() and (rows[1] == -64).all()  # -64: 0xFFC0 as int16
+
+
+def test_missing_kernel_sources_are_named_where_the_native_kernels_are_needed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An install without the kernel sources says so, and what to do, rather than blaming the compiler; the
+    plain-torch fallback still answers."""
+    from engram.runtime.checkpoints.loader import Checkpoint
+    from engram.runtime.placement.filemap import file_shard
+
+    monkeypatch.setattr(cpu, "KERNELS", tmp_path)
+    cpu._built.cache_clear()
+    try:
+        reason = (
+            f"engram's kernel sources are missing from {tmp_path}; reinstall engram from a complete wheel or checkout"
+        )
+        assert cpu.cpu_library() is None and cpu.unavailable_reason() == reason
+        with pytest.raises(EngramError) as caught:
+            file_shard("t", ShardFormat(4, 32, "fp8"), 0, 4, Checkpoint.__new__(Checkpoint), None)
+        assert str(caught.value) == (
+            f"file_backed tables are read only by the guarded native CPU kernels, unavailable here: {reason}"
+        )
+        weight = torch.arange(64, dtype=torch.float32).view(2, 32)
+        assert torch.equal(gather(weight, None, torch.tensor([1, -1]), 0, 2, torch.float32)[0], weight[1])
+    finally:
+        monkeypatch.undo()
+        cpu._built.cache_clear()
+    assert cpu.cpu_library() is not None

@@ -7,11 +7,13 @@ tables, one ETP rank or one of two; with cpu_offload (vLLM's pinned-host class) 
 mapping, on huge pages, or file-backed: the checkpoint's own pages, loaded by no copy (under a resident-set
 budget too); and with a device cache of a profile's hot rows (in host memory here, on the GPU there), hits
 and misses alike. Settings engram's schema refuses, or the plugin cannot honour, are one-line errors naming
-the setting."""
+the setting, and `vllm serve` refuses them when it creates its engine config, before any worker starts."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -24,7 +26,7 @@ from engram.runtime.checkpoints.writer import hf_config, write_checkpoint
 from engram.runtime.placement.filemap import in_memory_fs
 from engram.runtime.placement.storage import ShardFormat
 from tests.runtime.specs import QWEN
-from tests.vllm.runner import ask_vllm, needs_vllm
+from tests.vllm.runner import VLLM_PYTHON, ask_vllm, needs_vllm
 
 pytestmark = needs_vllm
 DS = ModelSpec(
@@ -202,3 +204,42 @@ def test_a_table_class_another_plugin_replaced_stays_theirs_and_engram_says_so()
         "tables of that class in this process; uninstall one of the two plugins"
     )
     assert answer["warnings"] == [warning, warning]  # once each time vLLM loads the plugins
+
+
+@pytest.mark.parametrize(
+    ("section", "error"),
+    [
+        (
+            '{"engram": {"file_backed": 1}}',
+            "Value error, engram: /engram/file_backed: expected a boolean; got 1 [type]",
+        ),
+        (
+            '{"engram": {"use_thp": true}}',
+            "Value error, engram: engram setting 'use_thp' is vLLM's own: give it in --engram-config, not in "
+            "engram's section",
+        ),
+        ('{"engram": {}}', None),  # checked and good: vLLM goes on, and fails later for want of a tokenizer
+    ],
+)
+def test_vllm_serve_refuses_a_bad_section_before_any_worker_starts(
+    section: str, error: str | None, tmp_path: Path
+) -> None:
+    """The real `vllm serve` (on vLLM's CPU platform): engram's section is checked where vLLM checks its own
+    Engram fields, while the API server creates the engine config, so a mistake stops it there with the one
+    line, before the tokenizer is read or an engine process starts."""
+    write_checkpoint(DS, tmp_path, seed=3)  # no tokenizer: a good section fails only after the config
+    assert VLLM_PYTHON is not None
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("ENGRAM_VLLM_CONFIG", None)
+    done = subprocess.run(
+        [str(Path(VLLM_PYTHON).absolute().with_name("vllm")), "serve", str(tmp_path), "--additional-config", section],
+        capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    output = done.stdout + done.stderr
+    assert done.returncode != 0 and "Resolved Engram configuration" in output, output[-3000:]
+    later = "Couldn't instantiate the backend tokenizer"
+    if error is None:
+        assert "Value error, engram" not in output and later in output, output[-3000:]
+    else:
+        assert error in output.splitlines()[-2], output[-3000:]
+        assert later not in output and "EngineCore" not in output, output[-3000:]

@@ -7,7 +7,8 @@ the Qwen table classes by name (PluggableLayer's out-of-tree registry) and route
 factory (Engram._create_embedding) through engram's, so it is safe to run more than once. The swapped
 classes behave exactly as vLLM's own unless engram is enabled for the model being built:
 `--additional-config '{"engram": {...}}'`, or the JSON in ENGRAM_VLLM_CONFIG. The section is checked by
-engram's schema with vLLM's own Engram fields beside it, so a mistake is one line naming the field.
+engram's schema with vLLM's own Engram fields beside it when vLLM creates its engine config (before any
+worker starts), so a mistake is one line naming the field.
 
 Nothing here has run on a GPU yet (issue 22): the GPU paths compile and their CPU twins are tested."""
 
@@ -25,7 +26,7 @@ def register() -> None:
         from vllm.model_executor.custom_op import op_registry_oot
     except ImportError:  # not inside vLLM, or a vLLM without pluggable layers: nothing to do
         return
-    from engram.integrations.vllm import deepseek, qwen
+    from engram.integrations.vllm import deepseek, qwen, settings
 
     for name, cls in zip(SWAPPED, (qwen.EngramQwenDeviceEmbedding, qwen.EngramQwenPinnedHostEmbedding), strict=True):
         theirs = op_registry_oot.setdefault(name, cls)
@@ -36,3 +37,4 @@ def register() -> None:
                 name, theirs.__module__, theirs.__qualname__,
             )  # fmt: skip
     deepseek.install()
+    settings.install_check()

@@ -1,5 +1,6 @@
 """engram's settings inside vLLM: the `engram` section of `--additional-config` (or the JSON in
-ENGRAM_VLLM_CONFIG), checked by engram's schema together with vLLM's own Engram fields."""
+ENGRAM_VLLM_CONFIG), checked by engram's schema together with vLLM's own Engram fields, where vLLM checks
+its own: when the engine config is created, before any worker starts."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import os
 from typing import Any
 
 from engram.config import EngramConfig, load_config
-from engram.errors import EngramError
+from engram.errors import ConfigError, EngramError
 
 ENV = "ENGRAM_VLLM_CONFIG"
 VLLM_FIELDS = ("cpu_offload", "embedding_across_dp", "dp_shared_memory", "use_thp")
@@ -58,3 +59,24 @@ def engram_config(vllm_config: Any) -> EngramConfig | None:
 
         profile(config)  # read now: a missing or unreadable profile is an error before anything is allocated
     return config
+
+
+def install_check() -> None:
+    """Check the section where vLLM checks its own Engram fields (VllmConfig's
+    _resolve_and_verify_engram_config, in the process that parses the arguments), so a mistake fails
+    `vllm serve` before any worker starts, as vLLM's own config errors do (once per process)."""
+    from vllm.config.vllm import VllmConfig
+
+    theirs = VllmConfig._resolve_and_verify_engram_config
+    if getattr(theirs, "engram_checks", False):
+        return
+
+    def resolve_and_verify(vllm_config: Any) -> None:
+        theirs(vllm_config)
+        try:
+            engram_config(vllm_config)
+        except (ConfigError, EngramError) as exc:  # as a ValueError, pydantic shows it as vLLM's own config errors
+            raise ValueError(f"engram: {exc}") from None
+
+    resolve_and_verify.engram_checks = True  # type: ignore[attr-defined]
+    VllmConfig._resolve_and_verify_engram_config = resolve_and_verify

@@ -213,7 +213,9 @@ def file_shard(
     With a CUDA runtime, a file on tmpfs or hugetlbfs is registered (read-only) for UVA, so the GPU gathers
     from the page cache's own pages; any other file is gathered on host threads (EngramEmbedding)."""
     if cpu.cpu_library() is None:
-        raise EngramError("file_backed tables are read only by the guarded native kernels; install a C compiler (cc)")
+        raise EngramError(
+            f"file_backed tables are read only by the guarded native CPU kernels, unavailable here: {cpu.unavailable_reason()}"
+        )
     if row_start < 0 or row_start + fmt.rows > table_rows:  # the view would run into the file's next tensor
         raise EngramError(
             f"{name}: rows [{row_start:,}, {row_start + fmt.rows:,}) are not all in its {table_rows:,} rows; a file-backed shard must lie within its table"
