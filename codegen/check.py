@@ -5,7 +5,6 @@ engram's if/then rules, and keywords that are almost certainly mistakes."""
 from __future__ import annotations
 
 import difflib
-import math
 import re
 import string
 from collections.abc import Mapping
@@ -14,8 +13,8 @@ from urllib.parse import urldefrag
 
 import jsonschema
 
-from codegen.index import SchemaIndex, children, escape
-from codegen.load import SchemaError
+from codegen.index import SchemaIndex, children
+from codegen.load import SchemaError, check_json_value
 from codegen.validators import is_rule
 from engram.validation.patterns import bound_problem, is_pattern
 
@@ -125,7 +124,7 @@ def check_schema(
     `require_dialect`: the root must say `"$schema"` (a schema file must; a schema compiled on its own
     is read as 2020-12 without it). `resources`: the local documents references may reach (each one they
     reach is checked as the document is)."""
-    _check_finite(document)
+    check_json_value(document)
     error = jsonschema.exceptions.best_match(_meta_validator().iter_errors(document))
     if error is not None:
         pointer = "".join(f"/{p}" for p in error.absolute_path)
@@ -145,12 +144,17 @@ def check_schema(
             raise SchemaError(
                 f"the local resource {uri} declares $schema {str(dialect)[:200]!r}: only 2020-12 documents are compiled (an older draft's keywords mean other things); convert it to 2020-12"
             )
-        _check_finite(index.bundled[name])
+        check_json_value(index.bundled[name])
         error = jsonschema.exceptions.best_match(_meta_validator().iter_errors(index.bundled[name]))
         if error is not None:
             at = "".join(f"/{p}" for p in error.absolute_path)
             raise SchemaError(f"the local resource {uri} fails the 2020-12 meta-schema at {at or '/'}: {error.message}")
-    dialects = frozenset(uri for uri, meta in index.local.items() if _is_2020_12_dialect(meta))
+    declared = {
+        node["$schema"].rstrip("#")
+        for node in map(index.at, index.base)
+        if isinstance(node, dict) and isinstance(node.get("$schema"), str) and node["$schema"].rstrip("#") != DRAFT
+    }  # only the dialects named are looked up: a directory's other documents stay unread
+    dialects = frozenset(uri for uri in declared if uri in index.local and _is_2020_12_dialect(index.local[uri]))
     warnings: list[str] = []
     for pointer in index.base:
         if pointer.startswith("~meta"):
@@ -177,20 +181,6 @@ def _is_2020_12_dialect(meta: Any) -> bool:
         return False
     dialect = meta.get("$schema")
     return isinstance(dialect, str) and dialect.rstrip("#") == DRAFT and set(meta["$vocabulary"]) <= VOCABULARIES
-
-
-def _check_finite(document: Any) -> None:
-    """Python's json reads 1e999 as inf and NaN as nan; neither is a JSON number, and neither can reach
-    generated code as a literal."""
-    stack: list[tuple[str, Any]] = [("", document)]
-    while stack:
-        pointer, value = stack.pop()
-        if isinstance(value, float) and not math.isfinite(value):
-            raise SchemaError(f"{pointer or '/'}: {value!r} is not a JSON number (write a finite one)")
-        if isinstance(value, dict):
-            stack += [(f"{pointer}/{escape(k)}", v) for k, v in value.items()]
-        elif isinstance(value, list):
-            stack += [(f"{pointer}/{i}", v) for i, v in enumerate(value)]
 
 
 def _check_subtree(index: SchemaIndex, pointer: str) -> None:

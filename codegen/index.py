@@ -92,7 +92,7 @@ class SchemaIndex:
 
     def __init__(self, document: Any, resources: Mapping[str, Any] | None = None) -> None:
         self.document = document
-        self.local = dict(resources or {})
+        self.local = {} if resources is None else resources  # a directory's documents are read as references reach them
         self.bundled: dict[str, Any] = {}  # "~doc<n>" -> local resource, "~meta<n>" -> bundled meta-schema
         self.origin: dict[str, str] = {}  # "~doc<n>" -> the URI it was registered under
         self.base: dict[str, str] = {}  # pointer -> base URI of the node (no fragment)

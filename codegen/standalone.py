@@ -11,12 +11,12 @@ from typing import Any
 
 from codegen.check import check_schema
 from codegen.index import SchemaIndex
-from codegen.load import SchemaError, too_deep
+from codegen.load import SchemaError, check_json_value, too_deep
 from codegen.render import compiles, environment
 from codegen.resources import Resources, local_resources
 from codegen.validators import ValidatorCompiler
 from engram.errors import Problem
-from engram.validation.patterns import PatternTimeout
+from engram.validation.patterns import PatternTimeout, pattern_budget
 
 
 def validator_source(schema: Any, resources: Resources | None = None) -> str:
@@ -24,6 +24,7 @@ def validator_source(schema: Any, resources: Resources | None = None) -> str:
     `resources`: the schema set's other documents, by URI or as a directory (codegen.resources)."""
     if not isinstance(schema, dict | bool):
         raise SchemaError(f"a schema is an object or a boolean, not {type(schema).__name__} {json.dumps(schema)[:80]}")
+    check_json_value(schema)
     local = local_resources(resources) if resources is not None else {}
     index = None
     try:
@@ -63,7 +64,8 @@ def load_validator(schema: Any, resources: Resources | None = None) -> Callable[
     def problems(value: Any) -> list[Problem]:
         found: list[Problem] = []
         try:
-            check(value, "", found)
+            with pattern_budget():
+                check(value, "", found)
         except PatternTimeout as exc:  # reported, never a hang
             found.append(Problem("", "pattern-timeout", str(exc)))
         return found

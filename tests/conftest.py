@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from tests.other_user import open_directory, other_user  # noqa: F401 (fixtures every test may ask for)
+
 
 @pytest.fixture(autouse=True)
 def _clean_engram_env(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,6 +17,7 @@ import sys
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -24,7 +25,7 @@ import torch
 from engram.errors import EngramError
 from engram.ngram.spec import ModelSpec
 from engram.ngram.vocab import deepseek_v4_tokenizer
-from engram.ops.build import cache_dir, save_cached
+from engram.user_cache import cache_subdir, read_cached, save_cached
 
 CORPUS_VERSION = 2
 MAN_DIR = Path("/usr/share/man")
@@ -100,20 +101,26 @@ def documents() -> list[tuple[str, Path, str]]:
 
 def _cache_path() -> Path:
     key = f"v{CORPUS_VERSION}-py{sys.version_info[0]}.{sys.version_info[1]}.{sys.version_info[2]}"
-    return cache_dir().parent / "corpus" / f"{key}.npz"
+    return cache_subdir("corpus") / f"{key}.npz"
+
+
+def _read_corpus(f: BinaryIO) -> Corpus:
+    with np.load(f, allow_pickle=False) as saved:
+        names = [str(n) for n in saved["source_names"]]
+        tokens = torch.from_numpy(saved["tokens"])
+        if tokens.dtype != torch.int64 or tokens.dim() != 1:
+            raise ValueError("not a corpus")
+        return Corpus(
+            tokens, int(saved["held_out_from"]), dict(zip(names, (int(c) for c in saved["source_counts"]), strict=True))
+        )
 
 
 def load_corpus() -> Corpus:
     """The corpus, tokenized once and cached."""
     path = _cache_path()
-    if path.exists():
-        with np.load(path) as saved:
-            names = [str(n) for n in saved["source_names"]]
-            return Corpus(
-                torch.from_numpy(saved["tokens"]),
-                int(saved["held_out_from"]),
-                dict(zip(names, (int(c) for c in saved["source_counts"]), strict=True)),
-            )
+    cached = read_cached(path, _read_corpus)
+    if cached is not None:
+        return cached
     docs = documents()
     encoded = deepseek_v4_tokenizer().encode_batch([text for _, _, text in docs], add_special_tokens=False)
     fit: list[np.ndarray] = []

@@ -26,7 +26,6 @@ from engram.memory.host import check_pinned_bytes
 from engram.ngram.spec import ModelSpec
 from engram.ngram.vocab import deepseek_v4_tokenizer
 from engram.ops import gather_reference
-from engram.ops.build import cache_dir
 from engram.runtime import dist as edist
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.checkpoints.writer import write_checkpoint
@@ -35,6 +34,7 @@ from engram.runtime.launch import run_local, values
 from engram.runtime.placement.storage import placement_for
 from engram.runtime.plan import plan_deployment
 from engram.runtime.tables import tables_pss
+from engram.user_cache import cache_subdir
 
 PARAGRAPH = (
     "Engram gives a language model a conditional memory: at a few layers, the last few tokens are hashed "
@@ -50,18 +50,21 @@ EXTRAS = ("graph", "compile")
 
 def cached_checkpoint(spec: ModelSpec, seed: int = 0) -> Path:
     """The preset's synthetic checkpoint, written once into the cache (atomically: a half-written one is
-    never picked up). Its name carries a digest of the whole spec, so a preset that changed shape gets a
+    never picked up, and runs that write it at once all end with the first one's). Its name carries a digest of the whole spec, so a preset that changed shape gets a
     checkpoint of its own instead of the old one."""
     fields = dataclasses.asdict(spec)
     key = hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:12]
-    target = cache_dir().parent / "checkpoints" / f"{spec.name}-{spec.dtype}-seed{seed}-{key}"
+    target = cache_subdir("checkpoints") / f"{spec.name}-{spec.dtype}-seed{seed}-{key}"
     if (target / "config.json").exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{spec.name}-", dir=target.parent))
     try:
         write_checkpoint(spec, staging, seed=seed)
-        os.replace(staging, target)
+        try:
+            os.rename(staging, target)
+        except OSError:  # another run wrote it first (ENOTEMPTY, EEXIST): theirs is the same checkpoint
+            if not (target / "config.json").exists():
+                raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target

@@ -4,21 +4,12 @@
 from __future__ import annotations
 
 import contextlib
+import io
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
+from engram.apps.output_files import check_output_path, write_output
 from engram.errors import EngramError
-
-
-def check_output_path(flag: str, path: str | Path, example: str) -> None:
-    """A file a command will write, checked before the work that produces it: not a directory, and in one
-    that exists (`example` names a file to suggest)."""
-    target = Path(path)
-    if target.is_dir():
-        raise EngramError(f"{flag} {path} is a directory; name a file, e.g. {target / example}")
-    if not target.parent.is_dir():
-        raise EngramError(f"{flag} {path}: the directory {target.parent} does not exist; create it or choose another")
 
 
 def check_plot_path(path: str) -> None:
@@ -42,7 +33,9 @@ def figure(path: str) -> Iterator[Any]:
         axes.grid(True, which="both", alpha=0.3)
         axes.legend()
         fig.tight_layout()
-        fig.savefig(path)
+        image = io.BytesIO()
+        fig.savefig(image, format="png")
+        write_output("--plot", path, image.getvalue(), "plan.png")
     except (OSError, ValueError) as exc:
         raise EngramError(f"cannot write the plot to {path}: {getattr(exc, 'strerror', None) or exc}") from None
     finally:

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import save_file
+from safetensors.torch import save
 
+from engram.apps.output_files import write_output
 from engram.errors import EngramError
 from engram.ngram.spec import ModelSpec
 from engram.runtime.placement.storage import ShardFormat
@@ -131,7 +131,5 @@ def write_profile(path: Path, spec: ModelSpec, profiles: list[TableProfile], rep
     for p in profiles:
         tensors[f"{p.table}.hot_rows"] = p.hot_rows.contiguous()
         tensors[f"{p.table}.hot_counts"] = p.hot_counts.contiguous()
-    try:
-        save_file(tensors, str(path), metadata={"engram_profile": json.dumps(report), "preset": spec.name})
-    except (OSError, SafetensorError) as exc:
-        raise EngramError(f"cannot write the profile to {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    data = save(tensors, metadata={"engram_profile": json.dumps(report), "preset": spec.name})
+    write_output("--out", path, data, "hot.safetensors")

@@ -11,6 +11,7 @@ from engram.errors import EngramError
 from engram.ops.formats import FORMATS
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.checkpoints.writer import vllm_refusals, write_checkpoint
+from engram.terminal import printable
 
 
 def register(subparsers: Any) -> None:
@@ -70,5 +71,5 @@ def run_check(args: argparse.Namespace) -> int:
     verified = ", sha256 verified against SHA256SUMS" if args.verify else ""
     print(f"ok: {len(checkpoint.shapes)} tensors in {len(checkpoint.paths)} file(s){verified}")
     for name, (shape, dtype) in sorted(checkpoint.shapes.items()):
-        print(f"  {name}: {list(shape)} {str(dtype).removeprefix('torch.')}")
+        print(f"  {printable(name)}: {list(shape)} {str(dtype).removeprefix('torch.')}")
     return 0

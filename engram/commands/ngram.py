@@ -33,10 +33,21 @@ def register(subparsers: Any) -> None:
 
 
 def _int_list(text: str) -> list[int]:
-    try:
-        return [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    """Comma-separated integers, each within int64 (what a token id or position can be)."""
+    values = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        try:
+            value = int(part) if len(part) <= 40 else None
+        except ValueError:
+            value = None
+        if value is None:
+            raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {part[:60]!r}")
+        if not -(1 << 63) <= value < 1 << 63:
+            raise argparse.ArgumentTypeError(f"{value} is outside the 64-bit integers an id can be")
+        values.append(value)
+    return values
 
 
 def run_ngram(args: argparse.Namespace) -> int:

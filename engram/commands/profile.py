@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from engram.apps.corpus import load_corpus
-from engram.apps.plotting import check_output_path, check_plot_path, figure
+from engram.apps.output_files import check_output_path
+from engram.apps.plotting import check_plot_path, figure
 from engram.apps.presets import PRESETS, get_preset
 from engram.apps.profile import profile_tables, summary, write_profile
 from engram.errors import EngramError

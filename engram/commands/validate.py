@@ -19,7 +19,8 @@ from engram.config import (
     dp_shared_memory_resolution,
     validate_deployment,
 )
-from engram.errors import ConfigError, Problem
+from engram.config.loading import MAX_DOCUMENT_BYTES
+from engram.errors import ConfigError, EngramError, Problem
 
 
 def register(subparsers: Any) -> None:
@@ -50,8 +51,26 @@ def read_document(args: argparse.Namespace) -> dict[str, Any]:
     """The positional document (a path, or '-' for stdin) with the flags applied."""
     source: Any = args.document
     if source == "-":
-        source = sys.stdin.buffer.read()
+        source = _stdin()
     return document_from_args(args, source)
+
+
+def _stdin() -> bytes:
+    """Standard input, at most MAX_DOCUMENT_BYTES of it (`- </dev/zero` is refused, not read forever)."""
+    stream = getattr(sys.stdin, "buffer", None)
+    if stream is None:
+        raise EngramError("'-' reads the document from standard input, which is closed; give a file or pipe one in")
+    try:
+        data = stream.read(MAX_DOCUMENT_BYTES + 1)
+    except (OSError, ValueError) as exc:
+        raise EngramError(
+            f"cannot read the document from standard input: {getattr(exc, 'strerror', None) or exc}"
+        ) from None
+    if len(data) > MAX_DOCUMENT_BYTES:
+        raise EngramError(
+            f"standard input holds more than {MAX_DOCUMENT_BYTES:,} bytes; a deployment document is smaller"
+        )
+    return bytes(data)
 
 
 def deployment_from_args(args: argparse.Namespace) -> Deployment:

@@ -35,8 +35,8 @@ from engram._generated.validators import check_document
 from engram.errors import ConfigError, Problem
 from engram.memory.host import HostLimits, verify_host_memory
 from engram.validation.env import env_bool, parse_bool
-from engram.validation.json_values import _shown
-from engram.validation.patterns import PatternTimeout
+from engram.validation.json_values import _describe, _shown
+from engram.validation.patterns import PatternTimeout, pattern_budget
 
 __all__ = [
     "PARTS",
@@ -259,7 +259,8 @@ def validate_deployment(document: dict[str, Any], *, env: Mapping[str, str] | No
     if isinstance(engram, dict):
         _fill_env_defaults(engram, os.environ if env is None else env, problems)
     try:
-        check_document(document, "", problems)
+        with pattern_budget():
+            check_document(document, "", problems)
     except PatternTimeout as exc:  # a value no pattern should take seconds over: refused, never a hang
         problems.append(Problem("", "pattern-timeout", str(exc)))
     if problems:
@@ -438,5 +439,16 @@ def _read_object(source: Source, pointer: str, *, label: str | None = None) -> d
     except msgspec.DecodeError as exc:
         raise ConfigError([Problem(pointer, "json", f"{where} is not valid JSON: {exc}")]) from None
     if not isinstance(value, dict):
-        raise ConfigError([Problem(pointer, "type", f"{where} must be a JSON object; got {type(value).__name__}")])
+        raise ConfigError([Problem(pointer, "type", f"{where} must be a JSON object; got {_describe(value)}")])
+    return value
+
+
+def read_json_object(text: str, label: str) -> dict[str, Any]:
+    """A JSON object from text (an environment variable's value), bounded like every other input: a
+    document nested too deeply or otherwise not an object is one ConfigError naming `label`."""
+    try:
+        value = _read_object(text.encode(errors="surrogateescape"), "", label=label)
+        _check_json_value(value, label)
+    except RecursionError:
+        raise _too_deep(label) from None
     return value

@@ -85,6 +85,7 @@ class Mapping:
     length: int
     kind: str
     path: str | None = None
+    file_id: tuple[int, int] | None = None  # (device, inode) of the file mapped, to know it again by name
     _array: ctypes.Array[ctypes.c_uint8] | None = field(default=None, repr=False)
     _hooks: list[Callable[[], None]] = field(default_factory=list, repr=False)
 
@@ -160,7 +161,8 @@ def map_readonly_file(fd: int, size: int, path: str) -> Mapping:
     length = round_up(max(size, 1), file_granule(fd))
     addr = _mmap(length, mmap.PROT_READ, mmap.MAP_SHARED, fd)
     madvise(addr, length, MADV_DONTDUMP)
-    return Mapping(addr, size, length, "file", path=path)
+    info = os.fstat(fd)
+    return Mapping(addr, size, length, "file", path=path, file_id=(info.st_dev, info.st_ino))
 
 
 def map_shared_file(fd: int, size: int, path: str) -> Mapping:

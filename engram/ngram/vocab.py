@@ -14,7 +14,7 @@ import torch
 from tokenizers import Regex, Tokenizer, normalizers
 
 from engram.errors import EngramError
-from engram.ops.build import cache_dir, save_cached
+from engram.user_cache import cache_subdir, read_cached, save_cached
 
 # Bump when the key rules change, so cached tables are rebuilt.
 VOCAB_VERSION = 1
@@ -56,9 +56,10 @@ def build_lookup(tokenizer: Tokenizer) -> np.ndarray:
 def compressed_lookup(tokenizer_file: Path) -> torch.Tensor:
     data = tokenizer_file.read_bytes()
     digest = hashlib.sha256(data + f"v{VOCAB_VERSION}".encode()).hexdigest()[:20]
-    cached = cache_dir().parent / "vocab" / f"{digest}.npy"
-    if cached.exists():
-        return torch.from_numpy(np.load(cached))
+    cached = cache_subdir("vocab") / f"{digest}.npy"
+    saved = read_cached(cached, lambda f: np.load(f, allow_pickle=False))
+    if isinstance(saved, np.ndarray) and saved.dtype == np.int64 and saved.ndim == 1:
+        return torch.from_numpy(saved)
     lookup = build_lookup(Tokenizer.from_str(data.decode()))
     save_cached(cached, lambda f: np.save(f, lookup))
     return torch.from_numpy(lookup)

@@ -10,37 +10,18 @@ import hashlib
 import os
 import subprocess
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
 
 from engram.errors import EngramError
+from engram.user_cache import cache_subdir
 
 KERNELS = Path(__file__).resolve().parents[1] / "_kernels"  # kernels/ in a checkout (a link), copied in a wheel
 BUILD_TIMEOUT_S = 600
 
 
 def cache_dir() -> Path:
-    root = Path(os.environ.get("ENGRAM_CACHE_DIR") or Path.home() / ".cache" / "engram")
-    return root / "build"
-
-
-def save_cached(path: Path, write: Callable[[BinaryIO], None]) -> None:
-    """Write a cache file atomically (a temporary name, then a rename: readers never see half a file),
-    best effort: a read-only or full cache only costs a rebuild next time."""
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-        tmp = None
-    except OSError:
-        pass
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
+    """Where built libraries go: a directory of the user's cache only they can write (engram.user_cache)."""
+    return cache_subdir("build")
 
 
 def source_digest(sources: list[Path], command: list[str], version: str) -> str:
@@ -62,14 +43,17 @@ def compiler_version(compiler: str) -> str:
     return done.stdout
 
 
+def library_name(name: str, sources: list[Path], compiler: str, flags: list[str]) -> str:
+    """`lib{name}-{digest}.so`: the cache's name for this build of these sources."""
+    return f"lib{name}-{source_digest(sources, [compiler, *flags], compiler_version(compiler))[:20]}.so"
+
+
 def build_library(name: str, sources: list[Path], compiler: str, flags: list[str]) -> Path:
     """Path of the built library `lib{name}-{digest}.so`, compiling it if the cache lacks it."""
     command = [compiler, *flags]
-    key = source_digest(sources, command, compiler_version(compiler))[:20]
-    target = cache_dir() / f"lib{name}-{key}.so"
+    target = cache_dir() / library_name(name, sources, compiler, flags)
     if target.exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{name}-", suffix=".so", dir=target.parent)
     os.close(fd)
     try:

@@ -16,6 +16,7 @@ from engram.ops.build import KERNELS, build_library
 from engram.ops.checks import DEAD_ID, OUT_KINDS, GatherCall, HashCall, check_ids, check_token_ids
 from engram.ops.ids import kernel_ids
 from engram.ops.reference import gather_reference, ngram_hash_reference
+from engram.user_cache import load_library
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,9 @@ def unavailable_reason() -> str | None:
     return _built()[1]
 
 
+FLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-Wall", "-Wextra", "-Werror"]
+
+
 @functools.cache
 def _built() -> tuple[ctypes.CDLL | None, str | None]:
     if os.environ.get("ENGRAM_NATIVE", "1") == "0":
@@ -80,10 +84,9 @@ def _built() -> tuple[ctypes.CDLL | None, str | None]:
         )
         log.warning("engram: CPU kernels unavailable, using plain torch: %s", reason)
         return None, reason
-    flags = ["-O3", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-Wall", "-Wextra", "-Werror"]
     try:
-        path = build_library("engram_cpu", sources, os.environ.get("CC", "cc"), flags)
-        return bind(ctypes.CDLL(str(path)), SIGNATURES), None
+        path = build_library("engram_cpu", sources, os.environ.get("CC", "cc"), FLAGS)
+        return bind(load_library(path), SIGNATURES), None
     except (EngramError, OSError) as exc:
         log.warning("engram: CPU kernels unavailable, using plain torch: %s", exc)
         return None, f"{str(exc).splitlines()[0]} (a C compiler with OpenMP builds them: install cc, or set CC)"

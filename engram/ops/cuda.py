@@ -28,6 +28,7 @@ from engram.memory.mapping import map_anonymous
 from engram.ops import DEAD_ID, HASHERS, LAUNCHERS, OUT_KINDS, cpu, gather, kernel_ids
 from engram.ops.build import KERNELS, build_library
 from engram.ops.checks import GatherCall, HashCall, row_format
+from engram.user_cache import load_library
 
 _VP, _I64, _I64P = ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)
 SIGNATURES: dict[str, list[type]] = {
@@ -98,9 +99,9 @@ def build(nvcc: str | None = None) -> Path:
 def load(path: Path) -> ctypes.CDLL:
     """Open a kernel library and declare its C ABI (a stub with the same symbols loads the same way)."""
     try:
-        library = ctypes.CDLL(str(path))
-    except OSError as exc:
-        raise EngramError(f"cannot load the CUDA kernels from {path}: {exc}") from None
+        library = load_library(path)
+    except EngramError as exc:
+        raise EngramError(f"cannot load the CUDA kernels: {exc}") from None
     cpu.bind(library, SIGNATURES)
     library.engram_cuda_error_string.argtypes = [ctypes.c_int]
     library.engram_cuda_error_string.restype = ctypes.c_char_p

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
 
 from engram.errors import EngramError
 from engram.ops import DEAD_ID, gather
 from engram.runtime.checkpoints.files import check_regular
+from engram.runtime.checkpoints.loader import SafetensorsFile
 from engram.runtime.placement.filemap import files_named_on_fault
 from engram.runtime.placement.storage import TableShard
 
@@ -31,14 +31,22 @@ class HotRows:
 
 
 def read_profile(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
-    """The hot rows per table ('<table>.hot_rows', most frequent first) of an `engram profile --out` file."""
-    check_regular(Path(path), "the profile")
+    """The hot rows per table ('<table>.hot_rows', most frequent first) of an `engram profile --out` file,
+    read into private memory: never a view of a mapping of the file, which a rewrite under a running
+    engine would turn into SIGBUS."""
+    where = Path(path)
+    check_regular(where, "the profile")  # a FIFO or a missing file, named as such
     try:
-        with safe_open(str(path), "pt") as f:
-            return {key.removesuffix(".hot_rows"): f.get_tensor(key) for key in f.keys() if key.endswith(".hot_rows")}  # noqa: SIM118
-    except (OSError, ValueError, RuntimeError, SafetensorError) as exc:
+        file = SafetensorsFile(where)
+        return {
+            name.removesuffix(".hot_rows"): file.tensor(name) for name in file.entries if name.endswith(".hot_rows")
+        }
+    except EngramError as exc:
+        raise EngramError(f"cannot read the profile {exc}; write one with `engram profile --out`") from None
+    except (MemoryError, RuntimeError) as exc:  # a header claiming more rows than memory holds
         raise EngramError(
-            f"cannot read the profile {path}: {str(exc)[:200]}; write one with `engram profile --out`"
+            f"cannot read the profile {where}: its hot rows do not fit in this process's memory "
+            f"({str(exc).splitlines()[0][:120]}); write a smaller one with `engram profile --out`"
         ) from None
 
 

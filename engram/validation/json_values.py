@@ -73,6 +73,13 @@ def _unique(items: list[Any]) -> bool:
     return True
 
 
+def _int_text(v: int) -> str:
+    """repr(v), or its size where the digits would be too many to print (or for Python to convert)."""
+    if v.bit_length() <= 1000:
+        return repr(v)
+    return f"an integer of about {int(v.bit_length() * 0.30103) + 1:,} digits"
+
+
 def _describe(v: Any) -> str:
     if v is None:
         return "null"
@@ -82,6 +89,8 @@ def _describe(v: Any) -> str:
         return f"the string {v!r}"
     if isinstance(v, dict):
         return "an object"
+    if isinstance(v, int):
+        return _int_text(v)
     return "an array" if isinstance(v, list) else repr(v)
 
 
@@ -109,7 +118,12 @@ def _details(check: Callable[[Any, str, list[Problem]], bool], v: Any) -> str:
     return "; ".join(f"{p.path.lstrip('/') or 'value'}: {p.message}" for p in scratch)
 
 
-_REPR = reprlib.Repr()
+class _BoundedRepr(reprlib.Repr):
+    def repr_int(self, x: int, level: int) -> str:
+        return _int_text(x)
+
+
+_REPR = _BoundedRepr()
 _REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 3, 8, 8, 80, 80
 
 

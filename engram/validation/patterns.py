@@ -3,12 +3,18 @@ ECMAScript does and writes it in the `regex` package's syntax with ECMAScript's 
 
 Patterns are bounded before they are compiled: at most MAX_PATTERN characters, and at most
 MAX_EXPANSION characters once every counted repeat is written out (`a{10000000}` would take gigabytes to
-compile, `(?:a{1000}){1000}` seconds). Every match runs with a timeout (MATCH_SECONDS): a pattern that
-backtracks without end, `(a|a)*$` on a long key, raises PatternTimeout instead of hanging."""
+compile, `(?:a{1000}){1000}` seconds). The matches of one validation share one time budget
+(MATCH_SECONDS, in pattern_budget): a pattern that backtracks without end, `(a|a)*$` on a long key, raises
+PatternTimeout instead of hanging, and so do many slow matches together, however many keys or values
+they run over."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
+import time
+from collections.abc import Iterator
 
 import regex
 
@@ -89,13 +95,36 @@ def compile_pattern(source: str) -> regex.Pattern[str]:
     return _compile(source, cache=True)
 
 
-def pattern_search(pattern: regex.Pattern[str], text: str) -> bool:
-    """Whether `pattern` matches somewhere in `text`; PatternTimeout past MATCH_SECONDS."""
+_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("pattern_deadline", default=None)
+
+
+@contextlib.contextmanager
+def pattern_budget(seconds: float = MATCH_SECONDS) -> Iterator[None]:
+    """Every pattern match inside shares `seconds` (a validation's entry point opens one; a nested one
+    keeps the outer budget)."""
+    if _deadline.get() is not None:
+        yield
+        return
+    token = _deadline.set(time.monotonic() + seconds)
     try:
-        return pattern.search(text, timeout=MATCH_SECONDS) is not None
+        yield
+    finally:
+        _deadline.reset(token)
+
+
+def pattern_search(pattern: regex.Pattern[str], text: str) -> bool:
+    """Whether `pattern` matches somewhere in `text`; PatternTimeout once the validation's pattern budget
+    (or, outside one, MATCH_SECONDS for this match) is spent."""
+    deadline = _deadline.get()
+    left = MATCH_SECONDS if deadline is None else deadline - time.monotonic()
+    try:
+        if left <= 0:
+            raise TimeoutError
+        return pattern.search(text, timeout=left) is not None
     except TimeoutError:
         raise PatternTimeout(
-            f"pattern {pattern.pattern[:80]!r} took more than {MATCH_SECONDS:g} s on a string of {len(text):,} characters"
+            f"pattern {pattern.pattern[:80]!r} on a string of {len(text):,} characters ran past the {MATCH_SECONDS:g} s "
+            "that one validation's patterns may take"
         ) from None
 
 

@@ -47,8 +47,34 @@ def test_catastrophic_backtracking_is_a_problem_not_a_hang(schema: dict, value: 
     [problem] = load_validator(schema)(value)
     assert problem.rule == "pattern-timeout"
     assert problem.message.endswith(
-        f"took more than {MATCH_SECONDS:g} s on a string of {len(next(iter(value)) if isinstance(value, dict) else value)} characters"
+        f"on a string of {len(next(iter(value)) if isinstance(value, dict) else value)} characters ran past the "
+        f"{MATCH_SECONDS:g} s that one validation's patterns may take"
     )
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"propertyNames": {"pattern": "^k"}},
+        {"patternProperties": {"^k": {"type": "string"}}},
+        {"additionalProperties": {"pattern": "^v"}},
+    ],
+)
+def test_the_matches_of_one_validation_share_one_budget(schema: dict, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[type-arg]
+    """Matches each well inside the limit still add up: a clock that moves 0.3 s a match runs out
+    within the budget's fourth match, however many keys remain."""
+    from engram.validation import patterns
+
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 0.3
+        return now[0]
+
+    monkeypatch.setattr(patterns.time, "monotonic", clock)
+    found = load_validator(schema)({f"k{i}": "v" for i in range(100)})
+    assert [p.rule for p in found] == ["pattern-timeout"]
+    assert now[0] < 2.0  # it stopped at the budget, not after a hundred matches
 
 
 def test_instance_patterns_are_checked_but_not_kept() -> None:
@@ -130,3 +156,19 @@ def test_a_long_chain_of_working_refs_is_refused_by_its_budget_not_the_stack() -
 def test_a_cycle_of_in_place_references_is_refused(schema: dict) -> None:  # type: ignore[type-arg]
     with pytest.raises(SchemaError, match=r"so validation would never end$"):
         load_validator(schema)
+
+
+@pytest.mark.parametrize(
+    ("schema", "message"),
+    [
+        ({"minimum": 10**5000}, "/minimum: an integer of 16,610 bits is too large for a schema"),
+        ({"const": [1, -(10**5000)]}, "/const/1: an integer of 16,610 bits is too large for a schema"),
+        ({"properties": {1: {}}}, "/properties: the key '1' is not a string; JSON object keys are"),
+        ({"const": {1, 2}}, "/const: a Python set is not a JSON value"),
+        ({"enum": [b"x"]}, "/enum/0: a Python bytes is not a JSON value"),
+    ],
+)
+def test_a_python_schema_that_is_no_json_value_is_one_schema_error(schema: dict, message: str) -> None:  # type: ignore[type-arg]
+    with pytest.raises(SchemaError) as raised:
+        load_validator(schema)
+    assert str(raised.value) == message

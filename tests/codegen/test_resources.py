@@ -6,6 +6,7 @@ fetched), and the registry is bounded and checked like the schema itself."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -121,7 +122,7 @@ def test_a_directory_registers_each_file_by_its_path_and_its_id(tmp_path: Path) 
         (
             {"$ref": f"{SET}huge.json"},
             {f"{SET}huge.json": {"maximum": float("inf")}},
-            "/maximum: inf is not a JSON number (write a finite one)",
+            f"the local resource '{SET}huge.json': /maximum: inf is not a JSON number (write a finite one)",
         ),
         (
             {},
@@ -152,23 +153,69 @@ def test_a_directory_is_bounded_and_its_files_checked(tmp_path: Path, monkeypatc
     (tmp_path / "a.json").write_text('{"type": "integer"}')
     (tmp_path / "b.json").write_text('{"type": ')
     with pytest.raises(SchemaError, match=r"b\.json: not a readable JSON document \(Expecting value"):
-        local_resources(tmp_path)
+        dict(local_resources(tmp_path))  # reading them all reaches the bad one
     (tmp_path / "b.json").write_text(json.dumps({"$id": "http://x.test/b.json", "maxLength": 4}))
     (tmp_path / "c.json").write_text(json.dumps({"$id": "http://x.test/b.json", "maxLength": 5}))
     with pytest.raises(
         SchemaError, match=r"c\.json: two different documents are registered under 'http://x.test/b.json'"
     ):
-        local_resources(tmp_path)
+        dict(local_resources(tmp_path))
     (tmp_path / "c.json").unlink()
     monkeypatch.setattr(codegen.resources, "MAX_DOCUMENTS", 3)  # a.json, b.json, and b.json's $id
     assert len(local_resources(tmp_path)) == 3
     (tmp_path / "d.json").write_text("{}")
-    with pytest.raises(SchemaError, match=r"d\.json: more than 3 local resources; register only the schema set's"):
+    (tmp_path / "e.json").write_text("{}")
+    with pytest.raises(SchemaError, match=r"more than 3 documents in"):
         local_resources(tmp_path)
+    (tmp_path / "e.json").unlink()
     monkeypatch.setattr(codegen.resources, "MAX_FILE_BYTES", 10)
     with pytest.raises(SchemaError, match=r"a\.json: larger than 0 MiB"):
-        local_resources(tmp_path)
+        load_validator({"$ref": (tmp_path / "a.json").absolute().as_uri()}, tmp_path)
     with pytest.raises(SchemaError, match=r"is not a directory of \*\.json schema documents"):
         local_resources(tmp_path / "a.json")
     with pytest.raises(SchemaError, match=r"base_uri 'http://x.test/dir' must end with '/'"):
         local_resources(tmp_path, "http://x.test/dir")
+
+
+def test_a_directory_reads_only_what_is_referenced_and_only_inside_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import codegen.resources
+
+    outside = tmp_path / "outside.json"
+    outside.write_text(json.dumps({"maximum": 0}))
+    root = tmp_path / "set"
+    root.mkdir()
+    (root / "used.json").write_text(json.dumps({"type": "integer"}))
+    (root / "link.json").symlink_to(outside)  # a document of the directory's name, from elsewhere
+    (root / "sub").symlink_to(tmp_path, target_is_directory=True)
+    for k in range(3):  # never referenced: never read, however large
+        (root / f"unused-{k}.json").write_text(json.dumps({"description": "x" * (1 << 20)}))
+    monkeypatch.setattr(codegen.resources, "MAX_TOTAL_BYTES", 1 << 20)
+    assert load_validator({"$ref": (root / "used.json").absolute().as_uri()}, root)(3) == []
+    with pytest.raises(SchemaError, match="pass 1 MiB in all"):  # an $id no path names: the rest are read, bounded
+        load_validator({"$ref": "urn:nowhere"}, root)
+    monkeypatch.setattr(codegen.resources, "MAX_TOTAL_BYTES", 64 << 20)
+    with pytest.raises(SchemaError, match="remote reference"):  # not registered: the link is not followed
+        load_validator({"$ref": (root / "link.json").absolute().as_uri()}, root)
+
+
+def test_a_deep_directory_and_odd_paths_are_one_line_errors(tmp_path: Path) -> None:
+    fd = os.open(tmp_path, os.O_RDONLY)
+    for _ in range(1200):  # deeper than a path can name: made one level at a time, by descriptor
+        os.mkdir("d", dir_fd=fd)
+        inner = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    os.close(fd)
+    try:
+        with pytest.raises(SchemaError, match="is more than 32 directories deep"):
+            local_resources(tmp_path)
+    finally:  # shrink it a level at a time: removing it whole would recurse past Python's limit
+        while (tmp_path / "d" / "d").is_dir():
+            (tmp_path / "d" / "d").rename(tmp_path / "up")
+            (tmp_path / "d").rmdir()
+            (tmp_path / "up").rename(tmp_path / "d")
+    for odd in (7, b"/tmp", None):
+        with pytest.raises(SchemaError, match="local resources are a mapping of URIs to documents or a directory"):
+            local_resources(odd)  # type: ignore[arg-type]

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -40,6 +43,28 @@ def test_the_cached_checkpoint_follows_the_preset(tmp_path: Path, monkeypatch: p
     second = cached_checkpoint(grown)
     assert second != first and first.exists() and second.exists()
     assert Checkpoint(second).shapes != Checkpoint(first).shapes
+
+
+def test_two_first_runs_at_once_share_one_cached_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both write their own copy of a cold cache's checkpoint; the second rename finds the first's in
+    place and uses it."""
+    from engram.apps import demo as demo_app
+
+    monkeypatch.setenv("ENGRAM_CACHE_DIR", str(tmp_path))
+    both_written = threading.Barrier(2, timeout=60)
+    write = demo_app.write_checkpoint
+
+    def write_then_wait(*args: Any, **kwargs: Any) -> Path:
+        path = write(*args, **kwargs)
+        both_written.wait()  # neither has renamed yet
+        return path
+
+    monkeypatch.setattr(demo_app, "write_checkpoint", write_then_wait)
+    spec = get_preset("tiny")
+    with ThreadPoolExecutor(2) as pool:
+        found = [f.result(timeout=120) for f in [pool.submit(cached_checkpoint, spec) for _ in range(2)]]
+    assert found[0] == found[1] and Checkpoint(found[0]).shapes
+    assert [p.name for p in found[0].parent.iterdir()] == [found[0].name]  # no staging copy left
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -70,7 +71,7 @@ def test_ngram_bad_ids_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> N
     with pytest.raises(SystemExit) as exc:
         main(["ngram", "--preset", "tiny", "--ids", "1,x"])
     assert exc.value.code == 2
-    assert "expected comma-separated integers, got '1,x'" in capsys.readouterr().err
+    assert "expected comma-separated integers, got 'x'" in capsys.readouterr().err
 
 
 def test_layout_json(capsys: pytest.CaptureFixture[str]) -> None:
@@ -110,3 +111,40 @@ def test_profile_out_checked_before_the_work(capsys: pytest.CaptureFixture[str],
     assert capsys.readouterr().err == (
         f"error: --out {missing}: the directory {missing.parent} does not exist; create it or choose another\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("ids", "message"),
+    [
+        (f"1,{2**70}", f"argument --ids: {2**70} is outside the 64-bit integers an id can be"),
+        ("9" * 5000, "argument --ids: expected comma-separated integers, got '" + "9" * 60 + "'"),
+    ],
+)
+def test_ngram_ids_beyond_int64_are_a_usage_error(ids: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["ngram", "--preset", "tiny", "--ids", ids])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.endswith(f"error: {message}\n") and "Traceback" not in err
+
+
+def test_validate_from_a_closed_or_endless_stdin(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "stdin", None)  # what Python makes of a closed descriptor 0
+    assert main(["validate", "-"]) == 2
+    assert capsys.readouterr().err == (
+        "error: '-' reads the document from standard input, which is closed; give a file or pipe one in\n"
+    )
+    with open("/dev/zero", encoding="latin-1") as zero:
+        monkeypatch.setattr(sys, "stdin", zero)
+        assert main(["validate", "-"]) == 2
+    assert capsys.readouterr().err == (
+        "error: standard input holds more than 67,108,864 bytes; a deployment document is smaller\n"
+    )
+
+
+def test_a_path_the_system_refuses_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check-checkpoint", "a" * 5000]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: checkpoint {'a' * 300} cannot be read: File name too long\n"

@@ -151,7 +151,7 @@ def test_flag_errors_name_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
         == "error: /engram/dp_shared_memory: --engram-config.dp_shared_memory: expected true or false; got 'maybe' [type]\n"
     )
     code, _, err = run(capsys, "validate", "--engram-config", "[1]")
-    assert (code, err) == (2, "error: /engram: --engram-config must be a JSON object; got list [type]\n")
+    assert (code, err) == (2, "error: /engram: --engram-config must be a JSON object; got an array [type]\n")
     code, _, err = run(capsys, "validate", "--engram-config", "{bad")
     assert code == 2 and err.startswith("error: /engram: --engram-config is not valid JSON: ")
 

@@ -166,7 +166,7 @@ def test_verify_model_config_accepts_both_families() -> None:
             (
                 "/model/hf_text_config/engram_layer_ids",
                 "model-layer-ids",
-                f"{PREFIX} DeepseekV41ForCausalLM needs hf_text_config.engram_layer_ids, a non-empty list of distinct layer ids; got [].",
+                f"{PREFIX} DeepseekV41ForCausalLM needs hf_text_config.engram_layer_ids, a non-empty list of at most 4096 distinct layer ids from 0 to 1000000; got []: value: expected at least 1 item(s); got an array.",
             ),
         ),
         (
@@ -175,7 +175,7 @@ def test_verify_model_config_accepts_both_families() -> None:
             (
                 "/model/hf_text_config/engram_layer_ids",
                 "model-layer-ids",
-                f"{PREFIX} DeepseekV41ForCausalLM needs hf_text_config.engram_layer_ids, a non-empty list of distinct layer ids; got None.",
+                f"{PREFIX} DeepseekV41ForCausalLM needs hf_text_config.engram_layer_ids, a non-empty list of at most 4096 distinct layer ids from 0 to 1000000; got None: value: expected an array; got null.",
             ),
         ),
         (
@@ -184,7 +184,7 @@ def test_verify_model_config_accepts_both_families() -> None:
             (
                 "/model/hf_text_config/ple_layer_ids",
                 "model-layer-ids",
-                f"{PREFIX} Qwen4Exp models need hf_text_config.ple_layer_ids, a non-empty list of distinct layer ids; got [2, 2].",
+                f"{PREFIX} Qwen4Exp models need hf_text_config.ple_layer_ids, a non-empty list of at most 4096 distinct layer ids from 0 to 1000000; got [2, 2]: value: expected distinct items; got an array.",
             ),
         ),
         (

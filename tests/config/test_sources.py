@@ -59,7 +59,7 @@ def test_bad_overrides(overrides: list[str], expected: tuple[str, str, str]) -> 
     ("source", "rule", "message"),
     [
         (b'{"cpu_offload": tru', "json", "input is not valid JSON: "),
-        (b"[1, 2]", "type", "input must be a JSON object; got list"),
+        (b"[1, 2]", "type", "input must be a JSON object; got an array"),
         (b"\xff\xfe", "json", "input is not valid JSON: "),
         ('{"a": ', "json", "input is not valid JSON: "),
     ],

@@ -60,9 +60,22 @@ def test_the_section_with_vllms_fields_beside_it(monkeypatch: pytest.MonkeyPatch
         (
             {"engram": []},
             None,
-            "--additional-config's engram section must be a JSON object of engram settings, got list",
+            "--additional-config's engram section must be a JSON object of engram settings, got an array",
         ),
-        (None, "{nope", f"{ENV} is not JSON \\(Expecting property name enclosed in double quotes at character 1\\)"),
+        (
+            None,
+            "{nope",
+            f"^: {ENV} is not valid JSON: JSON is malformed: object keys must be strings \\(byte 1\\) \\[json\\]$",
+        ),
+        (None, "[" * 100_000 + "]" * 100_000, f"^: {ENV}: the input nests too deeply \\(more than 100 levels\\)"),
+        (None, '{"a":' * 50_000 + "1" + "}" * 50_000, f"^: {ENV}: the input nests too deeply"),
+        (None, '{"file_cache_bytes": ' + "9" * 5000 + "}", f"^: {ENV} is not valid JSON: Integer value out of range"),
+        (None, "null", f"^: {ENV} must be a JSON object; got null \\[type\\]$"),
+        (
+            None,
+            '{"device_cache_bytes": 1024, "device_cache_profile": "/tmp/a\\u0000b"}',
+            r"^the profile '/tmp/a\\x00b' is not a usable file name \(it holds a NUL byte\)$",
+        ),
         (
             {"engram": {"cpu_offload": False}},
             None,
@@ -94,5 +107,5 @@ def test_bad_settings_are_one_line(
         monkeypatch.delenv(ENV, raising=False)
     else:
         monkeypatch.setenv(ENV, env)
-    with pytest.raises(EngramError, match=message):
+    with pytest.raises((EngramError, ConfigError), match=message):
         engram_config(vllm_config(additional))

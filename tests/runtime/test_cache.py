@@ -3,7 +3,10 @@ DEAD_ID, rows of other shards, ids outside the table), and built from an `engram
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +14,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from safetensors.torch import load_file, save_file
 
 from engram.errors import EngramError
 from engram.ops import gather
@@ -96,3 +100,41 @@ def test_tables_with_a_device_cache_from_engram_profile(
     reports = values(run_local(2, sharding_workers.cached_lookup, str(checkpoint), str(profile), timeout=300))
     for report in reports:
         assert report["match"] is True and report["hits"] > 0 and report["cached_rows"] > 0
+
+
+def test_a_profile_rewritten_after_it_was_read_changes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "hot.safetensors"
+    rows = torch.arange(1000, dtype=torch.int64).flip(0)
+    save_file({"t.hot_rows": rows, "t.hot_counts": torch.ones(1000, dtype=torch.int64)}, str(path))
+    expected = load_file(str(path))["t.hot_rows"].clone()  # safetensors' own reader, copied
+    hot = read_profile(path)
+    with path.open("r+b") as f:  # rewritten in place, then cut short: a mapping of it would now SIGBUS
+        f.write(b"\xff" * 4096)
+        f.truncate(16)
+    assert torch.equal(hot["t"], expected)
+
+
+SPARSE_PROFILE = """
+import resource, sys
+from engram.errors import EngramError
+from engram.runtime.cache import read_profile
+resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+try:
+    read_profile(sys.argv[1])
+except EngramError as exc:
+    print(exc)
+"""
+
+
+def test_a_sparse_profile_claiming_more_than_memory_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "huge.safetensors"
+    count = 2 << 30  # 16 GiB of int64 hot rows, none of them on disk
+    header = json.dumps({"t.hot_rows": {"dtype": "I64", "shape": [count], "data_offsets": [0, count * 8]}}).encode()
+    with path.open("wb") as f:
+        f.write(len(header).to_bytes(8, "little") + header)
+        f.truncate(8 + len(header) + count * 8)
+    done = subprocess.run(
+        [sys.executable, "-c", SPARSE_PROFILE, str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert done.stdout.startswith(f"cannot read the profile {path}: its hot rows do not fit in this process's memory")

@@ -102,3 +102,45 @@ def null_shared_tables(rank: int, world: int, spec: ModelSpec, checkpoint: str) 
         spec, load_config({}, env={}), ParallelConfig(data_parallel_size=world), checkpoint, progress=False
     )
     return {"placement": tables.rank_plan.placement, "warnings": warnings}
+
+
+def share_and_write(rank: int, world: int, size: int, peer_delay: float) -> str:
+    """share_then_wait, and the leader then writes its 'rows' (0xAB) through its mapping: where they land
+    shows which file the group really shared."""
+    from engram.runtime.placement.shm import create_shared
+
+    group = edist.new_group(list(range(world)), "engram shared tables (test)")
+    if rank:
+        time.sleep(peer_delay)
+    mapping = create_shared(size, group, "race-test")
+    if rank == 0:
+        mapping.view(0, (size,), torch.uint8).fill_(0xAB)
+    edist.barrier(group, "written")
+    return bytes(mapping.view(0, (4,), torch.uint8).tolist()).hex()
+
+
+def share_with_a_failing_peer(rank: int, world: int, size: int) -> int:
+    """A memfd table whose rank 1 cannot take the leader's fd: the leader must hear of it through the
+    fence, not wait out the group's timeout at its socket."""
+    from engram.runtime.placement import memfd
+
+    if rank == 1:
+        memfd._receive = lambda *_: (None, "rank 1 could not take the fd (test)")  # type: ignore[assignment]
+    group = edist.new_group(list(range(world)), "engram shared tables (test)")
+    return memfd.share_memfd(size, group, "failing-peer").length
+
+
+def share_with_a_late_peer(rank: int, world: int, size: int, delay: float) -> int:
+    """A memfd table whose peers come to the leader's socket `delay` s after it was announced: the
+    window in which a stranger reaches it first."""
+    from engram.runtime.placement import memfd
+
+    receive = memfd._receive
+
+    def late(*args: Any) -> Any:
+        time.sleep(delay)
+        return receive(*args)
+
+    memfd._receive = late  # type: ignore[assignment]
+    group = edist.new_group(list(range(world)), "engram shared tables (test)")
+    return memfd.share_memfd(size, group, "late-peer").length

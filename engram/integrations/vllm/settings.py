@@ -4,12 +4,13 @@ its own: when the engine config is created, before any worker starts."""
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
 from engram.config import EngramConfig, load_config
+from engram.config.loading import read_json_object
 from engram.errors import ConfigError, EngramError
+from engram.validation.json_values import _describe
 
 ENV = "ENGRAM_VLLM_CONFIG"
 VLLM_FIELDS = ("cpu_offload", "embedding_across_dp", "dp_shared_memory", "use_thp")
@@ -22,17 +23,11 @@ def section(vllm_config: Any) -> dict[str, Any] | None:
         found = additional["engram"]
         where = "--additional-config's engram section"
     elif os.environ.get(ENV):
-        try:
-            found = json.loads(os.environ[ENV])
-        except json.JSONDecodeError as exc:
-            raise EngramError(
-                f"{ENV} is not JSON ({exc.msg} at character {exc.pos}); give an object such as {{}}"
-            ) from None
-        where = ENV
+        return read_json_object(os.environ[ENV], ENV)  # bounded: depth, size, numbers; one ConfigError
     else:
         return None
     if not isinstance(found, dict):
-        raise EngramError(f"{where} must be a JSON object of engram settings, got {type(found).__name__}")
+        raise EngramError(f"{where} must be a JSON object of engram settings, got {_describe(found)}")
     return found
 
 

@@ -10,11 +10,12 @@ caught, though a deliberate edit can fix up its CRC. A SHA256SUMS manifest, chec
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
 from engram.errors import EngramError
-from engram.runtime.checkpoints.files import read_text
+from engram.runtime.checkpoints.files import open_regular, read_text
 
 MANIFEST = "SHA256SUMS"
 MANIFEST_LIMIT = 1 << 20  # 1 MiB: about 10,000 files of a checkpoint
@@ -23,9 +24,12 @@ CHUNK = 16 << 20
 
 def file_digest(path: Path) -> str:
     digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(CHUNK):
-            digest.update(block)
+    try:
+        with os.fdopen(open_regular(path, "checkpoint file"), "rb") as f:
+            while block := f.read(CHUNK):
+                digest.update(block)
+    except OSError as exc:
+        raise EngramError(f"checkpoint file {path} cannot be read: {exc.strerror}") from None
     return digest.hexdigest()
 
 
@@ -37,18 +41,52 @@ def write_manifest(directory: Path, files: Iterable[Path]) -> Path:
     return target
 
 
-def read_manifest(directory: Path) -> dict[str, str]:
+def _unescape(name: str) -> str | None:
+    """A name as sha256sum escapes it (a line starting with a backslash: \\\\ and \\n), or None."""
+    out, i = [], 0
+    while i < len(name):
+        if name[i] != "\\":
+            out.append(name[i])
+        elif name[i + 1 : i + 2] in ("\\", "n"):
+            out.append("\\" if name[i + 1] == "\\" else "\n")
+            i += 1
+        else:
+            return None
+        i += 1
+    return "".join(out)
+
+
+def _entry(line: str) -> tuple[str, str] | None:
+    """(file name, digest) of one line as `sha256sum -c` reads it: "<hex>  <name>" or "<hex> *<name>",
+    escaped when it starts with a backslash, a leading "./" meaning the same file; None if malformed."""
+    escaped = line.startswith("\\")
+    line = line[1:] if escaped else line
+    digest, sep, mode, name = line[:64], line[64:65], line[65:66], line[66:]
+    if len(digest) != 64 or sep != " " or mode not in (" ", "*") or not name:
+        return None
+    if any(c not in "0123456789abcdef" for c in digest.lower()):
+        return None
+    unescaped = _unescape(name) if escaped else name
+    if unescaped is None:
+        return None
+    while unescaped.startswith("./"):
+        unescaped = unescaped[2:]
+    return unescaped, digest.lower()
+
+
+def read_manifest(directory: Path) -> dict[str, set[str]]:
+    """Every digest SHA256SUMS lists for each file name (a name listed twice must match both times, as
+    `sha256sum -c` checks every line)."""
     path = directory / MANIFEST
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         raise EngramError(f"cannot verify {directory}: no {MANIFEST} there; write one with `sha256sum * > {MANIFEST}`")
     text = read_text(path, "the manifest", MANIFEST_LIMIT)
-    entries = {}
+    entries: dict[str, set[str]] = {}
     for number, line in enumerate(text.splitlines(), 1):
-        digest, _, name = line.partition("  ")
-        name = name.lstrip("*")
-        if len(digest) != 64 or not name or any(c not in "0123456789abcdef" for c in digest.lower()):
+        entry = _entry(line)
+        if entry is None:
             raise EngramError(f"{path}:{number}: not a '<sha256>  <file>' line")
-        entries[name] = digest.lower()
+        entries.setdefault(entry[0], set()).add(entry[1])
     return entries
 
 
@@ -58,5 +96,10 @@ def verify_files(directory: Path, files: Iterable[Path]) -> None:
     for file in sorted(files):
         if file.name not in manifest:
             raise EngramError(f"{file}: not listed in {directory / MANIFEST}; cannot verify it")
-        if file_digest(file) != manifest[file.name]:
+        listed = manifest[file.name]
+        if len(listed) > 1:
+            raise EngramError(
+                f"{file}: {directory / MANIFEST} lists {len(listed)} different digests for it; at most one is right"
+            )
+        if file_digest(file) not in listed:
             raise EngramError(f"{file}: sha256 differs from {directory / MANIFEST}: the file changed or is corrupt")

@@ -1,9 +1,12 @@
-"""Files users hand the runtime (checkpoints, their SHA256SUMS, profiles): only regular files are opened,
-since a FIFO would block forever and a directory or a dangling link fail late, and small text files are read
-with a size bound and a clear error for bytes that are not UTF-8."""
+"""Files users hand the runtime (checkpoints, their SHA256SUMS, profiles): only regular files are read,
+since a FIFO would block forever and a directory or a dangling link fail late. Each is opened without
+blocking (a FIFO swapped in after a check cannot hang the open) and checked by its descriptor, so what is
+read is what was checked. Small text files are read with a size bound and a clear error for bytes that
+are not UTF-8."""
 
 from __future__ import annotations
 
+import os
 import stat
 from pathlib import Path
 
@@ -16,16 +19,35 @@ def check_regular(path: Path, what: str) -> None:
         mode = path.stat().st_mode
     except OSError as exc:
         raise EngramError(f"{what} {path} cannot be read: {exc.strerror} (a dangling link?)") from None
+    except ValueError:
+        raise EngramError(f"{what} {str(path)[:200]!a} is not a usable file name (it holds a NUL byte)") from None
     if not stat.S_ISREG(mode):
-        kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
-        raise EngramError(f"{what} {path} is {kind}; it must be a regular file")
+        raise EngramError(f"{what} {path} is {_kind(mode)}; it must be a regular file")
+
+
+def _kind(mode: int) -> str:
+    return "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
+
+
+def open_regular(path: Path, what: str) -> int:
+    """A read-only descriptor of `path` (links followed), refused unless what it opened is a regular file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise EngramError(f"{what} {path} cannot be read: {exc.strerror}") from None
+    except ValueError:  # a NUL byte in the name
+        raise EngramError(f"{what} {str(path)[:200]!a} is not a usable file name (it holds a NUL byte)") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise EngramError(f"{what} {path} is {_kind(mode)}; it must be a regular file")
+    return fd
 
 
 def read_text(path: Path, what: str, limit: int) -> str:
     """A regular file of at most `limit` bytes, as UTF-8 text."""
-    check_regular(path, what)
     try:
-        with path.open("rb") as f:
+        with os.fdopen(open_regular(path, what), "rb") as f:
             data = f.read(limit + 1)
     except OSError as exc:
         raise EngramError(f"{what} {path} cannot be read: {exc.strerror}") from None

@@ -1,6 +1,7 @@
 """Checkpoint loading into table shards through per-parameter weight loaders `(param, loaded_tensor)`.
 
-safetensors files are never mapped (a file truncated under a mapping kills the reader with SIGBUS): a
+safetensors files are read, never mapped here (a file truncated under a mapping kills the reader with
+SIGBUS; file-backed tables map theirs in runtime/placement/filemap.py, reads guarded there): a
 shard's rows are read with pread straight into the table, or through a staging buffer for a GPU table,
 so a file that shrinks gives a clear error. Headers are validated before any byte is copied: every
 tensor's shape, dtype and byte range, and the ranges tiling the data region exactly (as the safetensors
@@ -28,7 +29,7 @@ from tqdm import tqdm
 from engram.errors import EngramError
 from engram.ngram.spec import ModelSpec
 from engram.runtime.checkpoints.digests import verify_files
-from engram.runtime.checkpoints.files import check_regular
+from engram.runtime.checkpoints.files import check_regular, open_regular
 from engram.runtime.dist import Group, barrier
 from engram.runtime.placement.storage import ShardFormat, TableShard
 
@@ -59,12 +60,13 @@ class TensorEntry:
 
 
 class SafetensorsFile:
-    """A validated safetensors file whose tensors are views of a private (copy-on-write) file mapping."""
+    """A validated safetensors file; its rows are read with pread (tensor() copies one into private memory)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        size = path.stat().st_size
-        with path.open("rb") as f:
+        with os.fdopen(open_regular(path, "checkpoint file"), "rb") as f:
+            info = os.fstat(f.fileno())
+            size = info.st_size
             head = f.read(8)
             if len(head) < 8:
                 raise self._error(f"only {size} bytes: too short for a safetensors header")
@@ -88,7 +90,6 @@ class SafetensorsFile:
             name: self._entry(name, spec, data_len) for name, spec in header.items() if name != "__metadata__"
         }
         self._check_tiling(data_len)
-        info = os.stat(path)
         self.identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
 
     def _check_tiling(self, data_len: int) -> None:
@@ -159,7 +160,7 @@ class SafetensorsFile:
         flat = out.view(torch.uint8).view(-1)
         direct = out.device.type == "cpu"
         staging = flat if direct else torch.empty(min(COPY_CHUNK, flat.numel()), dtype=torch.uint8)
-        with self.path.open("rb", buffering=0) as f:
+        with os.fdopen(open_regular(self.path, "checkpoint file"), "rb", buffering=0) as f:
             info = os.fstat(f.fileno())
             if (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns) != self.identity:
                 raise self._error("the file changed since it was opened (replaced, truncated or rewritten); load again")
@@ -268,7 +269,7 @@ def _is_safetensors(file: Path) -> bool:
     if file.suffix in (".safetensors", ".pt", ".bin"):
         return file.suffix == ".safetensors"
     try:
-        with file.open("rb") as f:
+        with os.fdopen(open_regular(file, "checkpoint file"), "rb") as f:
             head = f.read(9)
     except OSError as exc:
         raise EngramError(f"checkpoint file {file} cannot be read: {exc.strerror}") from None
@@ -286,18 +287,19 @@ class Checkpoint:
         """`verify`: check every file's sha256 against the SHA256SUMS beside it first (digests.py says
         what each format detects without it)."""
         root = Path(path)
-        if root.is_dir():
-            files = sorted(p for p in root.iterdir() if p.suffix in (".safetensors", ".pt", ".bin"))
-        elif root.exists() or root.is_symlink():
-            files = [root]
-        else:
-            raise EngramError(f"checkpoint {root} does not exist")
+        try:
+            if root.is_dir():
+                files = sorted(p for p in root.iterdir() if p.suffix in (".safetensors", ".pt", ".bin"))
+            elif root.exists() or root.is_symlink():
+                files = [root]
+            else:
+                raise EngramError(f"checkpoint {str(root)[:300]} does not exist")
+        except OSError as exc:
+            raise EngramError(f"checkpoint {str(root)[:300]} cannot be read: {exc.strerror}") from None
         if not files:
             raise EngramError(f"checkpoint directory {root} holds no *.safetensors, *.pt or *.bin file")
         for file in files:
             check_regular(file, "checkpoint file")
-        if verify:
-            verify_files(files[0].parent, files)
         self.paths = files
         self.sources: dict[str, Callable[[], torch.Tensor]] = {}
         self.shapes: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
@@ -312,6 +314,8 @@ class Checkpoint:
             else:
                 for name, tensor in _pt_tensors(file).items():
                     self._add(name, file, tuple(tensor.shape), tensor.dtype, functools.partial(_same, tensor))
+        if verify:  # after every header checked: a bogus one fails before gigabytes are hashed
+            verify_files(files[0].parent, files)
 
     def _add(
         self, name: str, file: Path, shape: tuple[int, ...], dtype: torch.dtype, get: Callable[[], torch.Tensor]
@@ -378,11 +382,17 @@ def table_pieces(
         problem = wrong(whole, table_rows)
         return [Piece(whole, 0, table_rows)], [problem] if problem else []
     head, tail = f"{table}.shard_", f".{part}"
-    split = {
-        int(name[len(head) : -len(tail)]): name
-        for name in shapes
-        if name.startswith(head) and name.endswith(tail) and name[len(head) : -len(tail)].isdigit()
-    }
+    split: dict[int, str] = {}
+    for name in shapes:
+        if not (name.startswith(head) and name.endswith(tail) and len(name) > len(head) + len(tail)):
+            continue
+        number = name[len(head) : -len(tail)]
+        if not (number.isascii() and number.isdigit() and len(number) <= 9):
+            return [], [f"{name!a} is not a part name: parts are {head}<k>{tail} with k in ASCII digits"]
+        if int(number) in split:  # shard_1 and shard_01: which rows are part 1 would be a guess
+            first, second = sorted((split[int(number)], name))
+            return [], [f"{first!a} and {second!a} both name part {int(number)} of {whole}; keep one"]
+        split[int(number)] = name
     if not split:
         return [], [f"{whole} is missing (nor is it split into {head}<k>{tail} parts)"]
     if 0 not in split:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 from pathlib import Path
 from typing import Any
@@ -156,7 +157,7 @@ def write_checkpoint(
     for index, (name, rows) in enumerate(zip(spec.table_names(), spec.layout.table_rows, strict=True)):
         tensors.update(split(name, synthetic_table(rows, spec.head_dim, dtype, seed * 1000 + index), split_parts))
     target = out / f"model.{'safetensors' if fmt == 'safetensors' else 'pt'}"
-    tmp = target.with_suffix(target.suffix + ".tmp")
+    tmp = out / f".{target.name}.{secrets.token_hex(8)}.tmp"  # unguessable: nothing can be planted there first
     if fmt == "safetensors":
         save_file(tensors, str(tmp))  # no metadata: safetensors writes it in hash order, not byte-stable
     else:

@@ -34,6 +34,7 @@ from engram.errors import EngramError
 from engram.memory.mapping import HUGETLBFS_MAGIC, PAGE, Mapping, madvise, map_readonly_file
 from engram.memory.registration import ATTRIBUTE_READ_ONLY_REGISTER, CudaRuntime, read_only_supported, register
 from engram.ops import cpu
+from engram.runtime.checkpoints.files import open_regular
 from engram.runtime.checkpoints.loader import Checkpoint, SafetensorsFile, expected_parts, table_scale_tensor
 from engram.runtime.placement.residency import RESIDENCY_PROBES, ResidentBudget, page_resident
 from engram.runtime.placement.storage import TABLE_SCALE_DTYPE, ShardFormat, TableShard
@@ -106,7 +107,9 @@ def check_files(shard: TableShard) -> None:
         try:
             size = os.stat(mapping.path or "").st_size
         except OSError as exc:
-            raise EngramError(f"{mapping.path}: the file-backed checkpoint cannot be read any more: {exc}") from None
+            raise EngramError(
+                f"{mapping.path}: the file-backed checkpoint cannot be read any more: {exc.strerror}"
+            ) from None
         if size < mapping.size:
             raise EngramError(
                 f"{mapping.path}: truncated at offset {size:,}: the checkpoint shrank from {mapping.size:,} bytes while its tables "
@@ -155,7 +158,7 @@ def in_memory_fs(path: str) -> bool:
 
 def map_file(file: SafetensorsFile) -> MappedFile:
     """One read-only mapping of a validated file, after checking it is still the file that was validated."""
-    fd = os.open(file.path, os.O_RDONLY | os.O_CLOEXEC)
+    fd = open_regular(file.path, "checkpoint file")
     try:
         info = os.fstat(fd)
         if (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns) != file.identity:

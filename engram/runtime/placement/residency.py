@@ -12,7 +12,10 @@ all of it, so the bound is the node's: past it, every rank releases what it hold
 from __future__ import annotations
 
 import ctypes
+import functools
+import logging
 import os
+import stat
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -23,6 +26,7 @@ from engram.memory.mapping import PAGE, Mapping, madvise
 if TYPE_CHECKING:
     from engram.runtime.placement.storage import TableShard
 
+log = logging.getLogger(__name__)
 MADV_DONTNEED = 4
 RESIDENCY_PROBES = 16  # pages a lookup of a file on disk probes before deciding to ask for all of its rows
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -106,10 +110,20 @@ class ResidentBudget:
             gaps = outside(keep, mapping.addr, mapping.addr + mapping.length)
             for lo, hi in gaps:
                 madvise(lo, hi - lo, MADV_DONTNEED)
-            if mapping.path:
-                drop_file_cache(mapping.path, [(lo - mapping.addr, hi - lo) for lo, hi in gaps])
+            spans = [(lo - mapping.addr, hi - lo) for lo, hi in gaps]
+            if mapping.path and not drop_file_cache(mapping.path, spans, mapping.file_id):
+                _gone(mapping.path)
         self.resident = resident_bytes(self.mappings)
         self.trims += 1
+
+
+@functools.cache
+def _gone(path: str) -> None:
+    log.warning(
+        "engram: %s was removed or replaced while its tables were mapped: the rows read stay those of the file "
+        "that was mapped, but file_cache_bytes can no longer drop its page cache (restore the file and restart)",
+        path,
+    )
 
 
 def page_spans(part: torch.Tensor, row_start: int, ids: torch.Tensor) -> torch.Tensor:
@@ -147,14 +161,27 @@ def outside(keep: torch.Tensor, lo: int, hi: int) -> list[tuple[int, int]]:
     return [*gaps, (at, hi)] if at < hi else gaps
 
 
-def drop_file_cache(path: str | os.PathLike[str], ranges: Iterable[tuple[int, int]] = ((0, 0),)) -> None:
+def drop_file_cache(
+    path: str | os.PathLike[str], ranges: Iterable[tuple[int, int]] = ((0, 0),), file_id: tuple[int, int] | None = None
+) -> bool:
     """POSIX_FADV_DONTNEED on (offset, length) ranges of a file (default: all of it, length 0 meaning to
     its end): their pages that no process maps leave the page cache (written back first: a dirty page
-    would stay; a checkpoint's are clean, and then this costs nothing)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    would stay; a checkpoint's are clean, and then this costs nothing). False, and nothing done, when the
+    name no longer holds the regular file `file_id` (device, inode) names: removed, or replaced by another
+    file, a FIFO or a device, whose pages are not ours to drop; the open never blocks."""
     try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or (file_id is not None and (info.st_dev, info.st_ino) != file_id):
+            return False
         os.fsync(fd)
         for offset, length in ranges:
             os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+        return True
+    except OSError:
+        return False
     finally:
         os.close(fd)

@@ -2,26 +2,33 @@
 
 The group is the node-local DP replicas at one TP rank, its rank 0 the leader. By default the table is an
 anonymous memfd, which no crash can leak: the kernel frees it when the last process holding it (an fd or
-a mapping) is gone. (1) The ranks exchange pid, uid and node identity. (2) The leader checks capacity
-against the node's memory, creates the memfd, reserves the space with posix_fallocate (a sparse table
-would die with SIGBUS when memory runs out) and listens on an abstract Unix socket under an unpredictable
-name (abstract names vanish with their socket). (3) It broadcasts the name, or its error. (4) Each peer
-connects and receives the fd (SCM_RIGHTS); the leader hands it only to the group's own pids and uid
-(SO_PEERCRED). (5) Every rank maps it; the ranks all-gather their errors, the fence after which the
-socket closes. Every wait is bounded by the group's timeout.
+a mapping) is gone. (1) The ranks exchange uid and node identity. (2) The leader checks capacity against
+the node's memory, creates the memfd, reserves the space with posix_fallocate (a sparse table would die
+with SIGBUS when memory runs out) and listens on an abstract Unix socket under an unpredictable name
+(abstract names vanish with their socket). (3) It broadcasts the name and a token, or its error. (4) Each
+peer connects, sends the token and receives the fd (SCM_RIGHTS); the leader's hand-off thread drops any
+other uid's connection before reading from it (SO_PEERCRED) and serves its own uid's side by side, so no
+stranger can stall it. (5) Every rank maps it; the ranks all-gather their errors, the fence after which
+the socket closes; a peer that failed reaches the fence at once, so its leader knows at once. Every wait
+is bounded by the group's timeout.
 
-With ENGRAM_SHM_DIR set (a hugetlbfs mount, a tmpfs of its own) the table is a named file there instead
-(spec/runtime.md): created O_CREAT|O_EXCL, mode 0600, reserved with posix_fallocate, broadcast, mapped
-by every rank, and unlinked after the fence. Its name records its owner (boot id, pid, process start
-time), so a file a crash left between creation and the fence is reclaimed by the next start in that
-directory, or by `engram doctor --clean`. Loading writes from the leader only, with a barrier after each
-weight-loader call (loader.py)."""
+With ENGRAM_SHM_DIR set (a hugetlbfs mount, a tmpfs of its own) the table is a named file there instead:
+created O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600, reserved with posix_fallocate, and mapped by the leader
+through the descriptor it created. The peers open the broadcast name without following a symlink or
+blocking on a FIFO and map it only if it is the leader's inode (device, inode, owner, mode 0600), so a
+name replaced by another user in a directory they can write gets neither our rows nor our writes. The
+leader unlinks it after the fence (only while it still names its inode). Its name records its owner (boot
+id, pid namespace, pid, process start time), so a file of ours that a crash left between creation and the
+fence is reclaimed by the next start in that directory, or by `engram doctor --clean`; other users' files
+and files of other pid namespaces are never touched. Loading writes from the leader only, with a barrier
+after each weight-loader call (loader.py)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import secrets
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -48,44 +55,90 @@ def _start_time(pid: int) -> str | None:
     """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat): with the pid, it
     names a process uniquely, even after the pid is reused."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return stat[stat.rindex(")") + 2 :].split()[19]
+    return text[text.rindex(")") + 2 :].split()[19]
 
 
 def _boot_tag() -> str:
     return boot_id().replace("-", "")[:12]
 
 
+def _pid_namespace() -> str:
+    """This process's pid namespace (the inode of /proc/self/ns/pid): a pid means something only there."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return "0"
+
+
 def owner_tag() -> str:
-    """<boot>-<pid>-<start>: names this process's files so that stale_files can tell when it is gone."""
-    return f"{_boot_tag()}-{os.getpid()}-{_start_time(os.getpid())}"
+    """<boot>-<pid namespace>-<pid>-<start>: names this process's files so that stale_files can tell
+    when it is gone."""
+    return f"{_boot_tag()}-{_pid_namespace()}-{os.getpid()}-{_start_time(os.getpid())}"
 
 
-def stale_files(directory: Path) -> list[Path]:
-    """Named shared tables in `directory` whose creator is gone (same boot, and no live process with its
-    pid and start time): what a crash between creation and the fence left behind."""
-    boot = _boot_tag()
+def _open_directory(directory: Path) -> int:
+    return os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+def _stale_names(dir_fd: int) -> list[str]:
+    """Names of this user's named shared tables in the open directory whose creator is gone: same boot
+    and pid namespace (a pid elsewhere says nothing about ours), and no live process with its pid and
+    start time. Other users' files are theirs to reclaim; regular files and directories (a benchmark's
+    scratch) are considered, never a symlink."""
+    boot, namespace, uid = _boot_tag(), _pid_namespace(), os.geteuid()
     found = []
-    for path in directory.glob("engram-*"):
-        parts = path.name.rsplit("-", 4)  # engram-<tag>-<boot>-<pid>-<start>-<random>
-        if len(parts) != 5 or parts[1] != boot or not parts[2].isdigit():
-            continue
-        if _start_time(int(parts[2])) != parts[3]:
-            found.append(path)
+    with os.scandir(dir_fd) as entries:
+        for entry in entries:
+            parts = entry.name.rsplit("-", 5)  # engram-<tag>-<boot>-<pidns>-<pid>-<start>-<random>
+            if not entry.name.startswith("engram-") or len(parts) != 6 or parts[1:3] != [boot, namespace]:
+                continue
+            if not parts[3].isascii() or not parts[3].isdigit() or len(parts[3]) > 10:
+                continue
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            kind_ok = stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode)  # a link is never anyone's
+            if kind_ok and info.st_uid == uid and _start_time(int(parts[3])) != parts[4]:
+                found.append(entry.name)
     return sorted(found)
 
 
-def reclaim_stale(directory: Path) -> list[Path]:
-    """Remove stale_files(directory) (files only); returns what was removed (a file already gone is not
-    an error)."""
+def stale_files(directory: Path) -> list[Path]:
+    """Named shared tables in `directory` that a crash between creation and the fence left behind."""
+    dir_fd = _open_directory(directory)
+    try:
+        return [directory / name for name in _stale_names(dir_fd)]
+    finally:
+        os.close(dir_fd)
+
+
+def _reclaim(dir_fd: int, directory: Path) -> list[Path]:
+    """Unlink this user's stale files (a directory is left to its own owner's clean-up)."""
     removed = []
-    for path in stale_files(directory):
-        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
-            path.unlink()
-            removed.append(path)
+    for name in _stale_names(dir_fd):
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError, PermissionError):
+            os.unlink(name, dir_fd=dir_fd)
+            removed.append(directory / name)
     return removed
+
+
+def reclaim_stale(directory: Path) -> list[Path]:
+    """Remove stale_files(directory); returns what was removed (a file already gone is not an error).
+    Raises EngramError when the directory cannot be read."""
+    try:
+        dir_fd = _open_directory(directory)
+    except OSError as exc:
+        raise EngramError(
+            f"cannot open {directory}: {exc.strerror}; point ENGRAM_SHM_DIR at a directory of yours"
+        ) from None
+    try:
+        return _reclaim(dir_fd, directory)
+    finally:
+        os.close(dir_fd)
 
 
 def node_identity(directory: Path) -> dict[str, Any]:
@@ -128,73 +181,118 @@ def shared_capacity_error(size: int, limits: HostLimits | None = None) -> str | 
     return capacity_error(directory, size)
 
 
-def _create(directory: Path, size: int, tag: str) -> tuple[str | None, str | None]:
-    """The leader's step 1: (path, None) or (None, error). Nothing is written before the space is
+def _create(directory: Path, size: int, tag: str) -> tuple[int | None, str, str | None]:
+    """The leader's step 1: (fd, name, None) or (None, name, error). The file is made in the directory
+    opened once (O_EXCL, no symlink followed), and the leader keeps its descriptor: what it writes goes
+    to the inode it created, whatever is renamed over the name. Nothing is written before the space is
     reserved, and a failed reservation removes the file."""
+    name = f"engram-{tag}-{owner_tag()}-{secrets.token_hex(16)}"
     try:
-        reclaim_stale(directory)
-        error = capacity_error(directory, size)
+        dir_fd = _open_directory(directory)
     except OSError as exc:
         return (
             None,
+            name,
             f"cannot use {directory} for shared tables: {exc.strerror}; point ENGRAM_SHM_DIR at a writable tmpfs",
         )
-    if error:
-        return None, error
-    path = directory / f"engram-{tag}-{owner_tag()}-{secrets.token_hex(16)}"
     try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC, 0o600)
-    except OSError as exc:
-        return None, f"cannot create {path}: {exc.strerror}; point ENGRAM_SHM_DIR at a writable tmpfs"
-    try:
+        _reclaim(dir_fd, directory)
+        error = capacity_error(directory, size)
+        if error:
+            return None, name, error
+        flags = os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW
+        try:
+            fd = os.open(name, flags, 0o600, dir_fd=dir_fd)
+        except OSError as exc:
+            return (
+                None,
+                name,
+                f"cannot create {directory / name}: {exc.strerror}; point ENGRAM_SHM_DIR at a writable tmpfs",
+            )
         failed = reserve(fd, size)
+        if failed:
+            info = os.fstat(fd)
+            os.close(fd)
+            _unlink(directory, name, (info.st_dev, info.st_ino))
+            return (
+                None,
+                name,
+                f"cannot reserve {size:,} bytes in {directory}: {failed}; free space there or point ENGRAM_SHM_DIR elsewhere",
+            )
+        return fd, name, None
     finally:
-        os.close(fd)
-    if failed:
-        os.unlink(path)
-        return (
-            None,
-            f"cannot reserve {size:,} bytes in {directory}: {failed}; free space there or point ENGRAM_SHM_DIR elsewhere",
-        )
-    return str(path), None
+        os.close(dir_fd)
 
 
-def _attach(
-    path: str, size: int, leader: dict[str, Any], directory: Path, group: Group
-) -> tuple[Mapping | None, str | None]:
+def _foreign(info: os.stat_result, leader: dict[str, Any]) -> str | None:
+    """Why the file a peer opened is not the one its leader created, or None."""
+    if not stat.S_ISREG(info.st_mode):
+        return "is not a regular file"
+    if (info.st_dev, info.st_ino) != (leader["device"], leader["inode"]):
+        return "is not the file its leader created (the name was replaced)"
+    if info.st_uid != leader["uid"] or info.st_mode & 0o077:
+        return f"is owned by uid {info.st_uid} with mode {info.st_mode & 0o777:o}, not the leader's private file"
+    return None
+
+
+def _attach(directory: Path, size: int, leader: dict[str, Any], group: Group) -> tuple[Mapping | None, str | None]:
+    """A peer's step 2: open the leader's file by its name in the directory, without following a
+    symlink or blocking on a FIFO, and map it only if it is the inode the leader created, still private."""
+    rank = group.ranks[group.rank]
     mine = node_identity(directory)
     if mine["boot_id"] != leader["boot_id"]:
         return (
             None,
-            f"rank {group.ranks[group.rank]} runs on another node than its leader (boot id differs); dp_shared_memory needs data_parallel_size_local to match the replicas per node",
+            f"rank {rank} runs on another node than its leader (boot id differs); dp_shared_memory needs data_parallel_size_local to match the replicas per node",
         )
     if mine["shm_device"] != leader["shm_device"]:
         return (
             None,
-            f"rank {group.ranks[group.rank]} sees another {directory} than its leader (a separate IPC or mount namespace); run the replicas with --ipc=host or one shared /dev/shm",
+            f"rank {rank} sees another {directory} than its leader (a separate IPC or mount namespace); run the replicas with --ipc=host or one shared /dev/shm",
         )
+    path = directory / leader["name"]
+    flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        dir_fd = _open_directory(directory)
+        try:
+            fd = os.open(leader["name"], flags, dir_fd=dir_fd)
+        finally:
+            os.close(dir_fd)
     except FileNotFoundError:
         return (
             None,
-            f"rank {group.ranks[group.rank]} cannot see {path}: the replicas do not share {directory} (separate IPC namespaces?); run them with --ipc=host",
+            f"rank {rank} cannot see {path}: the replicas do not share {directory} (separate IPC namespaces?); run them with --ipc=host",
         )
     except OSError as exc:
-        return None, f"rank {group.ranks[group.rank]} cannot open {path}: {exc.strerror}"
+        return (
+            None,
+            f"rank {rank} cannot open {path}: {exc.strerror} (was it replaced?); give ENGRAM_SHM_DIR a directory only you can write",
+        )
     try:
-        if os.fstat(fd).st_size < size:
-            return None, f"{path} is smaller than the table ({os.fstat(fd).st_size:,} < {size:,} bytes)"
-        return map_shared_file(fd, size, path), None
+        info = os.fstat(fd)
+        why = _foreign(info, leader)
+        if why:
+            return None, f"rank {rank}: {path} {why}; give ENGRAM_SHM_DIR a directory only you can write"
+        if info.st_size < size:
+            return None, f"{path} is smaller than the table ({info.st_size:,} < {size:,} bytes)"
+        return map_shared_file(fd, size, str(path)), None
     except EngramError as exc:
         return None, str(exc)
     finally:
         os.close(fd)
 
 
-def _unlink(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
+def _unlink(directory: Path, name: str, identity: tuple[int, int]) -> None:
+    """Remove the leader's name if it still names the leader's inode (`identity`): another user's file
+    renamed over it is not ours to remove."""
+    with contextlib.suppress(OSError):
+        dir_fd = _open_directory(directory)
+        try:
+            info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            if (info.st_dev, info.st_ino) == identity:
+                os.unlink(name, dir_fd=dir_fd)
+        finally:
+            os.close(dir_fd)
 
 
 def create_shared(size: int, group: Group, tag: str, directory: Path | None = None) -> Mapping:
@@ -203,27 +301,43 @@ def create_shared(size: int, group: Group, tag: str, directory: Path | None = No
     if directory is None and uses_memfd():
         return share_memfd(size, group, tag)
     directory = shm_dir() if directory is None else directory
-    leader = group.rank == 0
-    path = error = None
-    if leader:
-        path, error = _create(directory, size, tag)
+    fd: int | None = None
+    name = error = None
+    identity: tuple[int, int] | None = None
+    announced: dict[str, Any] = {}
+    if group.rank == 0:
+        fd, name, error = _create(directory, size, tag)
+        if fd is not None:
+            info = os.fstat(fd)
+            identity = (info.st_dev, info.st_ino)
+            announced = {"device": info.st_dev, "inode": info.st_ino, "uid": info.st_uid}
     try:
         announced = broadcast_json(
             group,
-            {"path": path, "error": error, **node_identity(directory)} if leader else None,
+            {"name": name, "error": error, **announced, **node_identity(directory)} if group.rank == 0 else None,
             f"shared table {tag}: announce",
         )
         if announced["error"]:
             raise EngramError(
                 f"{group.label}: leader rank {group.ranks[0]} could not create the shared table {tag}: {announced['error']}"
             )
-        mapping, error = _attach(announced["path"], size, announced, directory, group)
+        mapping = None
+        if fd is not None:
+            try:
+                mapping, error = map_shared_file(fd, size, str(directory / announced["name"])), None
+            except EngramError as exc:
+                error = str(exc)
+        else:
+            mapping, error = _attach(directory, size, announced, group)
         try:
             errors = all_gather_json(group, error, f"shared table {tag}: attach")  # the fence
         except EngramError:
-            _unlink(announced["path"])  # a peer died before the fence: whoever is left removes the name
+            # a peer died before the fence: whoever is left removes the name
+            _unlink(directory, announced["name"], (announced["device"], announced["inode"]))
             raise
     finally:
-        if path is not None:
-            _unlink(path)  # the leader's name goes whatever happened: after the fence, or on any failure
+        if fd is not None:
+            os.close(fd)  # the mappings keep the memory
+        if identity is not None:
+            _unlink(directory, name or "", identity)  # after the fence, or on any failure
     return fenced(group, errors, mapping)

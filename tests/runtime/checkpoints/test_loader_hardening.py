@@ -3,7 +3,9 @@ never a signal, a hang or a silently different table."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -264,3 +266,90 @@ def test_a_safetensors_file_named_otherwise_is_read_as_safetensors(tmp_path: Pat
     assert set(checkpoint.files) == {"a.weight"}  # read in place, as any safetensors file
     torch.save(weights, tmp_path / "model.ckpt")
     assert torch.equal(Checkpoint(tmp_path / "model.ckpt").sources["a.weight"](), weights["a.weight"])
+
+
+def _sha256sum_accepts(directory: Path) -> bool:
+    """The oracle: GNU `sha256sum -c` on the same manifest."""
+    done = subprocess.run(["sha256sum", "-c", "--quiet", "SHA256SUMS"], cwd=directory, capture_output=True, timeout=60)
+    return done.returncode == 0
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        ["{bad}  model.safetensors", "{good}  model.safetensors"],  # listed twice, the wrong digest first
+        ["{good}  model.safetensors", "{bad}  model.safetensors"],
+        ["{good}  ./model.safetensors"],  # the same file, named from its directory
+        ["{good} *model.safetensors"],  # binary mode
+        ["{good}  model.safetensors", "{good}  ./model.safetensors"],
+        ["{bad}  ./model.safetensors"],
+    ],
+)
+def test_verify_agrees_with_sha256sum(tmp_path: Path, lines: list[str]) -> None:
+    save_file({"t.weight": torch.ones(4, 8)}, str(tmp_path / "model.safetensors"))
+    good = hashlib.sha256((tmp_path / "model.safetensors").read_bytes()).hexdigest()
+    text = "".join(line.format(good=good, bad="0" * 64) + "\n" for line in lines)
+    (tmp_path / "SHA256SUMS").write_text(text)
+    try:
+        Checkpoint(tmp_path, verify=True)
+        verified = True
+    except EngramError:
+        verified = False
+    assert verified == _sha256sum_accepts(tmp_path)
+
+
+def test_a_dangling_manifest_link_is_named_as_such(tmp_path: Path) -> None:
+    save_file({"t.weight": torch.ones(4, 8)}, str(tmp_path / "model.safetensors"))
+    (tmp_path / "SHA256SUMS").symlink_to(tmp_path / "gone")
+    with pytest.raises(EngramError, match=r"SHA256SUMS cannot be read: No such file or directory"):
+        Checkpoint(tmp_path, verify=True)
+
+
+def test_a_bogus_header_fails_before_any_byte_is_hashed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from engram.runtime.checkpoints import digests
+
+    path = tmp_path / "model.safetensors"
+    with path.open("wb") as f:  # a sparse file of 1 GiB whose header claims more than it holds
+        f.write((100).to_bytes(8, "little") + b"{" + b" " * 99)
+        f.truncate(1 << 30)
+    (tmp_path / "SHA256SUMS").write_text(f"{'0' * 64}  model.safetensors\n")
+    hashed: list[Path] = []
+    monkeypatch.setattr(digests, "file_digest", lambda p: hashed.append(p) or "0" * 64)
+    with pytest.raises(EngramError, match="header"):
+        Checkpoint(tmp_path, verify=True)
+    assert hashed == []
+
+
+@pytest.mark.parametrize(
+    ("names", "message"),
+    [
+        (
+            ["t.shard_0", "t.shard_1", "t.shard_01"],
+            "'t.shard_01.weight' and 't.shard_1.weight' both name part 1 of t.weight; keep one",
+        ),
+        (
+            ["t.shard_0", "t.shard_\u00b2"],
+            "'t.shard_\\xb2.weight' is not a part name: parts are t.shard_<k>.weight with k in ASCII digits",
+        ),
+    ],
+)
+def test_ambiguous_or_foreign_part_names_are_refused(tmp_path: Path, names: list[str], message: str) -> None:
+    tensors = {f"{name}.weight": torch.ones(5, 32, dtype=torch.bfloat16) for name in names}
+    save_file(tensors, str(tmp_path / "m.safetensors"))
+    [shard] = [allocate("t", ShardFormat(10, 32, "bf16"), "host")]
+    with pytest.raises(EngramError, match=re.escape(message)):
+        load_shards([shard], {"t": 10}, Checkpoint(tmp_path), progress=False)
+
+
+def test_tensor_names_reach_the_terminal_escaped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    names = ["a\x1b[2Jb", "line\nok: 0 tensors", "\u202eedoc", "tab\there"]
+    save_file({name: torch.ones(1) for name in names}, str(tmp_path / "m.safetensors"))
+    assert main(["check-checkpoint", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines() == [
+        "ok: 4 tensors in 1 file(s)",
+        "  a\\x1b[2Jb: [1] float32",
+        "  line\\nok: 0 tensors: [1] float32",
+        "  tab\\there: [1] float32",
+        "  \\u202eedoc: [1] float32",
+    ]

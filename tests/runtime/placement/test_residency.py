@@ -211,3 +211,23 @@ def test_a_table_bigger_than_a_memory_limit_stays_under_it_with_a_budget(tmp_pat
     unbounded = cgroup_run(directory, 0, limit)
     assert budgeted["failcnt"] == 0 and budgeted["peak"] < limit
     assert unbounded["failcnt"] > 0  # ran into the limit: the kernel had to reclaim under it
+
+
+@pytest.mark.parametrize("change", ["unlinked", "fifo", "dev-zero"])
+def test_a_checkpoint_replaced_under_a_budget_keeps_serving_its_rows(tmp_path: Path, change: str) -> None:
+    directory = table(tmp_path)
+    weight = load_file(directory / "model.safetensors")["t.weight"].clone()
+    module, budget = open_table(directory, BUDGET)
+    assert budget is not None
+    path = directory / "model.safetensors"
+    path.unlink()  # the mapping keeps the inode: the rows stay those of the file that was mapped
+    if change == "fifo":
+        os.mkfifo(path)  # opening it for the page cache's sake would wait for a writer forever
+    elif change == "dev-zero":
+        path.symlink_to("/dev/zero")
+    generator = torch.Generator().manual_seed(9)
+    for _ in range(6):  # past the budget: each release would open the name again
+        ids = torch.randint(0, ROWS, (1024, COLUMNS), generator=generator)
+        assert torch.equal(module(ids).view(torch.int16), weight[ids].view(torch.int16))
+    assert budget.trims >= 1
+    assert drop_file_cache(path, file_id=budget.mappings[0].file_id) is False
