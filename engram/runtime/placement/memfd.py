@@ -122,7 +122,11 @@ def _admit(listener: socket.socket, uid: int, pending: Pending, selector: select
             return
         except OSError:
             return
-        if _peer_uid(conn) != uid or len(pending) >= PENDING_MAX:
+        try:
+            ours = _peer_uid(conn) == uid and len(pending) < PENDING_MAX
+        except OSError:  # it hung up already
+            ours = False
+        if not ours:
             conn.close()
             continue
         conn.setblocking(False)
