@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup codegen check lint types drift test test-vllm bench bench-vllm demo clean
+.PHONY: setup codegen check lint types drift test test-emulated test-vllm bench bench-vllm demo clean
 
 setup: $(STAMP)
 
@@ -31,6 +31,11 @@ types: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# The CUDA kernels' own .cu files on the CPU, a loop over each grid, under AddressSanitizer (needs g++, not
+# nvcc); part of `make test` too.
+test-emulated: setup
+	$(PY) -m pytest -q tests/test_emulated_kernels.py
 
 check: lint types drift test
 

@@ -187,11 +187,11 @@ void launch_fp8(int vec, int blocks, cudaStream_t s, const uint8_t* w, const uin
                 int64_t row_start, int64_t table_rows, const int64_t* ids, const int64_t* order, const int64_t* leader,
                 int64_t n, uint8_t* o, int out_kind, int* error_flag) {
     if (vec == 16) {
-        gather_fp8<LANES, 16><<<blocks, THREADS, 0, s>>>(w, sc, shard_rows, dim, row_start, table_rows, ids, order, leader, n, o, out_kind, error_flag);
+        ENGRAM_LAUNCH(blocks, THREADS, s, gather_fp8<LANES, 16>)(w, sc, shard_rows, dim, row_start, table_rows, ids, order, leader, n, o, out_kind, error_flag);
     } else if (vec == 8) {
-        gather_fp8<LANES, 8><<<blocks, THREADS, 0, s>>>(w, sc, shard_rows, dim, row_start, table_rows, ids, order, leader, n, o, out_kind, error_flag);
+        ENGRAM_LAUNCH(blocks, THREADS, s, gather_fp8<LANES, 8>)(w, sc, shard_rows, dim, row_start, table_rows, ids, order, leader, n, o, out_kind, error_flag);
     } else {
-        gather_fp8<LANES, 1><<<blocks, THREADS, 0, s>>>(w, sc, shard_rows, dim, row_start, table_rows, ids, order, leader, n, o, out_kind, error_flag);
+        ENGRAM_LAUNCH(blocks, THREADS, s, gather_fp8<LANES, 1>)(w, sc, shard_rows, dim, row_start, table_rows, ids, order, leader, n, o, out_kind, error_flag);
     }
 }
 
@@ -295,16 +295,16 @@ extern "C" int engram_gather_cuda(const void* weight, const void* scale, int64_t
     if (out_kind == ENGRAM_OUT_RAW) {
         // Short rows take a sub-warp: one 16-byte vector per lane, so no lane idles on a 256-byte row.
         if (row_bytes <= 128) {
-            gather_raw<8><<<blocks_for(groups, 8, max_blocks), THREADS, 0, s>>>(w, shard_rows, row_bytes, row_start, table_rows, ids, order, leader, n, o, error_flag);
+            ENGRAM_LAUNCH(blocks_for(groups, 8, max_blocks), THREADS, s, gather_raw<8>)(w, shard_rows, row_bytes, row_start, table_rows, ids, order, leader, n, o, error_flag);
         } else if (row_bytes <= 256) {
-            gather_raw<16><<<blocks_for(groups, 16, max_blocks), THREADS, 0, s>>>(w, shard_rows, row_bytes, row_start, table_rows, ids, order, leader, n, o, error_flag);
+            ENGRAM_LAUNCH(blocks_for(groups, 16, max_blocks), THREADS, s, gather_raw<16>)(w, shard_rows, row_bytes, row_start, table_rows, ids, order, leader, n, o, error_flag);
         } else {
-            gather_raw<32><<<blocks_for(groups, 32, max_blocks), THREADS, 0, s>>>(w, shard_rows, row_bytes, row_start, table_rows, ids, order, leader, n, o, error_flag);
+            ENGRAM_LAUNCH(blocks_for(groups, 32, max_blocks), THREADS, s, gather_raw<32>)(w, shard_rows, row_bytes, row_start, table_rows, ids, order, leader, n, o, error_flag);
         }
     } else if (quant != ENGRAM_QUANT_FP8_BLOCK32) {
         const auto* sc = static_cast<const uint8_t*>(scale);
         const float factor = quant == ENGRAM_QUANT_FP8_TABLE ? engram_table_scale(table_scale, out_kind) : table_scale;
-        gather_scaled<16><<<blocks_for(groups, 16, max_blocks), THREADS, 0, s>>>(w, sc, shard_rows, dim, row_bytes, row_start, table_rows, ids, order, leader, n, o, out_kind, quant, factor, error_flag);
+        ENGRAM_LAUNCH(blocks_for(groups, 16, max_blocks), THREADS, s, gather_scaled<16>)(w, sc, shard_rows, dim, row_bytes, row_start, table_rows, ids, order, leader, n, o, out_kind, quant, factor, error_flag);
     } else {
         const auto* sc = static_cast<const uint8_t*>(scale);
         const int vec = engram_vector_bytes(reinterpret_cast<uintptr_t>(weight), dim);
@@ -316,13 +316,13 @@ extern "C" int engram_gather_cuda(const void* weight, const void* scale, int64_t
     }
     const int status = engram_launch_status();
     if (status != ENGRAM_OK || leader == nullptr) return status;
-    copy_runs<16><<<blocks_for(n, 16, max_blocks), THREADS, 0, s>>>(o, out_bytes, order, leader, n, error_flag);
+    ENGRAM_LAUNCH(blocks_for(n, 16, max_blocks), THREADS, s, copy_runs<16>)(o, out_bytes, order, leader, n, error_flag);
     return engram_launch_status();
 }
 
 extern "C" int engram_check_ids_cuda(const int64_t* ids, int64_t n, int64_t lo, int64_t hi, int* error_flag, void* stream) {
     if (n < 0 || !error_flag || (n && !ids)) return ENGRAM_ERR_ARGUMENT;
     if (n == 0) return ENGRAM_OK;
-    check_ids<<<blocks_for(n, 1, 64), THREADS, 0, static_cast<cudaStream_t>(stream)>>>(ids, n, lo, hi, error_flag);
+    ENGRAM_LAUNCH(blocks_for(n, 1, 64), THREADS, static_cast<cudaStream_t>(stream), check_ids)(ids, n, lo, hi, error_flag);
     return engram_launch_status();
 }

@@ -32,7 +32,7 @@ extern "C" int engram_ngram_hash_cuda(const int64_t* ext, const int64_t* start, 
     if (!ext || !start || !multipliers || !primes || !magic || !offsets || !out) return ENGRAM_ERR_ARGUMENT;
     const int64_t items = tokens * layers;
     const int threads = 256;
-    ngram_hash<<<static_cast<unsigned int>((items + threads - 1) / threads), threads, 0, static_cast<cudaStream_t>(stream)>>>(
+    ENGRAM_LAUNCH(static_cast<unsigned int>((items + threads - 1) / threads), threads, static_cast<cudaStream_t>(stream), ngram_hash)(
         ext, start, tokens, context, multipliers, primes, magic, offsets, layers, max_ngram, heads, fill, out);
     return engram_launch_status();
 }

@@ -26,7 +26,7 @@ def cache_dir() -> Path:
 
 def source_digest(sources: list[Path], command: list[str], version: str) -> str:
     digest = hashlib.sha256()
-    headers = sorted({h for s in sources for h in s.parent.glob("*.h*")} | set(KERNELS.glob("*.h*")))
+    headers = sorted({h for s in sources for h in s.parent.glob("*.h*")} | set(KERNELS.rglob("*.h*")))
     for path in [*sources, *headers]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     digest.update("\0".join(command).encode() + version.encode())

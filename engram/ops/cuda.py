@@ -309,16 +309,19 @@ def gather_cuda(
     flag: torch.Tensor,
     max_blocks: int = 0,
     table_scale: float | None = None,
+    stream: int | None = None,
 ) -> None:
-    """engram_gather_cuda on the current stream, for ids as ops.kernel_ids gives them: the one place that
-    spells out the C ABI call (the op and scripts/gpu_check.py's raw kernel checks both use it)."""
+    """engram_gather_cuda on `stream` (default: the ids' device's current one), for ids as ops.kernel_ids
+    gives them: the one place that spells out the C ABI call (the op, scripts/gpu_check.py's raw kernel
+    checks and the emulated kernels' tests all use it)."""
     quant, dim = row_format(weight, scale, table_scale)
     status = library.engram_gather_cuda(
         weight.data_ptr() or None, scale.data_ptr() if scale is not None and scale.numel() else None, weight.shape[0], dim,
         weight.shape[1] * weight.element_size(), row_start, table_rows, ids.data_ptr() or None,
         None if order is None else order.data_ptr(), None if leader is None else leader.data_ptr(), ids.numel(),
         out.data_ptr() or None, 0 if quant is None else OUT_KINDS[out.dtype], quant or 0,
-        1.0 if table_scale is None else table_scale, flag.data_ptr(), max_blocks, _stream(ids.device),
+        1.0 if table_scale is None else table_scale, flag.data_ptr(), max_blocks,
+        _stream(ids.device) if stream is None else stream,
     )  # fmt: skip
     check(library, status, "engram_gather_cuda")
 

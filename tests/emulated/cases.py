@@ -1,0 +1,265 @@
+"""The CUDA kernels run on the CPU (tests/emulated/library.py), called through the same C ABI wrapper as
+on a GPU (engram.ops.cuda.gather_cuda), against the CPU twins and engram.ops.reference, bit for bit. Every
+load and store is checked by AddressSanitizer against the exact allocations the caller made, so a read
+one byte past a table fails here. Run by tests/test_emulated_kernels.py in a process with the sanitizer's
+runtime preloaded; not collected on its own."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engram.ops import DEAD_ID, SCALE_DTYPE, cpu, gather, gather_reference, kernel_ids, ngram_hash_reference
+from engram.ops.cuda import gather_cuda
+from tests.emulated.library import emulated
+
+GEN = torch.Generator().manual_seed(33)
+SIZES = [0, 1, 2, 3, 4, 5, 7, 8, 9, 31, 32, 33, 63, 64, 65, 127, 128, 129, 257]
+
+
+def exact(nbytes: int, offset: int = 0) -> torch.Tensor:
+    """nbytes of random bytes that end exactly where their allocation ends (at `offset` into it, for a
+    base that is not 16-byte aligned): any byte read past them is an out-of-bounds read."""
+    raw = torch.randint(0, 256, (offset + nbytes,), dtype=torch.uint8, generator=GEN)
+    return raw[offset:]
+
+
+def table(
+    fmt: str, rows: int, dim: int, offset: int = 0
+) -> tuple[torch.Tensor, torch.Tensor | None, float | None, torch.dtype]:
+    """(weight, scale, table_scale, out dtype) of a random table in `fmt`; NaN bytes kept out of fp8 so
+    that every output bit is comparable."""
+    if fmt == "raw":
+        return exact(rows * dim, offset).view(rows, dim), None, None, torch.uint8
+    if fmt == "bf16":
+        weight = exact(rows * dim * 2, offset).view(torch.int16).view(rows, dim)
+        return weight.view(torch.bfloat16), None, None, torch.bfloat16
+    codes = exact(rows * dim, offset)
+    codes[(codes & 0x7F) == 0x7F] = 0x11  # no e4m3 NaN
+    if fmt == "fp8-block32":
+        scale = torch.randint(110, 140, (rows, dim // 32), dtype=torch.uint8, generator=GEN).view(SCALE_DTYPE)
+        return codes.view(rows, dim).view(torch.float8_e4m3fn), scale, None, torch.bfloat16
+    if fmt == "fp8-table":
+        return codes.view(rows, dim).view(torch.float8_e4m3fn), None, 0.0123456789, torch.float32
+    assert fmt == "nvfp4"
+    scale = torch.randint(0x20, 0x50, (rows, dim // 16), dtype=torch.uint8, generator=GEN).view(torch.float8_e4m3fn)
+    return codes[: rows * dim // 2].view(rows, dim // 2), scale, 0.75, torch.bfloat16
+
+
+def expected(weight: torch.Tensor, scale: torch.Tensor | None, ids: torch.Tensor, row_start: int, table_rows: int,
+             out_dtype: torch.dtype, table_scale: float | None) -> tuple[torch.Tensor, int]:  # fmt: skip
+    """The CPU twin's rows for `ids` with the ids outside the table read as zeros, and whether the flag
+    must rise; the twin is checked against plain torch on the way."""
+    bad = (ids < DEAD_ID) | (ids >= table_rows)
+    clean = torch.where(bad, DEAD_ID, ids)
+    twin = gather(weight, scale, clean, row_start, table_rows, out_dtype, False, None, table_scale)
+    torch_rows = gather_reference(weight, scale, clean, row_start, table_rows, out_dtype, table_scale)
+    assert same_bits(twin, torch_rows)
+    return twin, int(bad.any())
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+def run(weight: torch.Tensor, scale: torch.Tensor | None, ids: torch.Tensor, row_start: int, table_rows: int,
+        out_dtype: torch.dtype, table_scale: float | None, *, sorted_form: bool = False, max_blocks: int = 0,
+        order: torch.Tensor | None = None, leader: torch.Tensor | None = None,
+        out_offset: int = 0) -> tuple[torch.Tensor, int]:  # fmt: skip
+    """The emulated kernel through gather_cuda: its output (poisoned first: every element must be
+    written) and its flag."""
+    dim = weight.shape[1] * (2 if table_scale is not None and weight.dtype == torch.uint8 else 1)
+    width = dim * torch.empty((), dtype=out_dtype).element_size()
+    out = exact(ids.numel() * width, out_offset).fill_(0xA5).view(torch.uint8).view(-1)
+    out = out.view(out_dtype).view(ids.numel(), dim) if width % out.element_size() == 0 else out
+    flat, sorted_order, sorted_leader = kernel_ids(ids, sorted_form)
+    if order is not None:
+        sorted_order, sorted_leader = order, leader
+    flag = torch.zeros(1, dtype=torch.int32)
+    gather_cuda(emulated(), weight, scale, flat, sorted_order, sorted_leader, row_start, table_rows, out, flag,
+                max_blocks, table_scale, stream=0)  # fmt: skip
+    return out, int(flag[0])
+
+
+FORMATS = [("raw", 48), ("raw", 64), ("raw", 200), ("raw", 512), ("bf16", 40), ("bf16", 64), ("bf16", 160),
+           ("fp8-block32", 64), ("fp8-block32", 512), ("fp8-table", 80), ("fp8-table", 256),
+           ("nvfp4", 96), ("nvfp4", 256)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("fmt", "dim"), FORMATS)
+@pytest.mark.parametrize("offset", [0, 8])
+@pytest.mark.parametrize("sorted_form", [False, True])
+def test_every_format_equals_the_cpu_twin(fmt: str, dim: int, offset: int, sorted_form: bool) -> None:
+    """DEAD_ID, rows of other shards, runs of equal ids, and one id past the table (zeros, and the flag)."""
+    rows, row_start, table_rows = 37, 11, 60
+    weight, scale, table_scale, out_dtype = table(fmt, rows, dim, offset)
+    ids = torch.tensor([11, 12, DEAD_ID, 47, 48, 0, 59, 11, 11, 30, 47, 5, 60, 12, 12, 12, 40], dtype=torch.int64)
+    want, raised = expected(weight, scale, ids, row_start, table_rows, out_dtype, table_scale)
+    got, flag = run(weight, scale, ids, row_start, table_rows, out_dtype, table_scale, sorted_form=sorted_form)
+    assert same_bits(got, want) and (flag, raised) == (1, 1)
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("max_blocks", [0, 1, 2, 3])
+@pytest.mark.parametrize(("fmt", "dim"), [("raw", 64), ("raw", 300), ("fp8-block32", 256), ("nvfp4", 64)])
+def test_sizes_around_every_unroll_and_capped_grids(n: int, max_blocks: int, fmt: str, dim: int) -> None:
+    rows = 50
+    weight, scale, table_scale, out_dtype = table(fmt, rows, dim)
+    ids = torch.randint(-1, rows, (n,), dtype=torch.int64, generator=GEN)
+    want, _ = expected(weight, scale, ids, 0, rows, out_dtype, table_scale)
+    for sorted_form in (False, True):
+        got, flag = run(
+            weight, scale, ids, 0, rows, out_dtype, table_scale, sorted_form=sorted_form, max_blocks=max_blocks
+        )
+        assert same_bits(got, want) and flag == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(0, 40), row_bytes=st.integers(1, 700), n=st.integers(0, 300), start=st.integers(0, 20),
+    offset=st.sampled_from([0, 1, 8]), out_offset=st.sampled_from([0, 1, 8]), sorted_form=st.booleans(),
+    max_blocks=st.integers(0, 4), seed=st.integers(0, 2**31),
+)  # fmt: skip
+def test_raw_rows_of_any_shape(rows: int, row_bytes: int, n: int, start: int, offset: int, out_offset: int,
+                               sorted_form: bool, max_blocks: int, seed: int) -> None:  # fmt: skip
+    weight = exact(rows * row_bytes, offset).view(rows, row_bytes)
+    table_rows = start + rows + 3
+    ids = torch.randint(-3, table_rows + 3, (n,), dtype=torch.int64, generator=torch.Generator().manual_seed(seed))
+    want, raised = expected(weight, None, ids, start, table_rows, torch.uint8, None)
+    got, flag = run(weight, None, ids, start, table_rows, torch.uint8, None, sorted_form=sorted_form,
+                    max_blocks=max_blocks, out_offset=out_offset)  # fmt: skip
+    assert same_bits(got.view(n, row_bytes), want) and flag == raised
+
+
+@pytest.mark.parametrize("broken", ["order past n", "negative order", "leader ahead", "leader not a leader"])
+def test_a_broken_sorted_contract_raises_the_flag_and_stays_in_bounds(broken: str) -> None:
+    weight, _, _, _ = table("raw", 20, 64)
+    ids = torch.tensor([3, 3, 5, 7, 7, 7, 9, 11], dtype=torch.int64)
+    order = torch.arange(8, dtype=torch.int64)
+    leader = torch.tensor([0, 0, 2, 3, 3, 3, 6, 7], dtype=torch.int64)
+    bad = 4
+    if broken == "order past n":
+        order[bad] = 8
+    elif broken == "negative order":
+        order[bad] = -5
+    elif broken == "leader ahead":
+        leader[bad] = 6
+    else:
+        leader[bad] = 1  # position 1 is itself a follower
+    got, flag = run(weight, None, ids, 0, 20, torch.uint8, None, order=order, leader=leader)
+    assert flag == 1
+    intact = [i for i in range(8) if i != bad and order[i] == i]
+    assert torch.equal(got[intact], weight[ids[intact]])  # every other row as the contract says
+
+
+@pytest.mark.parametrize("n", [0, 1, 255, 256, 257, 64 * 256 + 1, 70_000])
+def test_check_ids_flags_exactly_the_ids_outside(n: int) -> None:
+    library = emulated()
+    for bad_at in (None, 0, n - 1):
+        ids = torch.randint(0, 100, (n,), dtype=torch.int64, generator=GEN)
+        if bad_at is not None and n:
+            ids[bad_at] = 100 if bad_at else -1
+        flag = torch.zeros(1, dtype=torch.int32)
+        status = library.engram_check_ids_cuda(ids.data_ptr() or None, n, 0, 100, flag.data_ptr(), 0)
+        assert status == 0 and int(flag[0]) == int(bad_at is not None and n > 0)
+
+
+def hash_inputs(tokens: int, context: int, layers: int, max_ngram: int, heads: int) -> dict[str, torch.Tensor]:
+    columns = (max_ngram - 1) * heads
+    g = torch.Generator().manual_seed(tokens * 1000 + context)
+    ext = exact((context + tokens) * 8).view(torch.int64).random_(0, 1 << 20, generator=g)
+    start = torch.zeros(tokens, dtype=torch.int64)
+    for t in range(tokens):  # dead spans and request starts: each token's lowest readable index
+        position = context + t
+        start[t] = position - int(torch.randint(0, max_ngram + 1, (1,), generator=g)) if t % 5 else 0
+        start[t] = max(0, int(start[t]))
+    primes = torch.randint(1000, 1 << 30, (layers, columns), dtype=torch.int64, generator=g)
+    magic = torch.tensor([((1 << 64) - 1) // int(p) - (1 << 64) if ((1 << 64) - 1) // int(p) >= 1 << 63
+                          else ((1 << 64) - 1) // int(p) for p in primes.flatten()], dtype=torch.int64).view(layers, columns)  # fmt: skip
+    return {
+        "ext": ext, "start": start, "multipliers": torch.randint(1, 1 << 20, (layers, max_ngram), dtype=torch.int64, generator=g) | 1,
+        "primes": primes, "magic": magic, "offsets": torch.randint(0, 1 << 20, (layers, columns), dtype=torch.int64, generator=g),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("tokens", "context", "layers", "max_ngram", "heads"),
+    [(0, 3, 2, 3, 4), (1, 0, 1, 2, 1), (37, 5, 2, 3, 4), (255, 2, 1, 3, 8), (256, 0, 1, 2, 1), (257, 7, 3, 4, 2), (600, 3, 2, 3, 4)],
+)  # fmt: skip
+def test_ngram_hash_equals_the_reference_and_the_cpu_twin(
+    tokens: int, context: int, layers: int, max_ngram: int, heads: int
+) -> None:
+    x = hash_inputs(tokens, context, layers, max_ngram, heads)
+    columns = (max_ngram - 1) * heads
+    fill = 2
+    want = torch.zeros(tokens, layers, columns, dtype=torch.int64)
+    ngram_hash_reference(x["ext"], x["start"], x["multipliers"], x["primes"], x["offsets"], fill, want)
+    outputs = {}
+    for name, library in (("emulated", emulated()), ("twin", cpu.cpu_library())):
+        out = exact(tokens * layers * columns * 8).view(torch.int64).fill_(-7)
+        address = (lambda t: t.data_ptr() or None) if name == "emulated" else cpu.ptr
+        tensors = [x["ext"], x["start"], x["multipliers"], x["primes"], x["magic"], x["offsets"], out]
+        ext, start, multipliers, primes, magic, offsets, target = map(address, tensors)
+        args = [
+            ext,
+            start,
+            tokens,
+            context,
+            multipliers,
+            primes,
+            magic,
+            offsets,
+            layers,
+            max_ngram,
+            heads,
+            fill,
+            target,
+        ]
+        if name == "emulated":
+            status = library.engram_ngram_hash_cuda(*args, None)
+        else:
+            status = library.engram_ngram_hash_cpu(*args, 1)
+        assert status == 0
+        outputs[name] = out.view(tokens, layers, columns)
+    assert torch.equal(outputs["emulated"], want) and torch.equal(outputs["twin"], want)
+
+
+def test_a_refused_launch_is_a_cuda_error_with_its_text() -> None:
+    """Configuration errors reach the caller as the GPU reports them: a launch status, its code and text."""
+    library = emulated()
+    weight, _, _, _ = table("raw", 4, 16)
+    ids = torch.zeros(1, dtype=torch.int64)
+    flag = torch.zeros(1, dtype=torch.int32)
+    out = torch.zeros(1, 16, dtype=torch.uint8)
+    status = library.engram_gather_cuda(weight.data_ptr(), None, 4, 16, 16, 0, 4, ids.data_ptr(), None, None, 1,
+                                        out.data_ptr(), 0, 0, 1.0, flag.data_ptr(), -1, None)  # fmt: skip
+    assert status == 1  # a negative cap is refused before any launch
+    assert library.engram_cuda_get_last_error() == 0
+
+
+def emulated_hash(x: dict[str, torch.Tensor], context: int, fill: int) -> torch.Tensor:
+    layers, max_ngram = x["multipliers"].shape
+    columns = x["primes"].shape[1]
+    tokens = x["start"].numel()
+    out = exact(tokens * layers * columns * 8).view(torch.int64)
+    tensors = [x["ext"], x["start"], x["multipliers"], x["primes"], x["magic"], x["offsets"]]
+    ext, start, multipliers, primes, magic, offsets = (t.data_ptr() or None for t in tensors)
+    status = emulated().engram_ngram_hash_cuda(ext, start, tokens, context, multipliers, primes, magic, offsets,
+                                               layers, max_ngram, columns // (max_ngram - 1), fill, out.data_ptr() or None, None)  # fmt: skip
+    assert status == 0
+    return out.view(tokens, layers, columns)
+
+
+@pytest.mark.parametrize("cut", [1, 2, 255, 256, 257, 299])
+def test_ngram_hash_in_two_chunks_equals_the_whole_stream(cut: int) -> None:
+    """The second chunk carries the first's last ids as context; its start indices shift with it."""
+    whole = hash_inputs(300, 0, 2, 4, 3)
+    context = min(cut, 3)  # max_ngram - 1 ids of history
+    second = {
+        **whole,
+        "ext": whole["ext"][cut - context :].clone(),
+        "start": (whole["start"][cut:] - (cut - context)).clamp(min=0),
+    }
+    assert torch.equal(emulated_hash(second, context, 2), emulated_hash(whole, 0, 2)[cut:])
