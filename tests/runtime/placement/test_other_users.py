@@ -76,14 +76,6 @@ def test_a_name_replaced_by_another_user_gets_neither_rows_nor_writes(
     assert [p.name for p in shared.iterdir()] == [planted.name]  # our own name is gone, theirs left to them
 
 
-def test_a_private_directory_still_shares_one_file(tmp_path: Path) -> None:
-    shared = tmp_path / "shm"
-    shared.mkdir(mode=0o700)
-    outcomes = run_local(2, workers.share_and_write, SIZE, 0.5, timeout=120, env={"ENGRAM_SHM_DIR": str(shared)})
-    assert [o.value for o in outcomes] == ["abababab", "abababab"]  # the peer sees the leader's writes
-    assert list(shared.iterdir()) == []
-
-
 def _boot_and_namespace() -> str:
     return owner_tag().rsplit("-", 2)[0]  # <boot>-<pid namespace>
 
