@@ -31,3 +31,20 @@ def tiny_profile(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, An
     with contextlib.redirect_stdout(printed):
         assert main([*argv, "--out", str(out), "--plot", str(plot)]) == 0
     return json.loads(printed.getvalue()), out, plot
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The emulated kernels' child process starts at once when its test is to run: it takes the second
+    core while the suite runs on the first (tests/test_emulated_kernels.py)."""
+    if any(item.nodeid.endswith("test_the_cuda_kernels_run_emulated_and_bounds_checked") for item in session.items):
+        from tests.test_emulated_kernels import start_early
+
+        start_early()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    import sys
+
+    module = sys.modules.get("tests.test_emulated_kernels")
+    if module is not None:
+        module.stop_unfinished()
