@@ -93,8 +93,8 @@ def main() -> None:
     library = stub_library()
     library.stub_set.argtypes = [ctypes.c_int] * 4
     library.stub_set(0, 0, 0, 0)
-    args = (1, 2, rows, dim, dim, 0, rows, 3, None, None, flat.numel(), 4, 2, 0, 1.0, 5, 0, 6)
-    ctypes_us = median_seconds(lambda: library.engram_gather_cuda(*args), number=20000) * 1e6
+    launch = (1, 2, rows, dim, dim, 0, rows, 3, None, None, flat.numel(), 4, 2, 0, 1.0, 5, 0, 6)
+    ctypes_us = median_seconds(lambda: library.engram_gather_cuda(*launch), number=20000) * 1e6
     mapping.release()
 
     gpu_estimate = kept_us + check_us + ctypes_us

@@ -102,8 +102,8 @@ def measure_sorted(table_gib: float) -> list[dict[str, float | int | str]]:
             number = 20 if shape == "decode" else 2
             plain = functools.partial(gather_into, shard.weight, shard.scale, ids, 0, rows, out)
             plain_s = median_seconds(plain, number=number)
-            deduped = functools.partial(gather_into, shard.weight, shard.scale, ids, 0, rows, sorted_out, True)
-            sorted_s = median_seconds(deduped, number=number)
+            sorted_rows = functools.partial(gather_into, shard.weight, shard.scale, ids, 0, rows, sorted_out, True)
+            sorted_s = median_seconds(sorted_rows, number=number)
             moved = ids.numel() * shard.format.row_bytes
             results.append(
                 {

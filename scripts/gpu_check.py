@@ -50,7 +50,7 @@ from engram.apps.corpus import Corpus, load_corpus, text_rows
 from engram.apps.presets import get_preset, scaled_preset
 from engram.config import validate_deployment
 from engram.errors import EngramError
-from engram.ops import cuda, gather, gather_into, gather_reference, kernel_ids, use_sorted
+from engram.ops import GatherCall, cuda, gather, gather_into, gather_reference, kernel_ids, use_sorted
 from engram.runtime.embedding import EngramEmbedding
 from engram.runtime.placement.storage import Placement, ShardFormat, TableShard, allocate
 from engram.runtime.plan import TableShardPlan
@@ -234,11 +234,11 @@ def launch_gather(
     table_rows: int,
     out: torch.Tensor,
     flag: torch.Tensor,
-    dedup: bool = False,
+    sorted_form: bool = False,
 ) -> None:
     """The kernel through its C ABI (cuda.gather_cuda), with a flag of the check's own, past the op's
     argument checks."""
-    flat, order, leader = kernel_ids(ids, dedup)
+    flat, order, leader = kernel_ids(ids, sorted_form)
     table_scale = None if shard.table_scale is None else float(shard.table_scale[0])
     cuda.gather_cuda(
         library, shard.weight, shard.scale, flat, order, leader, shard.row_start, table_rows, out, flag, 0, table_scale
@@ -261,7 +261,7 @@ def same_bits(got: torch.Tensor, want: torch.Tensor) -> bool:
 
 
 def check_gather(
-    library: ctypes.CDLL, runtime: cuda.LibraryRuntime, name: str, placement: Placement, dedup: bool = False
+    library: ctypes.CDLL, runtime: cuda.LibraryRuntime, name: str, placement: Placement, sorted_form: bool = False
 ) -> dict[str, Any]:
     _, dtype, dim, out_dtype = next(f for f in FORMATS if f[0] == name)
     rows, row_start, table_rows = 5000, 1000, 8000
@@ -278,7 +278,7 @@ def check_gather(
             device="cuda",
         ).view(out_dtype)
         flag = torch.zeros(1, dtype=torch.int32, device="cuda")
-        launch_gather(library, shard, ids, table_rows, out, flag, dedup)
+        launch_gather(library, shard, ids, table_rows, out, flag, sorted_form)
         clean = int(flag.item())
         want = gather_reference(
             shard.weight.cpu(),
@@ -287,11 +287,11 @@ def check_gather(
             row_start,
             table_rows,
             out_dtype,
-            None if shard.table_scale is None else float(shard.table_scale[0]),
+            table_scale=None if shard.table_scale is None else float(shard.table_scale[0]),
         )
         bad = ids.clone()
         bad[7] = table_rows  # an id outside the table: zeros and the flag, never a read out of bounds
-        launch_gather(library, shard, bad, table_rows, out.clone(), flag, dedup)
+        launch_gather(library, shard, bad, table_rows, out.clone(), flag, sorted_form)
         return {
             "ok": same_bits(out, want) and clean == 0 and int(flag.item()) == 1,
             "rows_equal": same_bits(out, want),
@@ -342,7 +342,7 @@ def check_op_paths(runtime: cuda.LibraryRuntime) -> dict[str, Any]:
         hot = torch.unique(ids[ids >= 0])[:1000]
         cache = build_cache(shard, hot, hot.numel() * shard.format.row_bytes, "cuda")
         assert cache is not None
-        cached = cached_gather(cache, shard.weight, shard.scale, on_gpu, 0, rows, torch.bfloat16)
+        cached = cached_gather(cache, GatherCall(shard.weight, shard.scale, on_gpu, 0, rows, torch.bfloat16))
         layer = EngramEmbedding(shard, TableShardPlan("check", rows, "row", 0, rows, 0, columns), columns=columns)
         eager = layer(on_gpu)
         prefetched = prefetch_on(torch.cuda.Stream(), lambda: [layer(on_gpu)], sm_share=0.25).take(0)  # type: ignore[no-untyped-call]
@@ -549,10 +549,10 @@ def bench_sorted(
         for shape, tokens in SHAPES.items():
             for source, ids in id_batches(spec, rows, corpus, tokens).items():
                 out = torch.empty((*ids.shape, spec.head_dim), dtype=torch.bfloat16, device="cuda")
-                for dedup in (False, True):
-                    call = functools.partial(gather_into, shard.weight, shard.scale, ids, 0, rows, out, dedup)
+                for sorted_form in (False, True):
+                    call = functools.partial(gather_into, shard.weight, shard.scale, ids, 0, rows, out, sorted_form)
                     seconds = step_time(shape, call)
-                    what = f"V4.1 {shape} {tokens}x24, {source}, {'sorted' if dedup else 'plain'}"
+                    what = f"V4.1 {shape} {tokens}x24, {source}, {'sorted' if sorted_form else 'plain'}"
                     out_rows.append(
                         bench_row(
                             what,
@@ -663,14 +663,17 @@ def bench_cache(
         assert cache is not None
         for shape, tokens in SHAPES.items():
             for source, ids in id_batches(spec, rows, corpus, tokens).items():
-                dedup = use_sorted(ids.numel(), shard.weight, ids.device)
+                sorted_form = use_sorted(ids.numel(), shard.weight, ids.device)
                 plain = step_time(
-                    shape, functools.partial(gather, shard.weight, shard.scale, ids, 0, rows, torch.bfloat16, dedup)
+                    shape,
+                    functools.partial(gather, shard.weight, shard.scale, ids, 0, rows, torch.bfloat16, sorted_form),
                 )
                 cached = step_time(
                     shape,
                     functools.partial(
-                        cached_gather, cache, shard.weight, shard.scale, ids, 0, rows, torch.bfloat16, dedup
+                        cached_gather,
+                        cache,
+                        GatherCall(shard.weight, shard.scale, ids, 0, rows, torch.bfloat16, sorted_form),
                     ),
                 )
                 hits = float(torch.isin(ids, cache.ids).float().mean())
@@ -726,9 +729,9 @@ def run_all(report: Report, table_gib: float, sizes: list[float], preset: str, w
     if report.wants("kernels"):
         for name, *_ in FORMATS:
             for placement in ("pinned", "device"):
-                for dedup in (False, True):
-                    label = f"gather {name} {placement}{', sorted' if dedup else ''}"
-                    report.run(label, functools.partial(check_gather, library, runtime, name, placement, dedup))
+                for sorted_form in (False, True):
+                    label = f"gather {name} {placement}{', sorted' if sorted_form else ''}"
+                    report.run(label, functools.partial(check_gather, library, runtime, name, placement, sorted_form))
         report.run(
             "op paths: e8m0 extremes, block cap, device cache, prefetch, pinned flag", lambda: check_op_paths(runtime)
         )

@@ -117,3 +117,27 @@ def test_the_checks_find_an_upward_import_and_a_circle() -> None:
     }
     assert upward(made_up) == ["engram.memory.mapping (memory) imports engram.runtime.engine (runtime)"]
     assert circles(made_up) == [["engram.runtime.engine", "engram.runtime.cache", "engram.runtime.engine"]]
+
+
+# The vLLM plugin serves its tables through the table layer's public face alone: nothing in it allocates,
+# maps, registers or gathers by itself (the engine and the plugin share one copy of that code).
+TABLE_FACE = "engram.runtime.table"
+BELOW_THE_FACE = ("engram.memory", "engram.ops", "engram.runtime")
+
+
+def below_the_face(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of an integration that reaches below the table layer's public face."""
+    return sorted(
+        f"{module} imports {target}"
+        for module, targets in graph.items()
+        if module.startswith("engram.integrations")
+        for target in targets
+        if target != TABLE_FACE and any(target == p or target.startswith(p + ".") for p in BELOW_THE_FACE)
+    )
+
+
+def test_integrations_use_only_the_table_layers_face() -> None:
+    assert below_the_face(GRAPH) == []
+    assert any(TABLE_FACE in targets for module, targets in GRAPH.items() if module.startswith("engram.integrations"))
+    made_up = {"engram.integrations.vllm.qwen": {"engram.ops.library", TABLE_FACE, "engram.config"}}
+    assert below_the_face(made_up) == ["engram.integrations.vllm.qwen imports engram.ops.library"]

@@ -3,7 +3,7 @@ checks every call passes (checks), the kernels' id forms (ids), plain-torch refe
 CPU twins (cpu) and the CUDA kernels (cuda, imported on a GPU's first op by devices.ensure_kernels), and
 the build of both native libraries (build)."""
 
-from engram.ops.checks import DEAD_ID, OUT_KINDS, SCALE_BLOCK, SCALE_DTYPE, check_ids, check_token_ids
+from engram.ops.checks import DEAD_ID, OUT_KINDS, SCALE_BLOCK, SCALE_DTYPE, GatherCall, check_ids, check_token_ids
 from engram.ops.ids import kernel_ids, sort_ids, use_sorted
 from engram.ops.launch import HASHERS, LAUNCHERS, run_gather
 from engram.ops.library import gather, gather_into, ngram_hash
@@ -16,6 +16,7 @@ __all__ = [
     "OUT_KINDS",
     "SCALE_BLOCK",
     "SCALE_DTYPE",
+    "GatherCall",
     "check_ids",
     "check_token_ids",
     "gather",

@@ -4,7 +4,8 @@ its end), and raise nothing themselves."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 
@@ -53,17 +54,11 @@ def describe(t: torch.Tensor) -> str:
     return f"{t.dtype} {list(t.shape)} on {t.device}"
 
 
-def check_gather_args(
-    weight: torch.Tensor,
-    scale: torch.Tensor | None,
-    ids: torch.Tensor,
-    row_start: int,
-    table_rows: int,
-    out_dtype: torch.dtype,
-    table_scale: float | None = None,
-) -> None:
+def check_gather_args(call: GatherCall) -> None:
     """Every argument of a gather against the others, before any kernel runs: the kernels trust these
     extents (a scale with fewer rows than the weight would be read past its end)."""
+    weight, scale, ids, row_start, table_rows = call.weight, call.scale, call.ids, call.row_start, call.table_rows
+    out_dtype, table_scale = call.out_dtype, call.table_scale
     if weight.dim() != 2 or weight.dtype not in TABLE_DTYPES or not weight.is_contiguous():
         raise EngramError(
             f"weight must be a contiguous 2-D table of {', '.join(map(str, TABLE_DTYPES))}; got {describe(weight)}"
@@ -145,20 +140,41 @@ def check_token_ids(ids: torch.Tensor, vocab: int) -> None:
         raise EngramError(f"compressed id {int(bad)} is outside [0, {vocab}); compress raw token ids first")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class GatherCall:
-    """One gather whose arguments engram.ops.launch.run_gather has checked against each other: what a
-    device's kernel launch takes (its kernels trust these extents). `check`: more ids to range-check alike."""
+    """One gather, every argument named: rows for the global row ids `ids` (int64 or int32, any shape
+    [..]) from a shard holding rows [row_start, row_start + len(weight)) of a table of `table_rows` rows.
+
+    - `weight` [rows, width], as stored: fp8 (float8_e4m3fn), bf16, fp16, fp32, or NVFP4 (uint8, two e2m1
+      values a byte); `scale` its block scales (ue8m0 [rows, dim/32] for fp8, e4m3 [rows, dim/16] for
+      NVFP4), None for other formats; `table_scale` the one float scale per table of fp8-table and NVFP4.
+    - `out` the output kind: a dtype (a fresh output [.., dim]) or a contiguous buffer [.., dim] the
+      caller keeps (its dtype is the output's). Rows stored as one float type and wanted as another are
+      converted; scaled rows are dequantised into float32 or bfloat16; without their scales, fp8 rows
+      are copied as stored.
+    - `sorted` takes the sorted form: each distinct row read once, in address order (engram.ops.ids;
+      use_sorted says where it pays). The rows returned are the same, bit for bit.
+    - `check` more ids to range-check alike (a head shard's peers read the step's other columns: all
+      ranks must agree on an error).
+
+    DEAD_ID (-1) and rows of other shards read +0.0. An id outside [-1, table_rows) is an error: raised
+    before any row is read on the CPU, flagged on a GPU (engram.ops.cuda.check_error_flags). Every
+    extent is checked against the others before a kernel runs (check_gather_args). The fields' order is
+    the ops' argument order: engram.ops.library derives both op schemas from it."""
 
     weight: torch.Tensor
     scale: torch.Tensor | None
     ids: torch.Tensor
     row_start: int
     table_rows: int
-    out: torch.Tensor
-    dedup: bool
-    check: torch.Tensor | None
-    table_scale: float | None = None  # rows with one float scale per table (fp8, NVFP4)
+    out: torch.Tensor | torch.dtype  # engram::gather takes a dtype, engram::gather_into a buffer
+    sorted: bool = False
+    check: torch.Tensor | None = None
+    table_scale: float | None = None
+
+    @property
+    def out_dtype(self) -> torch.dtype:
+        return self.out.dtype if isinstance(self.out, torch.Tensor) else self.out
 
     @property
     def quant(self) -> int | None:
@@ -167,6 +183,24 @@ class GatherCall:
     @property
     def dim(self) -> int:
         return row_format(self.weight, self.scale, self.table_scale)[1]
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        return (*self.ids.shape, self.dim)
+
+    def args(self) -> list[Any]:
+        """The op's arguments, in its order."""
+        return [getattr(self, name) for name in GATHER_FIELDS]
+
+    def run(self) -> torch.Tensor:
+        """The gather, through the torch op (engram::gather, or engram::gather_into for a kept buffer)."""
+        if isinstance(self.out, torch.Tensor):
+            torch.ops.engram.gather_into.default(*self.args())
+            return self.out
+        return torch.ops.engram.gather.default(*self.args())  # type: ignore[no-any-return]
+
+
+GATHER_FIELDS = tuple(f.name for f in fields(GatherCall))
 
 
 @dataclass(frozen=True)

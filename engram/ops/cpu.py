@@ -110,13 +110,14 @@ def threads_for(items: int) -> int:
 def launch_gather(call: GatherCall) -> None:
     """The native CPU kernel, or plain torch where it did not build."""
     weight, scale, ids, table_rows, out = call.weight, call.scale, call.ids, call.table_rows, call.out
+    assert isinstance(out, torch.Tensor)
     if call.check is not None:
         check_ids(call.check, table_rows)
     library = cpu_library()
     if library is None:
-        out.copy_(gather_reference(weight, scale, ids, call.row_start, table_rows, out.dtype, call.table_scale))
+        out.copy_(gather_reference(call))
         return
-    flat, order, leader = kernel_ids(ids, call.dedup)
+    flat, order, leader = kernel_ids(ids, call.sorted)
     bad = ctypes.c_int64(0)
     quant = call.quant
     status = library.engram_gather_cpu(

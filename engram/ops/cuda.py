@@ -258,7 +258,8 @@ def launch_cuda(call: GatherCall) -> None:
     """The CUDA kernel on the ids' device and its current stream, arguments already checked
     (ops.launch.run_gather). Nothing here synchronises: ids outside the table read zeros and raise the
     device's error flag, which the engine reads once a step (EngramTables.check_errors)."""
-    ids = call.ids
+    ids, out = call.ids, call.out
+    assert isinstance(out, torch.Tensor)  # run_gather gives the kernels a buffer
     check_readable(library_runtime(), call.weight, call.scale)
     library = cuda_library()
     flag = error_flag(ids.device)
@@ -271,7 +272,7 @@ def launch_cuda(call: GatherCall) -> None:
                 more.data_ptr() or None, more.numel(), DEAD_ID, call.table_rows, row_flag, stream
             )
             check(library, status, "engram_check_ids_cuda")
-        flat, order, leader = kernel_ids(ids, call.dedup)
+        flat, order, leader = kernel_ids(ids, call.sorted)
         gather_cuda(
             library,
             call.weight,
@@ -281,7 +282,7 @@ def launch_cuda(call: GatherCall) -> None:
             leader,
             call.row_start,
             call.table_rows,
-            call.out,
+            out,
             flag,
             _max_blocks.get(),
             call.table_scale,

@@ -34,10 +34,10 @@ def sort_ids(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     return ordered, order, leader
 
 
-def kernel_ids(ids: torch.Tensor, dedup: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """The ids as every kernel takes them: flat contiguous int64, and sorted (with order and leader)
-    when `dedup` asks for the sorted form."""
+def kernel_ids(ids: torch.Tensor, sorted: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """The ids as every kernel takes them: flat contiguous int64, and with `sorted` in the sorted form
+    (with order and leader)."""
     flat = ids.reshape(-1).to(torch.int64).contiguous()
-    if dedup and flat.numel():
+    if sorted and flat.numel():
         return sort_ids(flat)
     return flat, None, None

@@ -5,12 +5,13 @@ is imported (engram.ops.devices.ensure_kernels), so nothing below it imports the
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
 from engram.errors import EngramError
 from engram.ops import cpu
-from engram.ops.checks import ID_DTYPES, GatherCall, HashCall, check_gather_args, check_out, describe, row_format
+from engram.ops.checks import ID_DTYPES, GatherCall, HashCall, check_gather_args, check_out, describe
 
 Launch = Callable[[GatherCall], None]
 
@@ -19,39 +20,32 @@ Launch = Callable[[GatherCall], None]
 LAUNCHERS: dict[str, Launch] = {"cpu": cpu.launch_gather}
 
 
-def run_gather(
-    weight: torch.Tensor,
-    scale: torch.Tensor | None,
-    ids: torch.Tensor,
-    row_start: int,
-    table_rows: int,
-    out: torch.Tensor,
-    dedup: bool = False,
-    check: torch.Tensor | None = None,
-    table_scale: float | None = None,
-) -> None:
-    """The one body of engram::gather and engram::gather_into on every device: check every argument,
-    then launch the device's kernel. A dtype conversion the kernels do not make (rows stored as one float
-    type, wanted as another) becomes a raw gather and a torch copy, so no path ever reinterprets bytes."""
+def run_gather(call: GatherCall) -> None:
+    """The one body of engram::gather and engram::gather_into on every device (`call.out` a buffer):
+    check every argument, then launch the device's kernel. A dtype conversion the kernels do not make
+    (rows stored as one float type, wanted as another) becomes a raw gather and a torch copy, so no path
+    ever reinterprets bytes."""
+    ids, out = call.ids, call.out
+    assert isinstance(out, torch.Tensor)
     launch = LAUNCHERS.get(ids.device.type)
     if launch is None:
         raise EngramError(
             f"no engram gather kernel for {ids.device.type} tensors (import engram.ops.cuda for CUDA); put the ids on the CPU or a GPU"
         )
     if ids.device.type == "cpu":
-        for name, t in (("weight", weight), ("scale", scale), ("out", out)):
+        for name, t in (("weight", call.weight), ("scale", call.scale), ("out", out)):
             if t is not None and t.device.type != "cpu":
                 raise EngramError(f"ids are on the CPU but {name} is on {t.device}: put them on one device")
-    check_gather_args(weight, scale, ids, row_start, table_rows, out.dtype, table_scale)
-    check_out(ids, row_format(weight, scale, table_scale)[1], out)
-    if check is not None and (check.dtype not in ID_DTYPES or check.device != ids.device):
-        raise EngramError(f"check must hold int64 or int32 row ids on {ids.device}; got {describe(check)}")
-    if scale is None and table_scale is None and out.dtype != weight.dtype:
-        raw = torch.empty(out.shape, dtype=weight.dtype, device=out.device)
-        launch(GatherCall(weight, None, ids, row_start, table_rows, raw, dedup, check))
+    check_gather_args(call)
+    check_out(ids, call.dim, out)
+    if call.check is not None and (call.check.dtype not in ID_DTYPES or call.check.device != ids.device):
+        raise EngramError(f"check must hold int64 or int32 row ids on {ids.device}; got {describe(call.check)}")
+    if call.scale is None and call.table_scale is None and out.dtype != call.weight.dtype:
+        raw = torch.empty(out.shape, dtype=call.weight.dtype, device=out.device)
+        launch(replace(call, out=raw))
         out.copy_(raw)
     else:
-        launch(GatherCall(weight, scale, ids, row_start, table_rows, out, dedup, check, table_scale))
+        launch(call)
 
 
 HashLaunch = Callable[[HashCall], None]

@@ -5,48 +5,51 @@ picks the device's kernel."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import MISSING, fields
 from typing import Any
 
 import torch
 
 from engram.memory.outputs import empty_cpu
-from engram.ops.checks import row_format
+from engram.ops.checks import GatherCall
 from engram.ops.launch import run_gather, run_hash
 
 
-def _gather(
-    weight: torch.Tensor,
-    scale: torch.Tensor | None,
-    ids: torch.Tensor,
-    row_start: int,
-    table_rows: int,
-    out_dtype: torch.dtype,
-    dedup: bool = False,
-    check: torch.Tensor | None = None,
-    table_scale: float | None = None,
-) -> torch.Tensor:
-    shape = (*ids.shape, row_format(weight, scale, table_scale)[1])
-    out = (
-        empty_cpu(shape, out_dtype)
-        if ids.device.type == "cpu"
-        else torch.empty(shape, dtype=out_dtype, device=ids.device)
-    )
-    run_gather(weight, scale, ids, row_start, table_rows, out, dedup, check, table_scale)
+def _gather(*args: Any) -> torch.Tensor:
+    call = GatherCall(*args)
+    shape, dtype, device = call.out_shape, call.out_dtype, call.ids.device
+    out = empty_cpu(shape, dtype) if device.type == "cpu" else torch.empty(shape, dtype=dtype, device=device)
+    call.out = out
+    run_gather(call)
     return out
 
 
-def _gather_fake(
-    weight: torch.Tensor,
-    scale: torch.Tensor | None,
-    ids: torch.Tensor,
-    row_start: int,
-    table_rows: int,
-    out_dtype: torch.dtype,
-    dedup: bool = False,
-    check: torch.Tensor | None = None,
-    table_scale: float | None = None,
-) -> torch.Tensor:
-    return ids.new_empty((*ids.shape, row_format(weight, scale, table_scale)[1]), dtype=out_dtype)
+def _gather_into(*args: Any) -> None:
+    run_gather(GatherCall(*args))
+
+
+def _gather_fake(*args: Any) -> torch.Tensor:
+    call = GatherCall(*args)
+    return call.ids.new_empty(call.out_shape, dtype=call.out_dtype)
+
+
+# GatherCall's field annotations as the op schema's types
+SCHEMA_TYPES = {
+    "torch.Tensor": "Tensor",
+    "torch.Tensor | None": "Tensor?",
+    "int": "int",
+    "bool": "bool",
+    "float | None": "float?",
+}
+
+
+def _gather_schema(out: str, returns: str) -> str:
+    """An op schema from GatherCall's fields, in their order: `out` the output argument's declaration."""
+    declared = []
+    for f in fields(GatherCall):
+        default = "" if f.default is MISSING else f"={f.default}"
+        declared.append(out if f.name == "out" else f"{SCHEMA_TYPES[str(f.type)]} {f.name}{default}")
+    return f"({', '.join(declared)}) -> {returns}"
 
 
 def _no_result(*args: object) -> None:
@@ -59,18 +62,8 @@ def _no_result(*args: object) -> None:
 # mutating op's call (its ADInplaceOrView step fills in the schema's defaults each time), more than the
 # whole rest of an eager layer call (benchmarks/bench_host_time.py).
 OPS: dict[str, tuple[str, Callable[..., Any], Callable[..., Any]]] = {  # name: schema, kernel, fake kernel
-    "gather": (
-        "(Tensor weight, Tensor? scale, Tensor ids, int row_start, int table_rows, ScalarType out_dtype, "
-        "bool dedup=False, Tensor? check=None, float? table_scale=None) -> Tensor",
-        _gather,
-        _gather_fake,
-    ),
-    "gather_into": (
-        "(Tensor weight, Tensor? scale, Tensor ids, int row_start, int table_rows, Tensor(a!) out, "
-        "bool dedup=False, Tensor? check=None, float? table_scale=None) -> ()",
-        run_gather,
-        _no_result,
-    ),
+    "gather": (_gather_schema("ScalarType out_dtype", "Tensor"), _gather, _gather_fake),
+    "gather_into": (_gather_schema("Tensor(a!) out", "()"), _gather_into, _no_result),
     "ngram_hash": (
         "(Tensor ext, Tensor start, Tensor multipliers, Tensor primes, Tensor magic, Tensor offsets, "
         "int fill, int vocab, Tensor(a!) out) -> ()",
@@ -87,18 +80,20 @@ for _name, (_schema, _kernel, _fake) in OPS.items():
         _LIBRARY.impl(_name, _kernel, _key)  # type: ignore[no-untyped-call]
     torch.library.register_fake(f"engram::{_name}", lib=_LIBRARY)(_fake)
 
-# gather(weight, scale, ids, row_start, table_rows, out_dtype, dedup=False, check=None) -> [.., dim]: rows
-# for global row ids `ids` ([..]) from a shard holding rows [row_start, row_start + len(weight)) of a
-# table of `table_rows` rows, in out_dtype. DEAD_ID and rows of other shards read zeros. Any device: a
-# fresh output, filled by that device's kernel. `dedup` takes the sorted form (each distinct row read
-# once, in address order; see use_sorted). `check`: more ids to range-check alike (a head shard's peers
-# read the step's other columns: all ranks must agree). `table_scale`: rows with one float scale per
-# table, fp8 (weight float8_e4m3fn, no scale) or NVFP4 (weight uint8 [rows, dim/2], scale e4m3 [rows, dim/16]).
+# The ops in torch's positional form, GatherCall's fields in order (torch.compile traces them). Inside
+# engram a gather is built as a GatherCall and run (GatherCall.run); its docstring is the ops' contract.
 gather = torch.ops.engram.gather.default
+gather.__doc__ = (
+    "engram.ops.gather(weight, scale, ids, row_start, table_rows, out_dtype, sorted=False, check=None, "
+    "table_scale=None) -> Tensor [*ids.shape, dim]: a fresh output in out_dtype.\n\n" + (GatherCall.__doc__ or "")
+)
 
-# gather_into(..., out, dedup=False, check=None): the same into a buffer the caller keeps ([.., dim], its
-# dtype the output's): no allocation, no page faults for a fresh output, a static address for CUDA graphs.
 gather_into = torch.ops.engram.gather_into.default
+gather_into.__doc__ = (
+    "engram.ops.gather_into(weight, scale, ids, row_start, table_rows, out, sorted=False, check=None, "
+    "table_scale=None): the same into a buffer the caller keeps (its dtype the output's): no allocation, no "
+    "page faults for a fresh output, a static address for CUDA graphs.\n\n" + (GatherCall.__doc__ or "")
+)
 
 # ngram_hash(ext, start, multipliers, primes, magic, offsets, fill, vocab, out): row ids into `out`
 # [T, L, C]; `magic` holds the Barrett constants floor((2^64 - 1) / prime). The new tokens (the last T of

@@ -3,12 +3,15 @@ CPU twins cannot be built."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from engram.ops.checks import (
     NVFP4_BLOCK,
     QUANT_NVFP4,
     SCALE_BLOCK,
+    GatherCall,
     check_gather_args,
     check_ids,
     row_format,
@@ -17,18 +20,15 @@ from engram.ops.checks import (
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
 
 
-def gather_reference(
-    weight: torch.Tensor,
-    scale: torch.Tensor | None,
-    ids: torch.Tensor,
-    row_start: int,
-    table_rows: int,
-    out_dtype: torch.dtype,
-    table_scale: float | None = None,
-) -> torch.Tensor:
-    """The gather in plain torch: what every kernel is tested against, and the fallback."""
-    check_gather_args(weight, scale, ids, row_start, table_rows, out_dtype, table_scale)
-    check_ids(ids, table_rows)
+def gather_reference(*args: Any, **named: Any) -> torch.Tensor:
+    """The gather in plain torch: what every kernel is tested against, and the fallback. Takes the
+    ops' arguments (engram.ops.gather), or one GatherCall; `sorted` and `check` change nothing here, and a
+    kept buffer as `out` gives its dtype. Returns a fresh output."""
+    call = args[0] if len(args) == 1 and isinstance(args[0], GatherCall) else GatherCall(*args, **named)
+    check_gather_args(call)
+    check_ids(call.ids, call.table_rows)
+    weight, scale, ids, row_start = call.weight, call.scale, call.ids, call.row_start
+    out_dtype, table_scale = call.out_dtype, call.table_scale
     quant, dim = row_format(weight, scale, table_scale)
     if table_scale is not None:
         return _table_scaled(weight, scale, ids, row_start, out_dtype, table_scale, quant == QUANT_NVFP4, dim)

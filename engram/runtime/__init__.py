@@ -1,5 +1,6 @@
-"""Tables ready for lookups: the plan (who owns which rows), the placements (placement/), the checkpoint
-readers (checkpoints/), and the engine (engine, embedding, tables, cache, dist, launch, nodes).
+"""Tables ready for lookups: the plan (who owns which rows), the table layer (table: one shard's storage
+and lookups, over placement/, cache and the checkpoint readers in checkpoints/), and the engine (engine,
+embedding, tables, dist, launch, nodes).
 
 EngramTables and init_from_env are imported on first use, so a module of the runtime (dist, say) can be
 imported without the whole engine."""

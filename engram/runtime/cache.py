@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from engram.errors import EngramError
-from engram.ops import DEAD_ID, gather
+from engram.ops import DEAD_ID, GatherCall
 from engram.runtime.checkpoints.files import check_regular
 from engram.runtime.checkpoints.loader import SafetensorsFile
 from engram.runtime.placement.filemap import files_named_on_fault
@@ -76,31 +76,24 @@ def _rows(shard: TableShard, part: torch.Tensor, rows: torch.Tensor) -> torch.Te
     if part.device.type != "cpu":
         return part.index_select(0, rows.to(part.device) - shard.row_start)
     raw = part.view(torch.uint8) if part.dtype == torch.float8_e8m0fnu else part  # not a table dtype
-    out: torch.Tensor = gather(raw, None, rows, shard.row_start, shard.row_stop, raw.dtype)
-    return out.view(part.dtype)
+    return GatherCall(raw, None, rows, shard.row_start, shard.row_stop, raw.dtype).run().view(part.dtype)
 
 
-def cached_gather(
-    cache: HotRows,
-    weight: torch.Tensor,
-    scale: torch.Tensor | None,
-    ids: torch.Tensor,
-    row_start: int,
-    table_rows: int,
-    out_dtype: torch.dtype,
-    dedup: bool = False,
-    check: torch.Tensor | None = None,
-    table_scale: float | None = None,
-) -> torch.Tensor:
-    """engram::gather with hits served from `cache`: the same rows, bit for bit."""
-    flat = ids.reshape(-1).to(torch.int64)
+def cached_gather(cache: HotRows, call: GatherCall) -> torch.Tensor:
+    """`call` with its hits served from `cache` (whose weight and scale are the rows of `call`'s, in
+    the same form): the same rows, bit for bit, into `call.out` when that is a buffer."""
+    flat = call.ids.reshape(-1).to(torch.int64)
     slot = torch.searchsorted(cache.ids, flat).clamp_(max=cache.ids.numel() - 1)
     hit = cache.ids[slot] == flat
-    slots = torch.where(hit, slot, DEAD_ID).view(ids.shape)
-    from_cache = gather(cache.weight, cache.scale, slots, 0, cache.ids.numel(), out_dtype, table_scale=table_scale)
-    misses = torch.where(hit, DEAD_ID, flat).view(ids.shape)  # an id outside the table never hits: the host path raises
-    from_host = gather(weight, scale, misses, row_start, table_rows, out_dtype, dedup, check, table_scale)
-    return torch.where(hit.view(*ids.shape, 1), from_cache, from_host)
+    shape, dtype = call.ids.shape, call.out_dtype
+    slots = torch.where(hit, slot, DEAD_ID).view(shape)
+    from_cache = GatherCall(
+        cache.weight, cache.scale, slots, 0, cache.ids.numel(), dtype, table_scale=call.table_scale
+    ).run()
+    misses = torch.where(hit, DEAD_ID, flat).view(shape)  # an id outside the table never hits: the host path raises
+    from_host = replace(call, ids=misses, out=dtype).run()
+    rows = torch.where(hit.view(*shape, 1), from_cache, from_host)
+    return rows if not isinstance(call.out, torch.Tensor) else call.out.copy_(rows)
 
 
 def caches_for(

@@ -16,20 +16,19 @@ import torch.distributed as dist
 from torch import nn
 
 from engram.errors import EngramError
-from engram.ops import DEAD_ID, gather, gather_into, use_sorted
-from engram.ops.devices import ensure_kernels
-from engram.runtime.cache import HotRows, cached_gather
+from engram.ops import DEAD_ID
+from engram.runtime.cache import HotRows
 from engram.runtime.dist import Group
-from engram.runtime.placement.filemap import reading
 from engram.runtime.placement.residency import ResidentBudget
 from engram.runtime.placement.storage import TableShard
 from engram.runtime.plan import TableShardPlan
+from engram.runtime.table import Table
 
 
 class EngramEmbedding(nn.Module):
     def __init__(
         self,
-        shard: TableShard,
+        table: Table | TableShard,
         plan: TableShardPlan,
         *,
         columns: int,
@@ -40,31 +39,31 @@ class EngramEmbedding(nn.Module):
         cache: HotRows | None = None,
         budget: ResidentBudget | None = None,
     ) -> None:
-        """`group`: the embedding group (None when it is this rank alone), `shard_order` its global ranks in
-        shard order; `dp_group`: the replicas to gather ids over (embedding_across_dp only); `budget`: the
-        rank's resident-set budget of its file-backed tables (file_cache_bytes), told of every lookup."""
+        """`table`: this rank's shard of the layer's table (a bare TableShard is opened as a Table with
+        `out_dtype`, `cache` and `budget`); `group`: the embedding group (None when it is this rank alone),
+        `shard_order` its global ranks in shard order; `dp_group`: the replicas to gather ids over
+        (embedding_across_dp only); `budget`: the rank's resident-set budget of its file-backed tables
+        (file_cache_bytes), told of every lookup."""
         super().__init__()
-        if plan.rows != shard.rows or plan.row_start != shard.row_start:
+        if isinstance(table, TableShard):
+            table = Table(table, plan.table_rows, out_dtype=out_dtype, budget=budget)
+            table.use_cache(cache)
+        if plan.rows != table.rows or plan.row_start != table.row_start or plan.table_rows != table.table_rows:
             raise EngramError(
-                f"{shard.name}: the shard holds rows [{shard.row_start}, {shard.row_stop}), the plan says [{plan.row_start}, {plan.row_stop})"
+                f"{table.name}: the shard holds rows [{table.row_start}, {table.shard.row_stop}) of {table.table_rows}, the plan says [{plan.row_start}, {plan.row_stop}) of {plan.table_rows}"
             )
-        self.weight = nn.Parameter(shard.weight, requires_grad=False)
-        self.scale = nn.Parameter(shard.scale, requires_grad=False) if shard.scale is not None else None
+        self.table = table
+        self.weight = nn.Parameter(table.weight, requires_grad=False)
+        self.scale = nn.Parameter(table.scale, requires_grad=False) if table.scale is not None else None
         # fp8-table and nvfp4: one float32 in host memory, passed to the kernels by value (no device read)
-        table_scale = shard.table_scale
+        table_scale = table.table_scale
         self.table_scale = nn.Parameter(table_scale, requires_grad=False) if table_scale is not None else None
         self.plan = plan
         self.columns = columns
-        self.dim = shard.format.dim
+        self.dim = table.shard.format.dim
         self.group = group if group is not None and group.size > 1 else None
         self.dp_group = dp_group if dp_group is not None and dp_group.size > 1 else None
-        self.out_dtype = out_dtype
-        self.cache = cache  # hot rows in device memory (device_cache_bytes), or None
-        self.budget = budget if shard.files else None
-        # File-backed: a read that faults names the file that shrank, a cold file is read ahead, and one
-        # the GPU cannot read over UVA (not on tmpfs or hugetlbfs) is gathered on host threads and copied.
-        self.shard = shard if shard.files else None
-        self.staged = shard.placement == "file" and shard.device_pointer is None
+        self.out_dtype = table.out_dtype
         # all_gather returns members in ascending global rank; the combine wants shard order
         self.gather_order = [sorted(shard_order).index(r) for r in shard_order] if self.group is not None else [0]
 
@@ -85,57 +84,17 @@ class EngramEmbedding(nn.Module):
     def lookup_gathered(self, ids: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Local gather and combine over the embedding group, for ids every member holds alike (this
         replica's, or with embedding_across_dp everyone's, as gather_replica_ids returns them)."""
-        if self.shard is None:
-            return self._lookup_gathered(ids, out)
-        with reading(self.shard, ids, self.budget):
-            return self._lookup_gathered(ids, out)
-
-    def _lookup_gathered(self, ids: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
-        ensure_kernels(ids.device)
-        plan = self.plan
         if self.group is None:
-            if out is not None and self.cache is None and not (self.staged and ids.is_cuda):
-                dedup = use_sorted(ids.numel(), self.weight, ids.device)
-                gather_into(
-                    self.weight, self.scale, ids, plan.row_start, plan.table_rows, out, dedup, None, self._scale_value()
-                )
-                return out
-            local = self._gather_local(ids)
-            return local if out is None else out.copy_(local)
+            return self.table.lookup(ids, out)
         # Every rank holds the same ids, and a head shard range-checks the other columns too (`check`), so
         # on the CPU every rank raises alike before the collective, and on a GPU every rank's kernels flag
         # the bad id alike (EngramTables.check_errors), with no sync.
-        head = plan.kind == "head"
-        columns = ids[:, plan.head_start : plan.head_stop] if head else ids
-        rows = self._gather_local(columns, ids if head else None)
-        rows = self._combine_heads(rows) if head else self._combine_rows(rows)
-        return rows if out is None else out.copy_(rows)
-
-    def _gather_local(self, ids: torch.Tensor, check: torch.Tensor | None = None) -> torch.Tensor:
-        """This shard's rows for `ids`: hits from the device cache when there is one, the rest from the table."""
         plan = self.plan
-        dedup = use_sorted(ids.numel(), self.weight, ids.device)
-        if self.staged and ids.is_cuda:  # host threads read the file's pages; one copy to the GPU
-            host_check = None if check is None else check.cpu()
-            staged: torch.Tensor = gather(
-                self.weight, self.scale, ids.cpu(), plan.row_start, plan.table_rows, self.out_dtype, dedup, host_check,
-                self._scale_value(),
-            )  # fmt: skip
-            return staged.pin_memory().to(ids.device, non_blocking=True)
-        if self.cache is not None:
-            return cached_gather(
-                self.cache, self.weight, self.scale, ids, plan.row_start, plan.table_rows, self.out_dtype, dedup, check,
-                self._scale_value(),
-            )  # fmt: skip
-        rows: torch.Tensor = gather(
-            self.weight, self.scale, ids, plan.row_start, plan.table_rows, self.out_dtype, dedup, check,
-            self._scale_value(),
-        )  # fmt: skip
-        return rows
-
-    def _scale_value(self) -> float | None:
-        """The table scale as the kernels take it, read at each call: a weight loader may set it late."""
-        return None if self.table_scale is None else float(self.table_scale[0])
+        if plan.kind == "head":
+            rows = self._combine_heads(self.table.lookup(ids[:, plan.head_start : plan.head_stop], check=ids))
+        else:
+            rows = self._combine_rows(self.table.lookup(ids))
+        return rows if out is None else out.copy_(rows)
 
     def _combine_heads(self, rows: torch.Tensor) -> torch.Tensor:
         group = self.group

@@ -11,6 +11,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from engram.config import EngramConfig, ParallelConfig
 from engram.errors import EngramError
@@ -18,14 +19,14 @@ from engram.memory.host import HostLimits, check_pinned_bytes
 from engram.memory.registration import CudaRuntime
 from engram.ngram.spec import ModelSpec
 from engram.runtime.cache import caches_for, read_profile
-from engram.runtime.checkpoints.loader import Checkpoint, shard_weight_loader, table_scale_loader
+from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.dist import Group, new_group, timeout_s
 from engram.runtime.embedding import EngramEmbedding, gather_replica_ids
 from engram.runtime.nodes import align_to_nodes
-from engram.runtime.placement.filemap import watch_files
 from engram.runtime.placement.residency import ResidentBudget
 from engram.runtime.placement.storage import TableShard
 from engram.runtime.plan import DeploymentPlan, RankPlan, plan_deployment
+from engram.runtime.table import Part, Table, TableStats
 from engram.runtime.tables import open_tables
 
 log = logging.getLogger("engram")
@@ -159,7 +160,13 @@ class EngramTables:
         shards = open_tables(
             spec, checkpoint, mine.placement, plans=mine.tables, group=groups.shm, runtime=runtime, progress=progress
         )
-        caches = {}
+        budget = None
+        if config.file_cache_bytes and any(s.files for s in shards):  # one budget over every file of the rank's
+            budget = ResidentBudget(config.file_cache_bytes)
+        tables = [
+            Table(shard, p.table_rows, out_dtype=out_dtype, budget=budget, group=groups.shm)
+            for shard, p in zip(shards, mine.tables, strict=True)
+        ]
         if config.device_cache_bytes:
             profile = profile if profile is not None else config.device_cache_profile
             if profile is None:
@@ -168,44 +175,38 @@ class EngramTables:
                 )
             hot = profile if isinstance(profile, Mapping) else read_profile(profile)
             # A file-backed shard the GPU cannot read over UVA is gathered on host threads: no cache there.
-            cacheable = [
-                s for s in shards if not (platform == "cuda" and s.placement == "file" and s.device_pointer is None)
-            ]
-            if len(cacheable) < len(shards):
+            cacheable = [t for t in tables if t.cacheable(device)]
+            if len(cacheable) < len(tables):
                 log.warning(
                     "engram: device_cache_bytes is not used for file-backed tables outside tmpfs/hugetlbfs "
                     "(they are gathered on host threads); put the checkpoint on tmpfs to read it over UVA and cache it"
                 )
-            caches = caches_for(cacheable, hot, config.device_cache_bytes, "cuda" if platform == "cuda" else "cpu")
-        budget = None
-        if config.file_cache_bytes and any(s.files for s in shards):  # one budget over every file of the rank's
-            budget = ResidentBudget(config.file_cache_bytes)
-            for shard in shards:
-                watch_files(budget, shard)
+            caches = caches_for([t.shard for t in cacheable], hot, config.device_cache_bytes, device)
+            for table in cacheable:
+                table.use_cache(caches.get(table.name))
         layers = [
             EngramEmbedding(
-                shards[table],
+                tables[table],
                 mine.tables[table],
                 columns=spec.layout.columns,
                 group=groups.embedding,
                 shard_order=mine.embedding_group,
                 dp_group=groups.dp,
-                out_dtype=out_dtype,
-                cache=caches.get(shards[table].name),
-                budget=budget,
             )
             for table in spec.layout.table_of_layer
         ]
         for layer in layers:  # engines that load checkpoints themselves call param.weight_loader(param, tensor)
-            shard = shards[mine.tables.index(layer.plan)]
-            f = shard.format.row_format
-            for suffix, param in (("weight", layer.weight), (f.scale_name, layer.scale)):
+            parts: tuple[tuple[Part, nn.Parameter | None], ...] = (
+                ("weight", layer.weight), ("scale", layer.scale), ("table_scale", layer.table_scale),
+            )  # fmt: skip
+            for part, param in parts:
                 if param is not None:
-                    param.weight_loader = shard_weight_loader(shard, f"{shard.name}.{suffix}", groups.shm)  # type: ignore[attr-defined]
-            if layer.table_scale is not None:
-                loader = table_scale_loader(shard, f"{shard.name}.{f.table_scale_name}", groups.shm)
-                layer.table_scale.weight_loader = loader  # type: ignore[attr-defined]
+                    param.weight_loader = layer.table.weight_loader(part)  # type: ignore[attr-defined]
         return cls(plan, mine, groups, shards, layers, device)
+
+    def stats(self) -> list[TableStats]:
+        """Each of the rank's tables: what it is (placement, rows, bytes) and what its lookups did."""
+        return [table.stats() for table in {id(layer.table): layer.table for layer in self.layers}.values()]
 
     def lookup(self, rows: torch.Tensor) -> list[torch.Tensor]:
         """rows: [T, layers, C] from NgramHasher -> per layer [T, C, D]. With embedding_across_dp the
@@ -245,10 +246,15 @@ class EngramTables:
         keeps the rest; the layer's stream waits on that layer's event only. The cap holds engram's gather
         kernels only: the sort of the sorted form and the device cache's search and merge are torch ops,
         which take what grid they take (short next to the gathers). Capturable in a CUDA graph (the side
-        stream forks from and joins the capturing stream). On the CPU they run at once."""
+        stream forks from and joins the capturing stream). On the CPU they run at once, after every layer's
+        file-backed table has asked for the cold pages of its rows (Table.prefetch), so that the reads of
+        all layers are in flight together."""
         if not 0 < sm_share <= 1:
             raise EngramError(f"sm_share must be in (0, 1], got {sm_share}")
         if not rows.is_cuda:
+            if rows.dim() == 3 and rows.shape[1] == len(self.layers):  # lookup checks the shape
+                for i, layer in enumerate(self.layers):
+                    layer.table.prefetch(rows[:, i])
             return Prefetched(self.lookup(rows), [None] * len(self.layers))
         if self._side is None:
             self._side = torch.cuda.Stream(rows.device)  # type: ignore[no-untyped-call]

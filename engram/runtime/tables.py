@@ -9,9 +9,9 @@ from engram.memory.smaps import pss
 from engram.ngram.spec import ModelSpec
 from engram.runtime.checkpoints.loader import Checkpoint, check_hash_buffers, load_shards
 from engram.runtime.dist import Group
-from engram.runtime.placement.filemap import file_shard
-from engram.runtime.placement.storage import Placement, ShardFormat, TableShard, allocate
+from engram.runtime.placement.storage import Placement, ShardFormat, TableShard
 from engram.runtime.plan import TableShardPlan, table_shards
+from engram.runtime.table import open_shard
 
 
 def whole_tables(spec: ModelSpec) -> tuple[TableShardPlan, ...]:
@@ -26,15 +26,19 @@ def allocate_shards(
     *,
     group: Group | None = None,
     runtime: CudaRuntime | None = None,
+    checkpoint: Checkpoint | None = None,
 ) -> list[TableShard]:
-    """Memory for each planned shard; `group` (the node-local DP group) is used with placement shm only."""
+    """Storage for each planned shard (engram.runtime.table.open_shard); `group` (the node-local DP group)
+    is used with placement shm only, `checkpoint` with placement file only."""
     shared = group if placement == "shm" else None
     return [
-        allocate(
+        open_shard(
             p.table,
             ShardFormat(p.rows, spec.head_dim, spec.dtype),
             placement,
             row_start=p.row_start,
+            table_rows=p.table_rows,
+            checkpoint=checkpoint,
             group=shared,
             runtime=runtime,
         )
@@ -57,14 +61,9 @@ def open_tables(
     from `checkpoint`. With placement shm, `group` shares them and only its leader writes."""
     plans = whole_tables(spec) if plans is None else plans
     check_hash_buffers(spec, checkpoint)
-    if placement == "file":  # nothing to allocate or copy: the shards are views of the checkpoint's files
-        return [
-            file_shard(
-                p.table, ShardFormat(p.rows, spec.head_dim, spec.dtype), p.row_start, p.table_rows, checkpoint, runtime
-            )
-            for p in plans
-        ]
-    shards = allocate_shards(spec, plans, placement, group=group, runtime=runtime)
+    shards = allocate_shards(spec, plans, placement, group=group, runtime=runtime, checkpoint=checkpoint)
+    if placement == "file":  # nothing to copy: the shards are views of the checkpoint's files
+        return shards
     rows = {p.table: p.table_rows for p in plans}
     load_shards(
         shards, rows, checkpoint, group=group if placement == "shm" else None, progress=progress, on_bytes=on_bytes

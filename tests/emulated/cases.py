@@ -55,7 +55,7 @@ def expected(weight: torch.Tensor, scale: torch.Tensor | None, ids: torch.Tensor
     bad = (ids < DEAD_ID) | (ids >= table_rows)
     clean = torch.where(bad, DEAD_ID, ids)
     twin = gather(weight, scale, clean, row_start, table_rows, out_dtype, False, None, table_scale)
-    torch_rows = gather_reference(weight, scale, clean, row_start, table_rows, out_dtype, table_scale)
+    torch_rows = gather_reference(weight, scale, clean, row_start, table_rows, out_dtype, table_scale=table_scale)
     assert same_bits(twin, torch_rows)
     return twin, int(bad.any())
 

@@ -183,8 +183,8 @@ needs_gpu = pytest.mark.skipif(
 @needs_gpu
 @pytest.mark.parametrize("dtype", ["fp8", "bf16"])
 @pytest.mark.parametrize("placement", ["device", "pinned"])
-@pytest.mark.parametrize("dedup", [False, True])
-def test_cuda_gather_equals_cpu(dtype: str, placement: str, dedup: bool) -> None:
+@pytest.mark.parametrize("sorted_form", [False, True])
+def test_cuda_gather_equals_cpu(dtype: str, placement: str, sorted_form: bool) -> None:
     from engram.ops import gather, gather_reference
     from engram.runtime.placement.storage import ShardFormat, allocate
 
@@ -196,14 +196,14 @@ def test_cuda_gather_equals_cpu(dtype: str, placement: str, dedup: bool) -> None
     ids = torch.randint(-1, 500, (77, 5))
     out_dtype = torch.bfloat16
     ids[3] = ids[5]  # duplicates for the sorted form
-    got = gather(shard.weight, shard.scale, ids.cuda(), 100, 500, out_dtype, dedup)
+    got = gather(shard.weight, shard.scale, ids.cuda(), 100, 500, out_dtype, sorted_form)
     want = gather_reference(
         shard.weight.cpu(), None if shard.scale is None else shard.scale.cpu(), ids, 100, 500, out_dtype
     )
     assert torch.equal(got.cpu(), want)
     cuda.check_error_flags()  # nothing flagged so far
     ids[0, 0] = 500  # outside the table: zeros and the pinned flag, no exception and no sync in the call
-    bad = gather(shard.weight, shard.scale, ids.cuda(), 100, 500, out_dtype, dedup)
+    bad = gather(shard.weight, shard.scale, ids.cuda(), 100, 500, out_dtype, sorted_form)
     torch.cuda.synchronize()
     assert not bad.cpu()[0, 0].any()
     with pytest.raises(EngramError, match="a gather on cuda:0 was given a row id outside its table"):

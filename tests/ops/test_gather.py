@@ -24,16 +24,16 @@ def native_gather(
     row_start: int,
     table_rows: int,
     out_dtype: torch.dtype,
-    dedup: bool = False,
+    sorted_form: bool = False,
 ) -> torch.Tensor:
     assert cpu.cpu_library() is not None  # the native twin, not the torch fallback
     out = torch.full((*ids.shape, weight.shape[1]), 7, dtype=out_dtype)  # poisoned: every element must be written
-    gather_into(weight, scale, ids, row_start, table_rows, out, dedup)
+    gather_into(weight, scale, ids, row_start, table_rows, out, sorted_form)
     return out
 
 
 def sorted_gather(*args: object) -> torch.Tensor:
-    return native_gather(*args, dedup=True)  # type: ignore[arg-type]
+    return native_gather(*args, sorted_form=True)  # type: ignore[arg-type]
 
 
 PATHS = {"native": native_gather, "sorted": sorted_gather, "torch": gather_reference}
@@ -301,8 +301,8 @@ def test_fp8_tables_at_any_alignment_take_the_load_width_they_allow(
     ids = torch.randint(-1, rows, (200,), generator=generator)
     want = gather_reference(weight, scale, ids, 0, rows, out_dtype)
     bits = torch.int16 if out_dtype == torch.bfloat16 else torch.int32
-    for dedup in (False, True):
-        got = gather(weight, scale, ids, 0, rows, out_dtype, dedup)
+    for sorted_form in (False, True):
+        got = gather(weight, scale, ids, 0, rows, out_dtype, sorted_form)
         nan = torch.isnan(want)
         assert torch.equal(torch.isnan(got), nan)
         assert torch.equal(got[~nan].view(bits), want[~nan].view(bits))
@@ -361,3 +361,23 @@ def test_missing_kernel_sources_are_named_where_the_native_kernels_are_needed(
         monkeypatch.undo()
         cpu._built.cache_clear()
     assert cpu.cpu_library() is not None
+
+
+def test_the_ops_are_declared_from_the_one_call_record() -> None:
+    """engram::gather and engram::gather_into take GatherCall's fields in its order (the output as a
+    dtype, or a buffer), and help(engram.ops.gather) shows the record's contract."""
+    import dataclasses
+    import pydoc
+
+    from engram.ops import GatherCall
+
+    names = [f.name for f in dataclasses.fields(GatherCall)]
+    for op, out in ((gather, "out_dtype"), (gather_into, "out")):
+        declared = [a.name for a in op._schema.arguments]
+        assert declared == [out if n == "out" else n for n in names]
+    shown = pydoc.render_doc(gather)
+    assert GatherCall.__doc__ is not None and GatherCall.__doc__.splitlines()[1].strip() in shown
+    weight = torch.arange(8, dtype=torch.float32).view(4, 2)
+    ids = torch.tensor([[3, -1], [0, 3]])
+    call = GatherCall(weight, None, ids, 1, 5, torch.float32, sorted=True)
+    assert torch.equal(call.run(), torch.tensor([[[4.0, 5.0], [0, 0]], [[0, 0], [4.0, 5.0]]]))

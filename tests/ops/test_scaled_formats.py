@@ -19,7 +19,7 @@ PATHS = ["native", "sorted", "torch"]
 def run(path: str, weight: torch.Tensor, scale: torch.Tensor | None, ids: torch.Tensor, row_start: int,
         table_rows: int, out_dtype: torch.dtype, table_scale: float) -> torch.Tensor:  # fmt: skip
     if path == "torch":
-        return gather_reference(weight, scale, ids, row_start, table_rows, out_dtype, table_scale)
+        return gather_reference(weight, scale, ids, row_start, table_rows, out_dtype, table_scale=table_scale)
     assert cpu.cpu_library() is not None  # the native twin, not the torch fallback
     dim = weight.shape[1] * (2 if weight.dtype == torch.uint8 else 1)
     out = torch.full((*ids.shape, dim), 7, dtype=out_dtype)  # poisoned: every element must be written
@@ -86,7 +86,7 @@ def test_native_equals_torch_on_random_tables(dtype: str, path: str) -> None:
     ids = torch.randint(-1, 200, (7, 5), generator=generator)  # DEAD_ID, owned rows 30..79, rows of other shards
     ids[0, :3] = torch.tensor([30, 79, 30])
     for out_dtype in (torch.bfloat16, torch.float32):
-        want = gather_reference(weight, scale, ids, 30, 200, out_dtype, 0.001)
+        want = gather_reference(weight, scale, ids, 30, 200, out_dtype, table_scale=0.001)
         got = run(path, weight, scale, ids, 30, 200, out_dtype, 0.001)
         assert same_bits(got, want)
         assert torch.count_nonzero(want[ids < 30]) == 0 and torch.count_nonzero(want[ids >= 80]) == 0
@@ -96,12 +96,12 @@ def test_native_equals_torch_on_random_tables(dtype: str, path: str) -> None:
 def test_quantizers_round_trip_within_their_step() -> None:
     values = (torch.randn(64, 32, generator=torch.Generator().manual_seed(1)) * 0.05).clamp(-0.25, 0.25)
     fp8 = gather_reference(
-        quantize_fp8_table(values, 0.25 / 448), None, torch.arange(64), 0, 64, torch.float32, 0.25 / 448
+        quantize_fp8_table(values, 0.25 / 448), None, torch.arange(64), 0, 64, torch.float32, table_scale=0.25 / 448
     )
     assert torch.allclose(fp8, values, rtol=0.07, atol=1e-6)
     packed, scale = quantize_nvfp4(values, 0.25 / (6 * 448))
     assert packed.shape == (64, 16) and scale.shape == (64, 2)
-    nvfp4 = gather_reference(packed, scale, torch.arange(64), 0, 64, torch.float32, 0.25 / (6 * 448))
+    nvfp4 = gather_reference(packed, scale, torch.arange(64), 0, 64, torch.float32, table_scale=0.25 / (6 * 448))
     amax = values.view(64, 2, 16).abs().amax(dim=2).repeat_interleave(16, dim=1)
     assert torch.all((nvfp4 - values).abs() <= amax / 6 * 1.07 + 1e-7)  # half e2m1's widest step (4 to 6)
     assert torch.equal(torch.sign(nvfp4[nvfp4 != 0]), torch.sign(values[nvfp4 != 0]))

@@ -36,17 +36,17 @@ def test_sorted_equals_plain(
     folded = torch.tensor([i if i < 0 else i % (distinct * 13) for i in ids], dtype=id_dtype).view(-1, 1)
     out_dtype = torch.bfloat16 if dtype == "fp8" else shard.weight.dtype
     plain = gather(shard.weight, shard.scale, folded, row_start, 80, out_dtype)
-    deduped = gather(shard.weight, shard.scale, folded, row_start, 80, out_dtype, True)
-    assert deduped.shape == (len(ids), 1, 64) and same_bits(deduped, plain)
+    sorted_rows = gather(shard.weight, shard.scale, folded, row_start, 80, out_dtype, True)
+    assert sorted_rows.shape == (len(ids), 1, 64) and same_bits(sorted_rows, plain)
 
 
 @pytest.mark.parametrize("value", [-1, 0, 17, 99])
 def test_every_id_equal(value: int) -> None:
     shard = random_shard(50, "fp8", 3)
     ids = torch.full((1000,), value)
-    deduped = gather(shard.weight, shard.scale, ids, 50, 100, torch.float32, True)
-    assert same_bits(deduped, gather(shard.weight, shard.scale, ids, 50, 100, torch.float32))
-    bits = deduped.view(torch.int32)
+    sorted_rows = gather(shard.weight, shard.scale, ids, 50, 100, torch.float32, True)
+    assert same_bits(sorted_rows, gather(shard.weight, shard.scale, ids, 50, 100, torch.float32))
+    bits = sorted_rows.view(torch.int32)
     assert bool((bits == bits[0]).all())  # one row read, copied everywhere (NaNs included)
 
 

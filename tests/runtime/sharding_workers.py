@@ -245,16 +245,19 @@ def cached_lookup(rank: int, world: int, checkpoint: str, profile: str) -> dict[
     tokens = load_corpus().held_out[:500]
     rows = spec.hasher().hash(spec.compress(tokens))
     got, want = cached.lookup(rows), plain.lookup(rows)
-    caches = [layer.cache for layer in cached.layers if layer.cache is not None]
+    caches = [layer.table.cache for layer in cached.layers if layer.table.cache is not None]
     hits = sum(
-        int(torch.isin(rows[:, i], layer.cache.ids).sum())
+        int(torch.isin(rows[:, i], layer.table.cache.ids).sum())
         for i, layer in enumerate(cached.layers)
-        if layer.cache is not None
+        if layer.table.cache is not None
     )
     report = {
         "match": all(torch.equal(g.view(torch.int16), w.view(torch.int16)) for g, w in zip(got, want, strict=True)),
         "cached_rows": sum(c.ids.numel() for c in caches),
         "hits": hits,
+        "stats": [(s.name, s.lookups, s.cached_rows) for s in cached.stats()],
+        "layers_of_table": [spec.layout.table_of_layer.count(t) for t in range(len(spec.table_names()))],
+        "names": spec.table_names(),
     }
     cached.release()
     plain.release()

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
 from engram.errors import EngramError
-from engram.ops import gather
+from engram.ops import GatherCall, gather
 from engram.runtime.cache import build_cache, cached_gather, caches_for, read_profile
 from engram.runtime.launch import run_local, values
 from tests.runtime import sharding_workers
@@ -46,7 +46,7 @@ def test_cached_equals_uncached(
     out_dtype = torch.bfloat16 if dtype == "fp8" else torch.float32  # a dequantisation, and a conversion
     batch = torch.tensor(ids).view(-1, 1)
     want = gather(shard.weight, shard.scale, batch, row_start, 100, out_dtype)
-    got = cached_gather(cache, shard.weight, shard.scale, batch, row_start, 100, out_dtype)
+    got = cached_gather(cache, GatherCall(shard.weight, shard.scale, batch, row_start, 100, out_dtype))
     assert got.dtype == want.dtype and torch.equal(got.view(torch.uint8), want.view(torch.uint8))
 
 
@@ -55,7 +55,7 @@ def test_an_id_outside_the_table_still_raises() -> None:
     cache = build_cache(shard, torch.tensor([3, 4]), 1 << 20, "cpu")
     assert cache is not None
     with pytest.raises(EngramError, match=r"row id 10 is outside the table's 10 rows"):
-        cached_gather(cache, shard.weight, shard.scale, torch.tensor([3, 10]), 0, 10, torch.bfloat16)
+        cached_gather(cache, GatherCall(shard.weight, shard.scale, torch.tensor([3, 10]), 0, 10, torch.bfloat16))
 
 
 def test_profile_errors(tmp_path: Path) -> None:
@@ -100,6 +100,11 @@ def test_tables_with_a_device_cache_from_engram_profile(
     reports = values(run_local(2, sharding_workers.cached_lookup, str(checkpoint), str(profile), timeout=300))
     for report in reports:
         assert report["match"] is True and report["hits"] > 0 and report["cached_rows"] > 0
+        # EngramTables.stats(): each of the rank's tables once, looked up once per layer it serves
+        assert [(name, lookups) for name, lookups, _ in report["stats"]] == list(
+            zip(report["names"], report["layers_of_table"], strict=True)
+        )
+        assert sum(rows for _, _, rows in report["stats"]) == report["cached_rows"]
 
 
 def test_a_profile_rewritten_after_it_was_read_changes_nothing(tmp_path: Path) -> None:

@@ -51,7 +51,7 @@ def test_a_killed_demo_leaves_no_semaphores_and_no_processes() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("victim", [0, 1])
 def test_a_rank_killed_before_the_rendezvous(victim: int) -> None:
-    """The survivor gives up after ENGRAM_DIST_TIMEOUT_S (5 s here, not a fixed 120 s; the rendezvous
+    """The survivor gives up after ENGRAM_DIST_TIMEOUT_S (2 s here, not a fixed 120 s; the rendezvous
     retries with back-off, so up to about twice that), with one line."""
 
     def kill_early(procs: Sequence[object]) -> None:
@@ -59,13 +59,13 @@ def test_a_rank_killed_before_the_rendezvous(victim: int) -> None:
         os.kill(procs[victim].pid, signal.SIGKILL)  # type: ignore[attr-defined]
 
     started = time.monotonic()
-    outcomes = run_local(2, workers.meet, timeout=120, env={"ENGRAM_DIST_TIMEOUT_S": "5"}, on_start=kill_early)
+    outcomes = run_local(2, workers.meet, timeout=120, env={"ENGRAM_DIST_TIMEOUT_S": "2"}, on_start=kill_early)
     elapsed = time.monotonic() - started
     assert elapsed < 60
     dead, survivor = outcomes[victim], outcomes[1 - victim]
     assert dead.exitcode == -9 and dead.error == f"rank {victim} died with exit code -9 before reporting"
     assert survivor.error is not None and "Traceback" not in survivor.error and "\n" not in survivor.error
-    assert survivor.error.startswith(f"rank {1 - victim} could not reach its peers within 5 s: ")
+    assert survivor.error.startswith(f"rank {1 - victim} could not reach its peers within 2 s: ")
 
 
 @pytest.mark.slow

@@ -430,6 +430,13 @@ def qwen_load_case(case: dict) -> dict:
     return out
 
 
+def engram_table(module: Any) -> Any:
+    """The engram table (engram.runtime.table.Table) serving a vLLM table module, or None where the module's
+    storage is vLLM's own."""
+    table = getattr(module, "engram_table", None)
+    return table if table is not None and table.weight.data_ptr() == module.weight.data_ptr() else None
+
+
 def plugin_qwen_case(case: dict) -> dict:
     """vLLM's Qwen4ExpNGramEmbedding built, loaded (its load_weights) and run (its own ids, its forward)
     three times in one process: before any plugin is loaded, after vLLM loads the general plugins (engram's
@@ -479,17 +486,16 @@ def plugin_qwen_case(case: dict) -> dict:
                         rows = table.sync_lookup(ids).flatten(-2)
                     else:
                         rows = module(torch.empty(40, 1), input_ids, query_start_loc, ngram_context)
-                    mappings = getattr(table, "_mappings", [])
-                    file = getattr(table, "_file", None)
-                    cache = getattr(table, "_cache", None)
+                    ours = engram_table(table)
+                    cache = None if ours is None else ours.cache
                     out[str(layer_id)] = {
                         "cached_rows": 0 if cache is None else cache.ids.numel(),
                         "hits": 0 if cache is None else int(torch.isin(ids, cache.ids).sum()),
                         "class": type(table).__name__,
                         "rows": rows.contiguous().cpu().view(torch.uint8).flatten().tolist(),
-                        "engram_storage": any(m.addr == table.weight.data_ptr() for m in mappings),
-                        "file_backed": file is not None and file.weight.data_ptr() == table.weight.data_ptr(),
-                        "budget_files": len(getattr(getattr(table, "_budget", None), "mappings", ())),
+                        "engram_storage": ours is not None and ours.stats().placement != "file",
+                        "file_backed": ours is not None and ours.stats().placement == "file",
+                        "budget_files": len(getattr(getattr(ours, "budget", None), "mappings", ())),
                     }
         except Exception as exc:  # the message is the answer
             return {"error": f"{type(exc).__name__}: {exc}"}
@@ -590,17 +596,17 @@ def plugin_deepseek_case(case: dict) -> dict:
                     width = table.part_n_hash_cols * (table.dim + table.dim // table.block_size)
                     packed = torch.zeros(ids.shape[0], width, dtype=torch.uint8)
                     table.lookup(ids, packed)
-                    mappings = getattr(table, "_mappings", [])
-                    cache = getattr(table, "_cache", None)
+                    ours = engram_table(table)
+                    cache = None if ours is None else ours.cache
                     out.append(
                         {
                             "cached_rows": 0 if cache is None else cache.ids.numel(),
                             "hits": 0 if cache is None else int(torch.isin(ids, cache.ids).sum()),
                             "class": type(table).__name__,
-                            "engram_storage": any(m.addr == table.weight.data_ptr() for m in mappings),
+                            "engram_storage": ours is not None and ours.stats().placement != "file",
                             "rows": rows.cpu().view(torch.int16).flatten().tolist(),
                             "packed": packed.cpu().flatten().tolist(),
-                            "file_backed": getattr(table, "_file_shard", None) is not None,
+                            "file_backed": ours is not None and ours.stats().placement == "file",
                             "seconds_to_first_lookup": first_lookup,
                         }
                     )
@@ -651,7 +657,8 @@ def plugin_file_budget_case(case: dict) -> dict:
                 table.weight_scale_inv.weight_loader(table.weight_scale_inv, weights[f"{name}.scale"])
             del weights
             drop_file_cache(path)  # cold: no page of the file left from writing or loading it
-            shard = getattr(tables[0], "_file_shard", None)
+            first = engram_table(tables[0])
+            shard = first.shard if first is not None and first.shard.files else None
             digests, resident = [], [None if shard is None else resident_bytes(shard.files)]
             for step in case["steps"]:
                 rows = []
@@ -661,7 +668,7 @@ def plugin_file_budget_case(case: dict) -> dict:
                     rows.append(out.cpu().view(torch.int16).numpy().tobytes())
                 digests.append(hashlib.sha256(b"".join(rows)).hexdigest())
                 resident.append(None if shard is None else resident_bytes(shard.files))
-        budgets = {id(b): b for b in (getattr(t, "_budget", None) for t in tables) if b is not None}
+        budgets = {id(b): b for b in (getattr(engram_table(t), "budget", None) for t in tables) if b is not None}
         answer = {"digests": digests, "resident": resident, "budgets": len(budgets)}
         for budget in budgets.values():
             answer.update(files=len(budget.mappings), trims=budget.trims, measures=budget.measures, peak=budget.peak)
@@ -776,7 +783,7 @@ def shared_replica(rank: int, case: dict, port: int, results: Any) -> None:
             ids = torch.tensor(case["ids"][index])
             rows = torch.zeros(ids.shape[0], table.part_n_hash_cols, table.dim, dtype=torch.bfloat16)
             table.lookup(ids, rows)
-            [mapping] = table._mappings
+            mapping = table.engram_table.shard.mapping
             out.append(
                 {
                     "rows": rows.view(torch.int16).flatten().tolist(),

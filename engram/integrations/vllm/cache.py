@@ -1,23 +1,19 @@
 """The device cache inside vLLM (device_cache_bytes): each host table's hottest rows, from the profile
-`engram profile --out` wrote (device_cache_profile), kept on the GPU; hits read them there, misses read
-the host table over UVA, bit for bit the uncached lookup (engram.runtime.cache). The rank's budget is
-split evenly over the profile's tables, as engram's engine splits it over the rank's. A table's cache is
-built on its first lookup, when vLLM has loaded its weights (vLLM's profile run comes before any CUDA
-graph capture). On vLLM's CPU platform the cache lives in host memory: the same lookups, for the tests."""
+`engram profile --out` wrote (device_cache_profile), kept on the GPU by the table layer (Table.cache_rows);
+hits read them there, misses read the host table over UVA, bit for bit the uncached lookup. The rank's
+budget is split evenly over the profile's tables, as engram's engine splits it over the rank's. A table's
+cache is built on its first lookup, when vLLM has loaded its weights (vLLM's profile run comes before any
+CUDA graph capture). On vLLM's CPU platform the cache lives in host memory: the same lookups, for the tests."""
 
 from __future__ import annotations
-
-import logging
 
 import torch
 
 from engram.config import EngramConfig
 from engram.errors import EngramError
-from engram.integrations.vllm.files import layer_tail, staged
-from engram.runtime.cache import HotRows, build_cache, read_profile
-from engram.runtime.placement.storage import TableShard
+from engram.integrations.vllm.files import layer_tail
+from engram.runtime.table import Table, read_profile
 
-log = logging.getLogger("engram")
 _PROFILES: dict[str, dict[str, torch.Tensor]] = {}  # one read per profile file and process
 
 
@@ -33,24 +29,17 @@ def profile(config: EngramConfig) -> dict[str, torch.Tensor]:
     return _PROFILES[path]
 
 
-def hot_cache(config: EngramConfig | None, name: str, shard: TableShard) -> HotRows | None:
-    """The cache of `shard` (the rows this rank holds of the table vLLM names `name`), or None: no cache
-    configured, none of its hot rows fit, or a file-backed table the GPU reads through host threads."""
+def keep_hot(config: EngramConfig | None, name: str, table: Table) -> None:
+    """Give `table` (the rows this rank holds of the table vLLM names `name`) its device cache, when one is
+    configured."""
     if config is None or not config.device_cache_bytes:
-        return None
-    if torch.cuda.is_available() and staged(shard if shard.files else None):
-        log.warning(
-            "engram: device_cache_bytes is not used for %s: its file is gathered on host threads (put the "
-            "checkpoint on tmpfs to read it over UVA and cache it)",
-            name,
-        )
-        return None
+        return
     hot = profile(config)
     tail = layer_tail(name)
-    found = [table for table in hot if table == name or table.endswith(tail)]
+    found = [t for t in hot if t == name or t.endswith(tail)]
     if len(found) != 1:
         raise EngramError(
             f"engram device_cache_profile {config.device_cache_profile}: it should hold the hot rows of one table ending in {tail}, it holds {len(found)}; profile this model with `engram profile --out`"
         )
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    return build_cache(shard, hot[found[0]], config.device_cache_bytes // len(hot), device)
+    table.cache_rows(hot[found[0]], config.device_cache_bytes // len(hot), device)

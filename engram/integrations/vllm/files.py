@@ -1,23 +1,15 @@
 """File-backed tables inside vLLM (both families): the model's checkpoint directory, opened once per process
-and shared by every table in it, each table a view of the checkpoint's own read-only pages. On a GPU a file
-on tmpfs or hugetlbfs is registered read-only so vLLM's kernels read it over UVA; any other file is
-`staged`: host threads gather its rows (guarded, so a file that shrank is named, never SIGBUS) and one copy
-takes them to the GPU. With file_cache_bytes, one resident-set budget per checkpoint and process bounds the
-page cache of every file its tables are read from, as in engram's own engine."""
+and shared by every table in it, and the checkpoint's name for the table a vLLM module holds. The table
+layer (engram.runtime.table) maps each table from it, as in engram's own engine; with file_cache_bytes one
+resident-set budget per checkpoint and process bounds the page cache of every file its tables read."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from engram.errors import EngramError
-from engram.runtime.checkpoints.loader import Checkpoint
-from engram.runtime.placement.filemap import file_shard, reading, watch_files
-from engram.runtime.placement.residency import ResidentBudget
-from engram.runtime.placement.storage import ShardFormat, TableShard
+from engram.runtime.table import Checkpoint, ResidentBudget
 
 _CHECKPOINTS: dict[str, Checkpoint] = {}  # one open checkpoint per directory and process
 _BUDGETS: dict[tuple[str, int], ResidentBudget] = {}  # file_cache_bytes: one per checkpoint and bound
@@ -72,41 +64,9 @@ def table_named(found: Checkpoint, prefix: str) -> str:
     return names[0]
 
 
-def map_rows(path: str, table: str, fmt: ShardFormat, row_start: int, table_rows: int) -> TableShard:
-    """Rows [row_start, row_start + fmt.rows) of `table`, in place in the checkpoint at `path`; registered
-    read-only for UVA where the GPU can read the file."""
-    runtime = None
-    if torch.cuda.is_available():
-        from engram.ops.cuda import library_runtime
-
-        runtime = library_runtime()
-    return file_shard(table, fmt, row_start, table_rows, checkpoint(path), runtime)
-
-
-def staged(shard: TableShard | None) -> bool:
-    """A file-backed table whose rows a GPU gathers through host threads (its file is not UVA-readable)."""
-    return shard is not None and shard.device_pointer is None
-
-
-def file_budget(path: str, budget_bytes: int, shard: TableShard) -> ResidentBudget | None:
-    """file_cache_bytes (None for 0, no bound): the budget of the checkpoint at `path` in this process,
-    now bounding `shard`'s files too; every table served from the checkpoint shares it."""
+def budget_for(path: str, budget_bytes: int) -> ResidentBudget | None:
+    """file_cache_bytes (None for 0, no bound): the one budget of the checkpoint at `path` in this process,
+    which every table served from it shares."""
     if not budget_bytes:
         return None
-    budget = _BUDGETS.setdefault((path, budget_bytes), ResidentBudget(budget_bytes))
-    watch_files(budget, shard)
-    return budget
-
-
-def staged_rows(
-    shard: TableShard,
-    ids: torch.Tensor,
-    rows: Callable[[torch.Tensor], torch.Tensor],
-    budget: ResidentBudget | None = None,
-) -> torch.Tensor:
-    """rows(ids) gathered on the host from a file-backed shard, on ids' device (one copy when it is a GPU);
-    `budget` (file_cache_bytes) is told what the reads may have added to the page cache."""
-    host_ids = ids.cpu()
-    with reading(shard, host_ids, budget):
-        out = rows(host_ids)
-    return out if not ids.is_cuda else out.pin_memory().to(ids.device, non_blocking=True)
+    return _BUDGETS.setdefault((path, budget_bytes), ResidentBudget(budget_bytes))

@@ -4,13 +4,20 @@ its own: when the engine config is created, before any worker starts."""
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
+
+import torch
 
 from engram.config import EngramConfig, load_config
 from engram.config.loading import read_json_object
 from engram.errors import ConfigError, EngramError
+from engram.integrations.vllm import files
+from engram.runtime.table import Group, Placement, ShardFormat, Table, open_table, placement_for, uva_runtime
 from engram.validation.json_values import _describe
+
+log = logging.getLogger("engram")
 
 ENV = "ENGRAM_VLLM_CONFIG"
 VLLM_FIELDS = ("cpu_offload", "embedding_across_dp", "dp_shared_memory", "use_thp")
@@ -75,3 +82,44 @@ def install_check() -> None:
 
     resolve_and_verify.engram_checks = True  # type: ignore[attr-defined]
     VllmConfig._resolve_and_verify_engram_config = resolve_and_verify
+
+
+def placement(config: EngramConfig, family: str) -> Placement | None:
+    """Where engram keeps a table of `family` ("deepseek" or "qwen") inside vLLM: the engine's rule
+    (placement_for), or None where vLLM's layout leaves the table to vLLM: a device table on a GPU is
+    vLLM's own tensor, read by vLLM's kernels. vLLM 0.33 gives Qwen4Exp's PLE tables no node-local group
+    of replicas, so there dp_shared_memory leaves each DP replica its own ETP shard."""
+    on_gpu = torch.cuda.is_available()
+    if on_gpu and not config.cpu_offload:
+        return None
+    if family == "qwen" and config.dp_shared_memory and config.cpu_offload and not config.file_backed:
+        log.warning(
+            "engram: dp_shared_memory applies to DeepSeek V4.1's Engram tables; vLLM 0.33 gives Qwen4Exp's PLE "
+            "tables no node-local group of replicas, so each DP replica keeps its own ETP shard (embedding_across_dp "
+            "spreads one copy over the replicas instead)"
+        )
+    return placement_for(config, "cuda" if on_gpu else "cpu", shareable=family == "deepseek")
+
+
+def open_vllm_table(
+    config: EngramConfig,
+    name: str,
+    fmt: ShardFormat,
+    placement: Placement,
+    *,
+    row_start: int,
+    table_rows: int,
+    model_dir: str | None = None,
+    group: Group | None = None,
+) -> Table:
+    """A table vLLM's weight loaders fill (Table.weight_loader), or with file_backed the pages of the
+    checkpoint in `model_dir` (`name` its tensor's name), under that checkpoint's resident-set budget."""
+    checkpoint = budget = None
+    if placement == "file":
+        if model_dir is None:
+            raise EngramError(f"engram file_backed: no checkpoint directory to serve {name} from")
+        checkpoint, budget = files.checkpoint(model_dir), files.budget_for(model_dir, config.file_cache_bytes)
+    return open_table(
+        name, fmt, placement, row_start=row_start, table_rows=table_rows, checkpoint=checkpoint, group=group,
+        runtime=uva_runtime(), budget=budget,
+    )  # fmt: skip

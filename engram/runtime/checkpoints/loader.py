@@ -418,6 +418,9 @@ def table_pieces(
     return pieces, problems
 
 
+RAW_BYTES = {torch.uint8, torch.float8_e8m0fnu}
+
+
 def shard_weight_loader(
     shard: TableShard,
     tensor: str,
@@ -432,7 +435,15 @@ def shard_weight_loader(
     table is complete everywhere. With `source`, the file the tensor lives in, and no tensor given
     (loaded=None), those rows are read from the file (pread)."""
 
-    def load(param: torch.Tensor, loaded: torch.Tensor | None, checkpoint_start: int = 0) -> None:
+    def load(param: torch.Tensor, loaded: torch.Tensor | None, checkpoint_start: int | None = 0) -> None:
+        checkpoint_start = checkpoint_start or 0  # vLLM passes None for a whole table
+        if loaded is not None:
+            if loaded.dim() != 2 or loaded.shape[1] != param.shape[1]:
+                raise EngramError(
+                    f"{tensor}: the checkpoint's rows {list(loaded.shape)} do not fit the table's {list(param.shape)}"
+                )
+            if loaded.dtype != param.dtype and {loaded.dtype, param.dtype} <= RAW_BYTES:
+                loaded = loaded.view(param.dtype)  # ue8m0 scales held as bytes (vLLM's): copied by their bits
         if shard.placement == "file":
             return  # the rows are served from the checkpoint's own read-only pages: nothing to copy
         if group is None or group.rank == 0:

@@ -5,7 +5,7 @@
 | device    | cpu_offload=false                 | a plain tensor on the GPU (on the CPU platform: in RAM) |
 | pinned    | cpu_offload=true on a GPU         | exact-size anonymous mapping, cudaHostRegister'ed, UVA  |
 | hugepages | use_thp=true                  | PMD-aligned mapping on transparent huge pages           |
-| shm       | dp_shared_memory=true             | one /dev/shm file per shard, mapped by every replica    |
+| shm       | dp_shared_memory=true             | one memfd per shard (or a file in ENGRAM_SHM_DIR), mapped by every replica |
 | host      | cpu_offload=true on the CPU       | exact-size anonymous mapping (the CPU reference)        |
 | file      | file_backed=true                  | the checkpoint's own pages, mapped read-only (filemap)  |
 
@@ -32,12 +32,14 @@ ALIGN = 128
 TABLE_SCALE_DTYPE = torch.float32
 
 
-def placement_for(config: EngramConfig, platform: str) -> Placement:
+def placement_for(config: EngramConfig, platform: str, *, shareable: bool = True) -> Placement:
+    """Where a rank's tables live (the table above). `shareable`: whether the node's replicas have a group
+    to share one copy in; without one, dp_shared_memory leaves each its own copy."""
     if not config.cpu_offload:
         return "device"
     if config.file_backed:
         return "file"
-    if config.dp_shared_memory:
+    if config.dp_shared_memory and shareable:
         return "shm"
     if config.use_thp:
         return "hugepages"

@@ -276,7 +276,7 @@ def test_qwen_scaled_tables_load_and_read_like_vllm_names_them(dtype: str, tmp_p
     table_scale = float(whole.sources[f"{table}.{f.table_scale_name}"]())
     rows = spec.layout.table_rows[1]
     ids = torch.tensor([[0, rows - 1, -1], [7, 7, rows // 2]])
-    want = gather_reference(weight, scale, ids, 0, rows, torch.bfloat16, table_scale)
+    want = gather_reference(weight, scale, ids, 0, rows, torch.bfloat16, table_scale=table_scale)
     assert torch.count_nonzero(want) > 0
     for checkpoint, placement in ((whole, "host"), (parts, "host"), (whole, "file")):
         shard = open_tables(spec, checkpoint, placement, progress=False)[1]

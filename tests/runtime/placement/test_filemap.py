@@ -57,11 +57,11 @@ def test_file_shards_equal_loaded_shards(spec: ModelSpec, tp: int, tmp_path: Pat
             assert (a.row_start, a.rows) == (b.row_start, b.rows)
             table_rows = next(p.table_rows for p in plans if p.table == a.name)
             ids = torch.cat([torch.arange(table_rows), torch.tensor([DEAD_ID, 0, table_rows - 1])])
-            for dedup in (False, True):
+            for sorted_form in (False, True):
                 for out_dtype in (torch.bfloat16, a.weight.dtype):
                     scale_a, scale_b = (a.scale, b.scale) if out_dtype == torch.bfloat16 else (None, None)
-                    got = gather(a.weight, scale_a, ids, a.row_start, table_rows, out_dtype, dedup)
-                    want = gather(b.weight, scale_b, ids, b.row_start, table_rows, out_dtype, dedup)
+                    got = gather(a.weight, scale_a, ids, a.row_start, table_rows, out_dtype, sorted_form)
+                    want = gather(b.weight, scale_b, ids, b.row_start, table_rows, out_dtype, sorted_form)
                     assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
 
 

@@ -115,19 +115,19 @@ def test_a_release_keeps_the_pages_of_the_latest_lookup(tmp_path: Path) -> None:
         pytest.skip("the temporary directory is on tmpfs, whose pages are memory, not page cache")
     directory = table(tmp_path)
     module, budget = open_table(directory, BUDGET)
-    assert budget is not None and module.shard is not None
+    assert budget is not None and module.table.shard.files
     budget.release()  # nothing looked up yet: every page goes
     assert resident_set(budget) == set()
     generator = torch.Generator().manual_seed(11)
     earlier, latest = (torch.randint(0, ROWS, (64, COLUMNS), generator=generator) for _ in range(2))
     module(earlier)
     want = module(latest)
-    spans = page_spans(module.shard.weight, 0, latest).tolist()
+    spans = page_spans(module.table.weight, 0, latest).tolist()
     pages = {page for start, stop in spans for page in range(start, stop, PAGE)}
     assert len(pages) * PAGE <= BUDGET // 2 and not pages >= resident_set(budget)  # the earlier rows are in too
     budget.release()
     assert resident_set(budget) == pages  # the latest lookup's pages, exactly
-    assert read_ahead(module.shard, latest) is None  # its probes all hit: nothing to read
+    assert read_ahead(module.table.shard, latest) is None  # its probes all hit: nothing to read
     assert torch.equal(module(latest).view(torch.int16), want.view(torch.int16))
 
     budget.budget = len(pages) * PAGE  # now the latest lookup is more than half of the budget

@@ -1,0 +1,333 @@
+"""The table layer: one table shard, opened once from its description and looked up by gather alone.
+
+A shard is rows [row_start, row_start + rows) of a table of `table_rows` rows, stored in one of the row
+formats (engram.ops.formats) where its placement says (placement/storage.py: a device tensor, an exact
+host mapping pinned for UVA, huge pages, a node-shared memfd, or the checkpoint file's own pages). Its
+bytes come from a checkpoint (engram.runtime.tables.open_tables loads many at once), from the loader
+callbacks an engine's own weight loading calls (`Table.weight_loader`: vLLM's), or, for a file-backed
+shard, from nowhere at all: the rows are the file's pages.
+
+`Table` owns everything a lookup reads through: the device cache of hot rows (device_cache_bytes), the
+host-thread gather and one copy of a file the GPU cannot read over UVA, the read-ahead of a cold file's
+rows and the resident-set budget over its page cache (file_cache_bytes). Its constructor checks the row
+range and the output once; `lookup` builds one GatherCall and runs it. engram's engine
+(EngramTables/EngramEmbedding) and the vLLM plugin (engram.integrations.vllm) both serve their tables
+through it, and the plugin imports nothing of the runtime below this module."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from engram.errors import EngramError
+from engram.memory.registration import CudaRuntime
+from engram.ops import GatherCall, use_sorted
+from engram.ops.devices import ensure_kernels
+from engram.runtime.cache import HotRows, build_cache, cached_gather, read_profile
+from engram.runtime.checkpoints.loader import Checkpoint, shard_weight_loader, table_scale_loader
+from engram.runtime.dist import Group, timeout_s
+from engram.runtime.placement.filemap import file_shard, read_ahead, reading, watch_files
+from engram.runtime.placement.residency import ResidentBudget
+from engram.runtime.placement.storage import Placement, ShardFormat, TableShard, allocate, placement_for
+
+__all__ = [
+    "PACKED",
+    "Checkpoint",
+    "Group",
+    "Part",
+    "Placement",
+    "ResidentBudget",
+    "ShardFormat",
+    "Table",
+    "TableStats",
+    "open_shard",
+    "open_table",
+    "placement_for",
+    "read_profile",
+    "shared_group",
+    "uva_runtime",
+]
+
+log = logging.getLogger("engram")
+
+# The output kind of the stored bytes: each row's weight bytes, then its block scales' bytes (uint8).
+PACKED: Literal["packed"] = "packed"
+Output = torch.dtype | Literal["packed"]
+Part = Literal["weight", "scale", "table_scale"]  # what a shard stores: rows, block scales, the table scale
+
+
+def uva_runtime() -> CudaRuntime | None:
+    """The CUDA runtime that pins host tables for the GPU's reads over UVA, or None without a GPU."""
+    if not torch.cuda.is_available():
+        return None
+    from engram.ops.cuda import library_runtime
+
+    return library_runtime()
+
+
+def shared_group(handle: Any, ranks: Sequence[int], label: str) -> Group:
+    """A torch.distributed CPU group (gloo) of the node's replicas that share placement shm's memory."""
+    return Group(handle, tuple(ranks), label, timeout_s())
+
+
+def open_shard(
+    name: str,
+    fmt: ShardFormat,
+    placement: Placement,
+    *,
+    row_start: int = 0,
+    table_rows: int | None = None,
+    checkpoint: Checkpoint | None = None,
+    group: Group | None = None,
+    runtime: CudaRuntime | None = None,
+) -> TableShard:
+    """The storage of one shard, empty (zeros) unless file-backed: placement file maps it from
+    `checkpoint`, placement shm shares it over `group` (the node-local replicas), and `runtime` pins
+    host memory for the GPU."""
+    rows = fmt.rows if table_rows is None else table_rows
+    if row_start < 0 or row_start + fmt.rows > rows:
+        raise EngramError(f"{name}: rows [{row_start:,}, {row_start + fmt.rows:,}) are not all in its {rows:,} rows")
+    if placement == "file":
+        if checkpoint is None:
+            raise EngramError(f"{name}: a file-backed table needs the checkpoint it is served from")
+        return file_shard(name, fmt, row_start, rows, checkpoint, runtime)
+    return allocate(name, fmt, placement, row_start=row_start, group=group, runtime=runtime)
+
+
+def open_table(
+    name: str,
+    fmt: ShardFormat,
+    placement: Placement,
+    *,
+    out_dtype: torch.dtype = torch.bfloat16,
+    budget: ResidentBudget | None = None,
+    **storage: Any,
+) -> Table:
+    """open_shard (`storage` its keywords: row_start, table_rows, checkpoint, group, runtime), ready for
+    lookups: its rows are filled by the loaders, Table.weight_loader (or are a file's pages)."""
+    shard = open_shard(name, fmt, placement, **storage)
+    table_rows = storage.get("table_rows") or fmt.rows
+    return Table(shard, table_rows, out_dtype=out_dtype, budget=budget, group=storage.get("group"))
+
+
+@dataclass(frozen=True)
+class TableStats:
+    """What a table is and what its lookups did."""
+
+    name: str
+    placement: Placement
+    row_start: int
+    rows: int
+    table_rows: int
+    bytes: int  # of its storage (for a file-backed table: of the file's pages it views)
+    lookups: int
+    ids: int  # ids looked up, DEAD_ID and other shards' rows included
+    cached_rows: int  # rows kept in device memory (device_cache_bytes)
+    readahead_bytes: int  # what prefetch asked the page cache for (file-backed tables on disk)
+    note: str
+
+
+class Table:
+    """One table shard ready for lookups (module docstring)."""
+
+    def __init__(
+        self,
+        shard: TableShard,
+        table_rows: int,
+        *,
+        out_dtype: torch.dtype = torch.bfloat16,
+        budget: ResidentBudget | None = None,
+        group: Group | None = None,
+    ) -> None:
+        """`out_dtype`: what lookups return unless told otherwise; `budget`: the resident-set budget its
+        files share with the other tables of the rank (file_cache_bytes); `group`: the replicas sharing
+        its memory (placement shm), whose leader alone writes in the loaders."""
+        if shard.row_start < 0 or shard.row_stop > table_rows:
+            raise EngramError(
+                f"{shard.name}: the shard holds rows [{shard.row_start:,}, {shard.row_stop:,}), outside its table's {table_rows:,}"
+            )
+        self.shard = shard
+        self.table_rows = table_rows
+        self.out_dtype = out_dtype
+        self._check_output(out_dtype)
+        self.group = group if shard.placement == "shm" else None
+        self.budget = budget if shard.files else None
+        if self.budget is not None:
+            watch_files(self.budget, shard)
+        # A file the GPU cannot read over UVA (not on tmpfs or hugetlbfs): host threads gather, one copy.
+        self.staged = shard.placement == "file" and shard.device_pointer is None
+        self.cache: HotRows | None = None
+        self.lookups = self.ids = self.readahead_bytes = 0
+
+    @property
+    def name(self) -> str:
+        return self.shard.name
+
+    @property
+    def row_start(self) -> int:
+        return self.shard.row_start
+
+    @property
+    def rows(self) -> int:
+        return self.shard.rows
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.shard.weight
+
+    @property
+    def scale(self) -> torch.Tensor | None:
+        return self.shard.scale
+
+    @property
+    def table_scale(self) -> torch.Tensor | None:
+        return self.shard.table_scale
+
+    def cacheable(self, device: torch.device | str) -> bool:
+        """Whether a cache in `device` memory can serve it: not a file a GPU reads through host threads."""
+        return not (self.staged and torch.device(device).type == "cuda")
+
+    def _check_output(self, kind: Output) -> None:
+        """Raise unless lookups can return `kind`: the stored dtype (rows as stored), bf16 or fp32 (or
+        the stored bytes, PACKED); any float dtype for rows stored as one."""
+        stored = self.shard.format.row_format
+        plain = stored.scale is None and not stored.table_scale
+        if kind == PACKED or kind == stored.weight or kind in (torch.bfloat16, torch.float32):
+            return
+        if plain and kind in (torch.float16, torch.float32, torch.bfloat16):
+            return
+        raise EngramError(
+            f"{self.name}: {self.shard.format.dtype} rows are looked up as {stored.weight} (as stored), bfloat16 or float32, not {kind}"
+        )
+
+    def lookup(
+        self,
+        ids: torch.Tensor,
+        out: torch.Tensor | None = None,
+        *,
+        output: Output | None = None,
+        check: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Rows for the global row ids `ids` (int64 or int32, any shape [..], on the CPU or a GPU): [.., dim]
+        in `output` (default: out's dtype, else out_dtype; the stored dtype gives the rows as stored, with
+        no scale applied), or with output=PACKED each row's stored bytes, weight then scales, uint8
+        [.., row_bytes]. Into `out` when given. DEAD_ID and rows of other shards read zeros; an id outside
+        the table raises on the CPU and is flagged on a GPU (GatherCall). `check`: the step's other ids,
+        range-checked alike (a head shard's peers read them) and read ahead with these."""
+        kind = output if output is not None else out.dtype if out is not None else self.out_dtype
+        self.lookups += 1
+        self.ids += ids.numel()
+        if not self.shard.files:
+            return self._lookup(ids, out, kind, check)
+        with reading(self.shard, ids if check is None else check, self.budget):
+            return self._lookup(ids, out, kind, check)
+
+    def prefetch(self, ids: torch.Tensor) -> int:
+        """Start reading the pages of these rows of a file-backed table on disk, so that the lookup to come
+        finds them in the page cache; the bytes asked for (0 where every probed page was resident, or the
+        table is in memory)."""
+        if not self.shard.readahead:
+            return 0
+        asked = read_ahead(self.shard, ids)
+        self.readahead_bytes += 0 if asked is None else asked.bytes
+        return 0 if asked is None else asked.bytes
+
+    def _lookup(
+        self, ids: torch.Tensor, out: torch.Tensor | None, kind: Output, check: torch.Tensor | None
+    ) -> torch.Tensor:
+        ensure_kernels(ids.device)
+        if self.staged and ids.is_cuda:  # host threads read the file's pages; one copy to the GPU
+            host = self._rows(ids.cpu(), kind, None if check is None else check.cpu())
+            rows = host.pin_memory().to(ids.device, non_blocking=True)
+            return rows if out is None else out.copy_(rows)
+        if out is not None and self.cache is None and kind != PACKED:
+            return self._call(ids, out, check).run()
+        rows = self._rows(ids, kind, check)
+        return rows if out is None else out.copy_(rows)
+
+    def _rows(self, ids: torch.Tensor, kind: Output, check: torch.Tensor | None) -> torch.Tensor:
+        if kind != PACKED:
+            call = self._call(ids, kind, check)
+            return call.run() if self.cache is None else cached_gather(self._hot(call), call)
+        parts = []
+        for part in (self.shard.weight, self.shard.scale):
+            if part is not None:
+                raw = part.view(torch.uint8)
+                call = GatherCall(
+                    raw, None, ids, self.row_start, self.table_rows, torch.uint8, self._sorted(ids), check
+                )
+                parts.append(call.run() if self.cache is None else cached_gather(self._hot(call), call))
+        return torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
+
+    def _call(self, ids: torch.Tensor, out: torch.Tensor | torch.dtype, check: torch.Tensor | None) -> GatherCall:
+        shard = self.shard
+        dtype = out.dtype if isinstance(out, torch.Tensor) else out
+        if dtype == shard.weight.dtype:  # as stored: no scale applied (Qwen4Exp's fp8 rows, say)
+            return GatherCall(shard.weight, None, ids, shard.row_start, self.table_rows, out, self._sorted(ids), check)
+        table_scale = None if shard.table_scale is None else float(shard.table_scale[0])  # a loader may set it late
+        return GatherCall(
+            shard.weight, shard.scale, ids, shard.row_start, self.table_rows, out, self._sorted(ids), check, table_scale
+        )
+
+    def _sorted(self, ids: torch.Tensor) -> bool:
+        return use_sorted(ids.numel(), self.shard.weight, ids.device)
+
+    def _hot(self, call: GatherCall) -> HotRows:
+        """The device cache's rows in the form `call` reads the table's: as stored, raw bytes, or with scales."""
+        cache = self.cache
+        assert cache is not None
+        if call.weight is self.shard.weight:
+            return cache if call.scale is not None else HotRows(cache.ids, cache.weight, None)
+        stored = cache.weight if call.weight.data_ptr() == self.shard.weight.data_ptr() else cache.scale
+        assert stored is not None
+        return HotRows(cache.ids, stored.view(torch.uint8), None)
+
+    def cache_rows(self, hot: torch.Tensor, budget_bytes: int, device: torch.device | str) -> int:
+        """Keep the most frequent rows of `hot` (global row ids, most frequent first: a profile's) that
+        this shard owns in `device` memory, as many as `budget_bytes` hold; the rows kept. Call it once
+        the rows are loaded."""
+        if not self.cacheable(device):
+            log.warning(
+                "engram: device_cache_bytes is not used for %s: its file is gathered on host threads (put the "
+                "checkpoint on tmpfs to read it over UVA and cache it)",
+                self.name,
+            )
+            return 0
+        return self.use_cache(build_cache(self.shard, hot, budget_bytes, device))
+
+    def use_cache(self, cache: HotRows | None) -> int:
+        """Serve hits from `cache` (rows of this shard, build_cache's); the rows it holds."""
+        if cache is not None and cache.weight.shape[1:] != self.shard.weight.shape[1:]:
+            raise EngramError(f"{self.name}: the cache's rows are not this table's")
+        self.cache = cache
+        return 0 if cache is None else cache.ids.numel()
+
+    def weight_loader(self, part: Part) -> Callable[..., None]:
+        """The loader of one part of the shard, `(param, loaded, checkpoint_start=0)` as vLLM calls its
+        loaders: `loaded` holds the table's rows from `checkpoint_start` on, and the rows it shares with
+        the shard are copied into `param` (a view of this shard's part); the table scale is one float32.
+        With placement shm the group's leader alone copies and every member meets at a barrier after each
+        call; a file-backed shard copies nothing (its rows are the file's pages) and checks the shapes."""
+        f = self.shard.format.row_format
+        suffix = {"weight": "weight", "scale": f.scale_name, "table_scale": f.table_scale_name}[part]
+        tensor = f"{self.name}.{suffix}"
+        if part == "table_scale":
+            return table_scale_loader(self.shard, tensor, self.group)
+        return shard_weight_loader(self.shard, tensor, self.group)
+
+    def stats(self) -> TableStats:
+        shard = self.shard
+        return TableStats(
+            shard.name, shard.placement, shard.row_start, shard.rows, self.table_rows, shard.format.nbytes,
+            self.lookups, self.ids, 0 if self.cache is None else self.cache.ids.numel(), self.readahead_bytes,
+            shard.note,
+        )  # fmt: skip
+
+    def release(self) -> bool:
+        """Free the shard's memory now (TableShard.release) and its cache."""
+        self.cache = None
+        return self.shard.release()
