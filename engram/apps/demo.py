@@ -131,6 +131,7 @@ def replica(
         if mine.tp_rank == 0 and rows.numel()
         else 0.0,
         "pss": table_pss,
+        "tables": [dataclasses.asdict(stats) for stats in tables.stats()],
         **checked,
     }
 
@@ -264,4 +265,5 @@ def run_demo(
         "lookups_per_second": sum(r["lookups_per_second"] for r in results),
         "hash": config.compute_hash(),
         "match": match,
+        "tables": {str(r["rank"]): r["tables"] for r in results},  # each rank's tables: EngramTables.stats()
     }

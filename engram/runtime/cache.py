@@ -79,12 +79,16 @@ def _rows(shard: TableShard, part: torch.Tensor, rows: torch.Tensor) -> torch.Te
     return GatherCall(raw, None, rows, shard.row_start, shard.row_stop, raw.dtype).run().view(part.dtype)
 
 
-def cached_gather(cache: HotRows, call: GatherCall) -> torch.Tensor:
+def cached_gather(cache: HotRows, call: GatherCall, counts: torch.Tensor | None = None) -> torch.Tensor:
     """`call` with its hits served from `cache` (whose weight and scale are the rows of `call`'s, in
-    the same form): the same rows, bit for bit, into `call.out` when that is a buffer."""
+    the same form): the same rows, bit for bit, into `call.out` when that is a buffer. `counts` (int64
+    [2] on the cache's device): hits and ids looked up are added to it, on the device (no sync)."""
     flat = call.ids.reshape(-1).to(torch.int64)
     slot = torch.searchsorted(cache.ids, flat).clamp_(max=cache.ids.numel() - 1)
     hit = cache.ids[slot] == flat
+    if counts is not None:
+        counts[0] += hit.sum()
+        counts[1] += hit.numel()
     shape, dtype = call.ids.shape, call.out_dtype
     slots = torch.where(hit, slot, DEAD_ID).view(shape)
     from_cache = GatherCall(

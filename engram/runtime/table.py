@@ -127,6 +127,8 @@ class TableStats:
     lookups: int
     ids: int  # ids looked up, DEAD_ID and other shards' rows included
     cached_rows: int  # rows kept in device memory (device_cache_bytes)
+    cache_hits: int  # ids the device cache served
+    cache_misses: int  # ids looked up while it served that it does not hold: hits + misses = those ids
     readahead_bytes: int  # what prefetch asked the page cache for (file-backed tables on disk)
     note: str
 
@@ -161,6 +163,7 @@ class Table:
         # A file the GPU cannot read over UVA (not on tmpfs or hugetlbfs): host threads gather, one copy.
         self.staged = shard.placement == "file" and shard.device_pointer is None
         self.cache: HotRows | None = None
+        self._cache_counts: torch.Tensor | None = None  # hits, ids looked up: on the cache's device
         self.lookups = self.ids = self.readahead_bytes = 0
 
     @property
@@ -252,15 +255,16 @@ class Table:
     def _rows(self, ids: torch.Tensor, kind: Output, check: torch.Tensor | None) -> torch.Tensor:
         if kind != PACKED:
             call = self._call(ids, kind, check)
-            return call.run() if self.cache is None else cached_gather(self._hot(call), call)
-        parts = []
+            return call.run() if self.cache is None else cached_gather(self._hot(call), call, self._cache_counts)
+        parts: list[torch.Tensor] = []
         for part in (self.shard.weight, self.shard.scale):
             if part is not None:
                 raw = part.view(torch.uint8)
                 call = GatherCall(
                     raw, None, ids, self.row_start, self.table_rows, torch.uint8, self._sorted(ids), check
                 )
-                parts.append(call.run() if self.cache is None else cached_gather(self._hot(call), call))
+                counts = None if parts else self._cache_counts  # one lookup, counted once
+                parts.append(call.run() if self.cache is None else cached_gather(self._hot(call), call, counts))
         return torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
 
     def _call(self, ids: torch.Tensor, out: torch.Tensor | torch.dtype, check: torch.Tensor | None) -> GatherCall:
@@ -304,6 +308,7 @@ class Table:
         if cache is not None and cache.weight.shape[1:] != self.shard.weight.shape[1:]:
             raise EngramError(f"{self.name}: the cache's rows are not this table's")
         self.cache = cache
+        self._cache_counts = None if cache is None else torch.zeros(2, dtype=torch.int64, device=cache.ids.device)
         return 0 if cache is None else cache.ids.numel()
 
     def weight_loader(self, part: Part) -> Callable[..., None]:
@@ -320,11 +325,14 @@ class Table:
         return shard_weight_loader(self.shard, tensor, self.group)
 
     def stats(self) -> TableStats:
+        """What the table is and what its lookups did (reading the device cache's counters waits for the
+        lookups queued so far on a GPU)."""
         shard = self.shard
+        hits, looked_up = (0, 0) if self._cache_counts is None else self._cache_counts.tolist()
         return TableStats(
             shard.name, shard.placement, shard.row_start, shard.rows, self.table_rows, shard.format.nbytes,
-            self.lookups, self.ids, 0 if self.cache is None else self.cache.ids.numel(), self.readahead_bytes,
-            shard.note,
+            self.lookups, self.ids, 0 if self.cache is None else self.cache.ids.numel(), hits, looked_up - hits,
+            self.readahead_bytes, shard.note,
         )  # fmt: skip
 
     def release(self) -> bool:

@@ -80,6 +80,12 @@ def test_demo_shared_tables(capsys: pytest.CaptureFixture[str]) -> None:
     assert report["load_seconds"] > 0 and report["lookups_per_second"] > 0
     assert report["hash"] == "0103d4fb0b496f6466971874ca0a01faaac0bac227aafbae6f39e56a1dc1bbb0"
     assert engram_files() == before  # nothing left in the shm directory
+    # each replica's tables (EngramTables.stats()): the shared placement, looked up once, then 20 times
+    for tables in report["tables"].values():
+        assert [t["placement"] for t in tables] == ["shm"] * len(tables) and tables
+        assert all(t["lookups"] == 21 and t["cache_hits"] == t["cache_misses"] == 0 for t in tables)
+    stored = sum(t["bytes"] for t in report["tables"]["0"])  # rows and scales, each part 128-byte aligned
+    assert TINY <= stored < TINY + 128 * len(report["tables"]["0"])
 
 
 @pytest.mark.slow

@@ -256,6 +256,7 @@ def cached_lookup(rank: int, world: int, checkpoint: str, profile: str) -> dict[
         "cached_rows": sum(c.ids.numel() for c in caches),
         "hits": hits,
         "stats": [(s.name, s.lookups, s.cached_rows) for s in cached.stats()],
+        "counted_hits": sum(s.cache_hits for s in cached.stats()),
         "layers_of_table": [spec.layout.table_of_layer.count(t) for t in range(len(spec.table_names()))],
         "names": spec.table_names(),
     }

@@ -105,6 +105,7 @@ def test_tables_with_a_device_cache_from_engram_profile(
             zip(report["names"], report["layers_of_table"], strict=True)
         )
         assert sum(rows for _, _, rows in report["stats"]) == report["cached_rows"]
+        assert report["counted_hits"] == report["hits"]  # the device cache's own counters, exactly
 
 
 def test_a_profile_rewritten_after_it_was_read_changes_nothing(tmp_path: Path) -> None:

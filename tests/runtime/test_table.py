@@ -144,6 +144,9 @@ def test_every_placement_format_and_row_range_reads_the_checkpoints_rows(
             cached = table.cache_rows(hot, 10 * table.shard.format.row_bytes, "cpu")
             assert cached == 10 and table.stats().cached_rows == 10, case
             assert_equal(lookups(table, ids), want, f"{case}, cached")
+            assert table.cache is not None
+            stats, hits = table.stats(), int(torch.isin(ids, table.cache.ids).sum())
+            assert hits > 0 and (stats.cache_hits, stats.cache_misses) == (6 * hits, 6 * (ids.numel() - hits)), case
             table.release()
 
 
