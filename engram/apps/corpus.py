@@ -15,6 +15,8 @@ import hashlib
 import re
 import sys
 import sysconfig
+from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -61,8 +63,21 @@ def _docstrings(source: str) -> str:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return ""
-    nodes = [tree, *(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.ClassDef | ast.AsyncFunctionDef))]
+    nodes = [
+        tree,
+        *(n for n in _statements(tree) if isinstance(n, ast.FunctionDef | ast.ClassDef | ast.AsyncFunctionDef)),
+    ]
     return "\n\n".join(doc for node in nodes if (doc := ast.get_docstring(node)))
+
+
+def _statements(tree: ast.AST) -> Iterator[ast.AST]:
+    """ast.walk's nodes in its order, less every expression and what lies below one: no definition lies
+    inside an expression, and expressions are most of a module's nodes."""
+    todo = deque([tree])
+    while todo:
+        node = todo.popleft()
+        todo.extend(child for child in ast.iter_child_nodes(node) if not isinstance(child, ast.expr))
+        yield node
 
 
 def _man_text(path: Path) -> str:

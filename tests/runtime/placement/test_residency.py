@@ -172,7 +172,7 @@ from tests.runtime.placement.test_residency import COLUMNS, ROWS, open_table
 from pathlib import Path
 module, _ = open_table(Path(directory), budget)
 generator = torch.Generator().manual_seed(7)
-for _ in range(80):  # 4,096 rows a lookup: at most 16 MiB of pages before the budget is checked
+for _ in range(40):  # 4,096 rows a lookup (at most 16 MiB of pages before the budget is checked); 40 touch nearly every page
     module(torch.randint(0, ROWS, (512, COLUMNS), generator=generator))
 print(json.dumps({{"ok": True}}))
 """
