@@ -2,7 +2,9 @@
 
 - kernels: every kernel against its CPU twin on fresh random data, into poisoned output buffers; the op
   paths (e8m0 scale bytes 0 and 0xFF, a grid capped by limit_blocks, the device cache, prefetch, the
-  pinned error flag raised by gathered and by `check` ids);
+  pinned error flag raised by gathered and by `check` ids); the online device tier (refreshes equal to
+  the uncached lookup, its mapping rewritten in place, a CUDA graph captured before a refresh replaying
+  the refreshed tier, replays counted);
 - hash: the CUDA n-gram hash against the CPU, whole and chunked, and its token-id flag;
 - placements: `EngramTables.build(platform="cuda")` for every placement (device, pinned, huge pages,
   /dev/shm shared by two processes on the one GPU, embedding_across_dp and TP 2 with two processes), from a
@@ -13,7 +15,8 @@
   through vLLM's CUDA path (tests/vllm/test_plugin.py with ENGRAM_VLLM_DEVICE=cuda); skipped without vLLM;
 - bench-*: gather GB/s of three row formats against the pinned H2D memcpy and the D2D copy; V4.1 rows
   from pinned tables of 1, 8 and 32 GiB, uniform and real-text ids, decode (256 tokens, timed as CUDA-graph
-  replays) and prefill (8,192 tokens), plain and sorted; the device cache of hot rows; the host time of one
+  replays) and prefill (8,192 tokens), plain and sorted; the device cache of hot rows (a static 5% profile
+  and a 1% online tier fed real text) against the uncached lookup; the host time of one
   eager layer call; a decode step with prefetched lookups beside stand-in compute; hash tokens/s.
 
 The kernel build always runs first. Every stage is guarded: a failure is reported (ok/FAIL and the error)
@@ -319,8 +322,9 @@ def check_op_paths(runtime: cuda.LibraryRuntime) -> dict[str, Any]:
     e8m0 scale bytes 0 (2^-127) and 0xFF (NaN) against the reference; a grid capped by limit_blocks, the
     device cache of hot rows and prefetched rows, each against the plain eager rows; and the pinned error
     flag of the op path, raised by a bad id in the gathered ids and by one in the `check` ids only."""
-    from engram.runtime.cache import build_cache, cached_gather
+    from engram.runtime.cache import cached_gather
     from engram.runtime.engine import prefetch_on
+    from engram.runtime.tier import Tier
 
     rows, columns = 5000, 16
     shard = make_shard("fp8", 256, rows, "pinned", runtime)
@@ -340,9 +344,9 @@ def check_op_paths(runtime: cuda.LibraryRuntime) -> dict[str, Any]:
         with cuda.limit_blocks(1):
             capped = gather(shard.weight, shard.scale, on_gpu, 0, rows, torch.bfloat16)
         hot = torch.unique(ids[ids >= 0])[:1000]
-        cache = build_cache(shard, hot, hot.numel() * shard.format.row_bytes, "cuda")
-        assert cache is not None
-        cached = cached_gather(cache, GatherCall(shard.weight, shard.scale, on_gpu, 0, rows, torch.bfloat16))
+        tier = Tier(shard, hot.numel(), "cuda", "device", policy="static")
+        tier.warm(hot)
+        cached = cached_gather(tier.rows, GatherCall(shard.weight, shard.scale, on_gpu, 0, rows, torch.bfloat16))
         layer = EngramEmbedding(shard, TableShardPlan("check", rows, "row", 0, rows, 0, columns), columns=columns)
         eager = layer(on_gpu)
         prefetched = prefetch_on(torch.cuda.Stream(), lambda: [layer(on_gpu)], sm_share=0.25).take(0)  # type: ignore[no-untyped-call]
@@ -368,6 +372,54 @@ def check_op_paths(runtime: cuda.LibraryRuntime) -> dict[str, Any]:
         "pinned flag raised by a bad id in check only": checked_bad == ROW_FLAG.format(device),
     }
     return {"ok": all(results.values()), "flag_before_the_stage": before, **results}
+
+
+def check_online_tier(runtime: cuda.LibraryRuntime) -> dict[str, Any]:
+    """The online device tier over a pinned fp8 table: lookups equal the uncached ones across refreshes,
+    the refresh rewrites the row-to-slot mapping in place (same addresses), and a CUDA graph captured
+    before a refresh reads the refreshed tier when replayed (its rows still equal the uncached ones); the
+    device counters count the replays too."""
+    from engram.runtime.table import Table
+
+    rows, columns = 200_000, 16
+    shard = make_shard("fp8", 256, rows, "pinned", runtime)
+    try:
+        fill_random(shard, seed=21)
+        table, plain = Table(shard, rows), Table(shard, rows)
+        table.keep_hot(4 << 20, "cuda", window_ids=1 << 14, half_life=4)
+        tier = table.tier
+        assert tier is not None
+        generator = torch.Generator().manual_seed(22)
+        weights = 1.0 / torch.arange(1, rows + 1, dtype=torch.float64)
+        steps = [
+            torch.multinomial(weights, 256 * columns, True, generator=generator).view(256, columns).cuda()
+            for _ in range(24)
+        ]
+        equal = all(same_bits(table.lookup(ids), plain.lookup(ids)) for ids in steps)
+        pointers = (tier.admission.keys.data_ptr(), tier.admission.slots.data_ptr(), tier.rows.weight.data_ptr())
+        static_ids = steps[0].clone()
+        out = torch.empty(256, columns, 256, dtype=torch.bfloat16, device="cuda")
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph):
+            out.copy_(table.lookup(static_ids))
+        before = tier.stats()
+        admitted = table.refresh()
+        graph.replay()
+        torch.cuda.synchronize()
+        replayed = same_bits(out, plain.lookup(static_ids))
+        after = tier.stats()
+        results = {
+            "online tier equals uncached across refreshes": equal and tier.refreshes > 0,
+            "refresh rewrites the mapping in place": pointers
+            == (tier.admission.keys.data_ptr(), tier.admission.slots.data_ptr(), tier.rows.weight.data_ptr()),
+            "a graph replayed after a refresh reads the refreshed tier": replayed,
+            "replays are counted": after.lookups == before.lookups + static_ids.numel(),
+            "hits + misses = lookups": after.hits + after.misses == after.lookups,
+        }
+        return {"ok": all(results.values()), "admitted_by_the_last_refresh": admitted, "tier": asdict(after), **results}
+    finally:
+        shard.release()
 
 
 def check_hash(preset: str) -> dict[str, Any]:
@@ -651,16 +703,24 @@ def bench_cache(
     (row bytes delivered / time) against the H2D memcpy. Targets: >= 1.5x the memcpy on real text if the
     hit rates allow; at most 5% slower than uncached on uniform ids."""
     from engram.apps.profile import profile_tables
-    from engram.runtime.cache import build_cache, cached_gather
+    from engram.runtime.cache import cached_gather
+    from engram.runtime.table import Table
+    from engram.runtime.tier import Tier
 
     spec, shard = v41_table(table_gib, runtime)
     rows = shard.rows
     budget = int(0.05 * rows * shard.format.row_bytes)
     profile = profile_tables(spec, fit[:1_000_000], corpus[:10_000], [budget])[0]
-    cache = build_cache(shard, profile.hot_rows, budget, "cuda")
+    tier = Tier(shard, budget // shard.format.row_bytes, "cuda", "device", policy="static")
+    tier.warm(profile.hot_rows)
+    cache = tier.rows
+    # the online tier of 1% of the rows, started empty and fed the corpus's fit text (50 prefill chunks)
+    online = Table(shard, rows)
+    online.keep_hot(int(0.01 * rows * (shard.format.row_bytes + 16)) + (8 << 20), "cuda")
+    for step in text_rows(spec, fit, 8192, 50):
+        online.lookup(step[:, 0].cuda())
     out_rows: list[dict[str, Any]] = []
     try:
-        assert cache is not None
         for shape, tokens in SHAPES.items():
             for source, ids in id_batches(spec, rows, corpus, tokens).items():
                 sorted_form = use_sorted(ids.numel(), shard.weight, ids.device)
@@ -676,9 +736,17 @@ def bench_cache(
                         GatherCall(shard.weight, shard.scale, ids, 0, rows, torch.bfloat16, sorted_form),
                     ),
                 )
+                online.refresh()  # now, not inside the timed lookups
+                assert online.tier is not None
+                learned = step_time(shape, functools.partial(online.lookup, ids))
                 hits = float(torch.isin(ids, cache.ids).float().mean())
+                online_hits = float(torch.isin(ids, online.tier.rows.ids).float().mean())
                 moved = ids.numel() * shard.format.row_bytes
-                for label, seconds in (("uncached", plain), (f"5% cache, {hits:.0%} hits", cached)):
+                timed = (
+                    ("uncached", plain), (f"5% static cache, {hits:.0%} hits", cached),
+                    (f"1% online tier, {online_hits:.0%} hits", learned),
+                )  # fmt: skip
+                for label, seconds in timed:
                     out_rows.append(
                         bench_row(
                             f"V4.1 {shape}, {source}, {label}",
@@ -692,7 +760,7 @@ def bench_cache(
         return out_rows
     finally:
         shard.release()
-        del cache
+        del cache, tier, online
         torch.cuda.empty_cache()
 
 
@@ -735,6 +803,7 @@ def run_all(report: Report, table_gib: float, sizes: list[float], preset: str, w
         report.run(
             "op paths: e8m0 extremes, block cap, device cache, prefetch, pinned flag", lambda: check_op_paths(runtime)
         )
+        report.run("online device tier: refreshes in place, graph replays", lambda: check_online_tier(runtime))
     if report.wants("hash"):
         for hashed in ("deepseek-v4.1-flash", "qwen4-exp-ple"):
             report.run(f"ngram hash {hashed}", functools.partial(check_hash, hashed))

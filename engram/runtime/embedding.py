@@ -17,7 +17,6 @@ from torch import nn
 
 from engram.errors import EngramError
 from engram.ops import DEAD_ID
-from engram.runtime.cache import HotRows
 from engram.runtime.dist import Group
 from engram.runtime.placement.residency import ResidentBudget
 from engram.runtime.placement.storage import TableShard
@@ -36,18 +35,16 @@ class EngramEmbedding(nn.Module):
         shard_order: Sequence[int] = (),
         dp_group: Group | None = None,
         out_dtype: torch.dtype = torch.bfloat16,
-        cache: HotRows | None = None,
         budget: ResidentBudget | None = None,
     ) -> None:
         """`table`: this rank's shard of the layer's table (a bare TableShard is opened as a Table with
-        `out_dtype`, `cache` and `budget`); `group`: the embedding group (None when it is this rank alone),
+        `out_dtype` and `budget`); `group`: the embedding group (None when it is this rank alone),
         `shard_order` its global ranks in shard order; `dp_group`: the replicas to gather ids over
         (embedding_across_dp only); `budget`: the rank's resident-set budget of its file-backed tables
         (file_cache_bytes), told of every lookup."""
         super().__init__()
         if isinstance(table, TableShard):
             table = Table(table, plan.table_rows, out_dtype=out_dtype, budget=budget)
-            table.use_cache(cache)
         if plan.rows != table.rows or plan.row_start != table.row_start or plan.table_rows != table.table_rows:
             raise EngramError(
                 f"{table.name}: the shard holds rows [{table.row_start}, {table.shard.row_stop}) of {table.table_rows}, the plan says [{plan.row_start}, {plan.row_stop}) of {plan.table_rows}"

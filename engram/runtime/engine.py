@@ -18,7 +18,7 @@ from engram.errors import EngramError
 from engram.memory.host import HostLimits, check_pinned_bytes
 from engram.memory.registration import CudaRuntime
 from engram.ngram.spec import ModelSpec
-from engram.runtime.cache import caches_for, read_profile
+from engram.runtime.cache import read_profile
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.dist import Group, new_group, timeout_s
 from engram.runtime.embedding import EngramEmbedding, gather_replica_ids
@@ -28,6 +28,7 @@ from engram.runtime.placement.storage import TableShard
 from engram.runtime.plan import DeploymentPlan, RankPlan, plan_deployment
 from engram.runtime.table import Part, Table, TableStats
 from engram.runtime.tables import open_tables
+from engram.runtime.tier import TierName
 
 log = logging.getLogger("engram")
 
@@ -124,9 +125,10 @@ class EngramTables:
     ) -> EngramTables:
         """Find which replicas share a node (nodes.align_to_nodes), plan, check that private host tables fit
         the node (before a byte is allocated), create the groups, allocate and load this rank's shards. `host_limits` replaces this machine's RAM and
-        cgroup limit in that check. With device_cache_bytes, `profile` (an `engram profile --out` file, or
-        its hot rows per table; config.device_cache_profile when not given) chooses the rows each rank keeps
-        in device memory."""
+        cgroup limit in that check. With device_cache_bytes (or ram_cache_bytes), each table keeps
+        its hottest rows in device memory (or RAM) as cache_admission says; `profile` (an `engram profile
+        --out` file, or its hot rows per table; config.device_cache_profile when not given) is their warm
+        start, and with "static" all they hold."""
         if not dist.is_initialized():
             raise EngramError(
                 "torch.distributed is not initialised: call engram.runtime.engine.init_from_env() or init_process_group first"
@@ -155,6 +157,7 @@ class EngramTables:
             error_flag(device)  # now, not lazily inside a capture
             if runtime is None and mine.placement != "device":
                 runtime = library_runtime()  # host tables are pinned and read over UVA
+        hot = hot_rows(config, profile)  # before a byte is loaded: a static tier without a profile is refused
         groups = create_groups(plan, rank)
         checkpoint = checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint(checkpoint)
         shards = open_tables(
@@ -167,23 +170,7 @@ class EngramTables:
             Table(shard, p.table_rows, out_dtype=out_dtype, budget=budget, group=groups.shm)
             for shard, p in zip(shards, mine.tables, strict=True)
         ]
-        if config.device_cache_bytes:
-            profile = profile if profile is not None else config.device_cache_profile
-            if profile is None:
-                raise EngramError(
-                    "device_cache_bytes needs a profile of hot rows: set device_cache_profile or pass profile= (write one with `engram profile --out`)"
-                )
-            hot = profile if isinstance(profile, Mapping) else read_profile(profile)
-            # A file-backed shard the GPU cannot read over UVA is gathered on host threads: no cache there.
-            cacheable = [t for t in tables if t.cacheable(device)]
-            if len(cacheable) < len(tables):
-                log.warning(
-                    "engram: device_cache_bytes is not used for file-backed tables outside tmpfs/hugetlbfs "
-                    "(they are gathered on host threads); put the checkpoint on tmpfs to read it over UVA and cache it"
-                )
-            caches = caches_for([t.shard for t in cacheable], hot, config.device_cache_bytes, device)
-            for table in cacheable:
-                table.use_cache(caches.get(table.name))
+        keep_hot(tables, config, hot, device)
         layers = [
             EngramEmbedding(
                 tables[table],
@@ -204,9 +191,25 @@ class EngramTables:
                     param.weight_loader = layer.table.weight_loader(part)  # type: ignore[attr-defined]
         return cls(plan, mine, groups, shards, layers, device)
 
+    @property
+    def tables(self) -> list[Table]:
+        """The rank's tables, each once (layers may share one)."""
+        return list({id(layer.table): layer.table for layer in self.layers}.values())
+
     def stats(self) -> list[TableStats]:
         """Each of the rank's tables: what it is (placement, rows, bytes) and what its lookups did."""
-        return [table.stats() for table in {id(layer.table): layer.table for layer in self.layers}.values()]
+        return [table.stats() for table in self.tables]
+
+    def refresh(self) -> int:
+        """Refresh the tables' tiers of hot rows from the ids served since their last refresh, between
+        steps (lookup does it by itself once a window of ids has been served; an engine that replays CUDA
+        graphs, whose lookups the host does not see, calls it every few steps); the rows admitted."""
+        if self.device.type == "cuda":
+            if torch.cuda.is_current_stream_capturing():
+                return 0
+            if self._side is not None:  # a prefetch in flight still reads the slots a refresh rewrites
+                torch.cuda.current_stream(self.device).wait_stream(self._side)
+        return sum(t.refresh() for t in self.tables)
 
     def lookup(self, rows: torch.Tensor) -> list[torch.Tensor]:
         """rows: [T, layers, C] from NgramHasher -> per layer [T, C, D]. With embedding_across_dp the
@@ -224,6 +227,8 @@ class EngramTables:
     def _lookups(self, rows: torch.Tensor) -> Iterator[torch.Tensor]:
         """Each layer's lookup, launched as the caller asks for it (prefetch records an event between)."""
         self.check_errors()
+        if any(t.tier is not None and t.tier.due for t in self.tables):
+            self.refresh()  # between steps, before this step's lookups (Table.lookup would, but not waiting for prefetch)
         expected = (len(self.layers), self.layers[0].columns) if self.layers else ()
         if rows.dim() != 3 or tuple(rows.shape[1:]) != expected:
             raise EngramError(
@@ -286,6 +291,57 @@ class EngramTables:
         self.layers.clear()
         for shard in self.shards:
             shard.release()
+
+
+def hot_rows(
+    config: EngramConfig, profile: str | os.PathLike[str] | Mapping[str, torch.Tensor] | None
+) -> Mapping[str, torch.Tensor] | None:
+    """The profile's hot rows per table that the tiers start from (None: none), read before anything is
+    loaded; a static tier without one is an error naming what to set."""
+    if not (config.device_cache_bytes or config.ram_cache_bytes):
+        return None
+    profile = profile if profile is not None else config.device_cache_profile
+    if profile is None:
+        if config.cache_admission == "static":
+            raise EngramError(
+                "cache_admission 'static' keeps the rows of a profile: set device_cache_profile or pass profile= "
+                "(write one with `engram profile --out`), or use cache_admission 'online'"
+            )
+        return None
+    return profile if isinstance(profile, Mapping) else read_profile(profile)
+
+
+def keep_hot(
+    tables: list[Table], config: EngramConfig, hot: Mapping[str, torch.Tensor] | None, device: torch.device
+) -> None:
+    """Give the rank's tables their tiers: file-backed ones RAM (ram_cache_bytes), the others device memory
+    (device_cache_bytes), each budget split evenly over its tables."""
+    if hot is not None:
+        missing = sorted({t.name for t in tables} - set(hot))
+        if missing:
+            raise EngramError(
+                f"the profile has no hot rows for {', '.join(missing)}; profile this model with `engram profile --out`"
+            )
+    in_ram = [t for t in tables if t.shard.files and config.ram_cache_bytes]
+    on_device = [t for t in tables if t not in in_ram and config.device_cache_bytes]
+    if not all(t.cacheable(device) for t in on_device):
+        log.warning(
+            "engram: device_cache_bytes is not used for file-backed tables outside tmpfs/hugetlbfs "
+            "(they are gathered on host threads); put the checkpoint on tmpfs to read it over UVA and cache it, "
+            "or give them ram_cache_bytes"
+        )
+        on_device = [t for t in on_device if t.cacheable(device)]
+    tiers: tuple[tuple[TierName, torch.device, int, list[Table]], ...] = (
+        ("ram", torch.device("cpu"), config.ram_cache_bytes, in_ram),
+        ("device", device, config.device_cache_bytes, on_device),
+    )
+    for name, where, budget, chosen in tiers:
+        for table in chosen:
+            own = None if hot is None else hot[table.name]
+            counts = getattr(hot, "counts", {}).get(table.name)  # a profile file's; none for rows given as such
+            table.keep_hot(
+                budget // len(chosen), where, name, policy=config.cache_admission, hot=own, hot_counts=counts
+            )
 
 
 def init_from_env(backend: str = "gloo") -> int:

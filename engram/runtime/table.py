@@ -7,8 +7,9 @@ bytes come from a checkpoint (engram.runtime.tables.open_tables loads many at on
 callbacks an engine's own weight loading calls (`Table.weight_loader`: vLLM's), or, for a file-backed
 shard, from nowhere at all: the rows are the file's pages.
 
-`Table` owns everything a lookup reads through: the device cache of hot rows (device_cache_bytes), the
-host-thread gather and one copy of a file the GPU cannot read over UVA, the read-ahead of a cold file's
+`Table` owns everything a lookup reads through: a tier of hot rows that learns from the traffic
+(engram.runtime.tier: device memory over a host table, device_cache_bytes; private RAM over a file-backed
+one, ram_cache_bytes), the host-thread gather and one copy of a file the GPU cannot read over UVA, the read-ahead of a cold file's
 rows and the resident-set budget over its page cache (file_cache_bytes). Its constructor checks the row
 range and the output once; `lookup` builds one GatherCall and runs it. engram's engine
 (EngramTables/EngramEmbedding) and the vLLM plugin (engram.integrations.vllm) both serve their tables
@@ -16,8 +17,9 @@ through it, and the plugin imports nothing of the runtime below this module."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -27,12 +29,13 @@ from engram.errors import EngramError
 from engram.memory.registration import CudaRuntime
 from engram.ops import GatherCall, use_sorted
 from engram.ops.devices import ensure_kernels
-from engram.runtime.cache import HotRows, build_cache, cached_gather, read_profile
+from engram.runtime.cache import HotRows, Profile, cached_gather, read_profile
 from engram.runtime.checkpoints.loader import Checkpoint, shard_weight_loader, table_scale_loader
 from engram.runtime.dist import Group, timeout_s
 from engram.runtime.placement.filemap import file_shard, read_ahead, reading, watch_files
-from engram.runtime.placement.residency import ResidentBudget
+from engram.runtime.placement.residency import ResidentBudget, storage_read_bytes
 from engram.runtime.placement.storage import Placement, ShardFormat, TableShard, allocate, placement_for
+from engram.runtime.tier import POLICIES, WINDOW_IDS, Tier, TierName, TierStats, capacity_for
 
 __all__ = [
     "PACKED",
@@ -40,10 +43,12 @@ __all__ = [
     "Group",
     "Part",
     "Placement",
+    "Profile",
     "ResidentBudget",
     "ShardFormat",
     "Table",
     "TableStats",
+    "TierStats",
     "open_shard",
     "open_table",
     "placement_for",
@@ -126,10 +131,9 @@ class TableStats:
     bytes: int  # of its storage (for a file-backed table: of the file's pages it views)
     lookups: int
     ids: int  # ids looked up, DEAD_ID and other shards' rows included
-    cached_rows: int  # rows kept in device memory (device_cache_bytes)
-    cache_hits: int  # ids the device cache served
-    cache_misses: int  # ids looked up while it served that it does not hold: hits + misses = those ids
     readahead_bytes: int  # what prefetch asked the page cache for (file-backed tables on disk)
+    disk_bytes_read: int  # what its lookups read from storage (file-backed tables on disk; /proc/self/io)
+    tier: TierStats | None  # its tier of hot rows, if it has one
     note: str
 
 
@@ -162,9 +166,8 @@ class Table:
             watch_files(self.budget, shard)
         # A file the GPU cannot read over UVA (not on tmpfs or hugetlbfs): host threads gather, one copy.
         self.staged = shard.placement == "file" and shard.device_pointer is None
-        self.cache: HotRows | None = None
-        self._cache_counts: torch.Tensor | None = None  # hits, ids looked up: on the cache's device
-        self.lookups = self.ids = self.readahead_bytes = 0
+        self.tier: Tier | None = None
+        self.lookups = self.ids = self.readahead_bytes = self.disk_bytes_read = 0
 
     @property
     def name(self) -> str:
@@ -224,10 +227,28 @@ class Table:
         kind = output if output is not None else out.dtype if out is not None else self.out_dtype
         self.lookups += 1
         self.ids += ids.numel()
+        if self.tier is not None:
+            if self.tier.due and not (ids.is_cuda and torch.cuda.is_current_stream_capturing()):
+                self.refresh()  # between this table's lookups of two steps
+            self.tier.record(ids)
         if not self.shard.files:
             return self._lookup(ids, out, kind, check)
-        with reading(self.shard, ids if check is None else check, self.budget):
+        wanted = ids if check is None else check
+        if self.tier is not None and not wanted.is_cuda:  # what the tier holds is not read from the file
+            wanted = wanted.reshape(-1)[~self.tier.admission.hits(wanted)]
+        with self._disk_reads(), reading(self.shard, wanted, self.budget):
             return self._lookup(ids, out, kind, check)
+
+    @contextlib.contextmanager
+    def _disk_reads(self) -> Iterator[None]:
+        """Count what the reads inside bring in from storage (a file-backed table on disk; a rank's
+        lookups run one at a time, so its process's count is theirs)."""
+        before = storage_read_bytes() if self.shard.readahead else 0
+        try:
+            yield
+        finally:
+            if self.shard.readahead:
+                self.disk_bytes_read += storage_read_bytes() - before
 
     def prefetch(self, ids: torch.Tensor) -> int:
         """Start reading the pages of these rows of a file-backed table on disk, so that the lookup to come
@@ -235,7 +256,8 @@ class Table:
         table is in memory)."""
         if not self.shard.readahead:
             return 0
-        asked = read_ahead(self.shard, ids)
+        with self._disk_reads():
+            asked = read_ahead(self.shard, ids)
         self.readahead_bytes += 0 if asked is None else asked.bytes
         return 0 if asked is None else asked.bytes
 
@@ -247,7 +269,7 @@ class Table:
             host = self._rows(ids.cpu(), kind, None if check is None else check.cpu())
             rows = host.pin_memory().to(ids.device, non_blocking=True)
             return rows if out is None else out.copy_(rows)
-        if out is not None and self.cache is None and kind != PACKED:
+        if out is not None and self.tier is None and kind != PACKED:
             return self._call(ids, out, check).run()
         rows = self._rows(ids, kind, check)
         return rows if out is None else out.copy_(rows)
@@ -255,7 +277,7 @@ class Table:
     def _rows(self, ids: torch.Tensor, kind: Output, check: torch.Tensor | None) -> torch.Tensor:
         if kind != PACKED:
             call = self._call(ids, kind, check)
-            return call.run() if self.cache is None else cached_gather(self._hot(call), call, self._cache_counts)
+            return call.run() if self.tier is None else self._cached(call, counted=True)
         parts: list[torch.Tensor] = []
         for part in (self.shard.weight, self.shard.scale):
             if part is not None:
@@ -263,8 +285,7 @@ class Table:
                 call = GatherCall(
                     raw, None, ids, self.row_start, self.table_rows, torch.uint8, self._sorted(ids), check
                 )
-                counts = None if parts else self._cache_counts  # one lookup, counted once
-                parts.append(call.run() if self.cache is None else cached_gather(self._hot(call), call, counts))
+                parts.append(call.run() if self.tier is None else self._cached(call, counted=not parts))
         return torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
 
     def _call(self, ids: torch.Tensor, out: torch.Tensor | torch.dtype, check: torch.Tensor | None) -> GatherCall:
@@ -280,20 +301,38 @@ class Table:
     def _sorted(self, ids: torch.Tensor) -> bool:
         return use_sorted(ids.numel(), self.shard.weight, ids.device)
 
-    def _hot(self, call: GatherCall) -> HotRows:
-        """The device cache's rows in the form `call` reads the table's: as stored, raw bytes, or with scales."""
-        cache = self.cache
-        assert cache is not None
+    def _cached(self, call: GatherCall, *, counted: bool) -> torch.Tensor:
+        """`call` with the tier's hits read from it; `counted`: its ids are added to the tier's counters
+        (a packed lookup gathers twice, and counts once)."""
+        tier = self.tier
+        assert tier is not None
+        counts = tier.counts if counted else None
+        return cached_gather(self._hot(tier.rows, call), call, counts, (self.shard.row_start, self.shard.row_stop))
+
+    def _hot(self, cache: HotRows, call: GatherCall) -> HotRows:
+        """The tier's rows in the form `call` reads the table's: as stored, raw bytes, or with scales."""
         if call.weight is self.shard.weight:
-            return cache if call.scale is not None else HotRows(cache.ids, cache.weight, None)
+            return cache if call.scale is not None else cache.view(cache.weight, None)
         stored = cache.weight if call.weight.data_ptr() == self.shard.weight.data_ptr() else cache.scale
         assert stored is not None
-        return HotRows(cache.ids, stored.view(torch.uint8), None)
+        return cache.view(stored.view(torch.uint8), None)
 
-    def cache_rows(self, hot: torch.Tensor, budget_bytes: int, device: torch.device | str) -> int:
-        """Keep the most frequent rows of `hot` (global row ids, most frequent first: a profile's) that
-        this shard owns in `device` memory, as many as `budget_bytes` hold; the rows kept. Call it once
-        the rows are loaded."""
+    def keep_hot(
+        self,
+        budget_bytes: int,
+        device: torch.device | str,
+        name: TierName = "device",
+        *,
+        policy: str = "online",
+        hot: torch.Tensor | None = None,
+        hot_counts: torch.Tensor | None = None,
+        **tuning: int,
+    ) -> int:
+        """Keep this shard's hottest rows in `device` memory (a tier: the "device" one over a host table,
+        the "ram" one over a file-backed table), as many as `budget_bytes` hold with the tier's own ids,
+        ring and sketch (capacity_for); the rows it can hold.
+        `hot`: a profile's rows (most frequent first), its warm start, and `hot_counts` their counts (the
+        estimate's start: Admission.warm); with policy "static" the only rows it holds. `tuning`: Tier's window_ids and half_life. Call it once the rows are loaded."""
         if not self.cacheable(device):
             log.warning(
                 "engram: device_cache_bytes is not used for %s: its file is gathered on host threads (put the "
@@ -301,15 +340,31 @@ class Table:
                 self.name,
             )
             return 0
-        return self.use_cache(build_cache(self.shard, hot, budget_bytes, device))
+        if policy not in POLICIES:
+            raise EngramError(f"{self.name}: a tier's policy is one of {', '.join(POLICIES)}, not {policy!r}")
+        if policy == "static" and hot is None:
+            raise EngramError(f"{self.name}: a static tier keeps a profile's rows; give it one (engram profile --out)")
+        window = tuning.get("window_ids", WINDOW_IDS)
+        capacity = capacity_for(budget_bytes, self.shard.format.row_bytes, self.shard.rows, window, policy)
+        if capacity == 0:
+            self.tier = None
+            return 0
+        tier = Tier(self.shard, capacity, device, name, policy=policy, **tuning)
+        if hot is not None:
+            with self._disk_reads():
+                held = tier.warm(hot, hot_counts)
+            if held == 0 and policy == "static":
+                return 0  # the profile has none of this shard's rows
+        self.tier = tier
+        return capacity
 
-    def use_cache(self, cache: HotRows | None) -> int:
-        """Serve hits from `cache` (rows of this shard, build_cache's); the rows it holds."""
-        if cache is not None and cache.weight.shape[1:] != self.shard.weight.shape[1:]:
-            raise EngramError(f"{self.name}: the cache's rows are not this table's")
-        self.cache = cache
-        self._cache_counts = None if cache is None else torch.zeros(2, dtype=torch.int64, device=cache.ids.device)
-        return 0 if cache is None else cache.ids.numel()
+    def refresh(self) -> int:
+        """Refresh the tier from the ids served since the last refresh (Tier.refresh); the rows admitted.
+        Call it between steps."""
+        if self.tier is None:
+            return 0
+        with self._disk_reads():
+            return self.tier.refresh()
 
     def weight_loader(self, part: Part) -> Callable[..., None]:
         """The loader of one part of the shard, `(param, loaded, checkpoint_start=0)` as vLLM calls its
@@ -328,14 +383,13 @@ class Table:
         """What the table is and what its lookups did (reading the device cache's counters waits for the
         lookups queued so far on a GPU)."""
         shard = self.shard
-        hits, looked_up = (0, 0) if self._cache_counts is None else self._cache_counts.tolist()
         return TableStats(
             shard.name, shard.placement, shard.row_start, shard.rows, self.table_rows, shard.format.nbytes,
-            self.lookups, self.ids, 0 if self.cache is None else self.cache.ids.numel(), hits, looked_up - hits,
-            self.readahead_bytes, shard.note,
+            self.lookups, self.ids, self.readahead_bytes, self.disk_bytes_read,
+            None if self.tier is None else self.tier.stats(), shard.note,
         )  # fmt: skip
 
     def release(self) -> bool:
-        """Free the shard's memory now (TableShard.release) and its cache."""
-        self.cache = None
+        """Free the shard's memory now (TableShard.release) and its tier."""
+        self.tier = None
         return self.shard.release()

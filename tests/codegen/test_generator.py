@@ -168,6 +168,8 @@ def test_hash_opt_out_compiles() -> None:
         "file_cache_bytes",
         "device_cache_bytes",
         "device_cache_profile",
+        "cache_admission",
+        "ram_cache_bytes",
         "shard_layout",
     ]
 

@@ -73,7 +73,7 @@ def test_structural_problems_all_reported() -> None:
         (
             "/engram/cpu_ofload",
             "unknown-field",
-            "unknown field 'cpu_ofload'; known fields: cpu_offload, embedding_across_dp, dp_shared_memory, use_thp, file_backed, file_cache_bytes, device_cache_bytes, device_cache_profile, shard_layout",
+            "unknown field 'cpu_ofload'; known fields: cpu_offload, embedding_across_dp, dp_shared_memory, use_thp, file_backed, file_cache_bytes, device_cache_bytes, device_cache_profile, cache_admission, ram_cache_bytes, shard_layout",
         ),
         ("/engram/cpu_offload", "type", "expected a boolean; got the string 'yes'"),
         ("/engram/dp_shared_memory", "type", "expected a boolean or null; got 1"),

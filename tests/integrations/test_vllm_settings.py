@@ -88,10 +88,10 @@ def test_the_section_with_vllms_fields_beside_it(monkeypatch: pytest.MonkeyPatch
             "'replica' cannot be honoured there, leave it at 'vllm'",
         ),
         (
-            {"engram": {"device_cache_bytes": 1}},
+            {"engram": {"device_cache_bytes": 1, "cache_admission": "static"}},
             None,
-            "engram setting 'device_cache_bytes' needs 'device_cache_profile': the hot rows `engram profile --out` "
-            "wrote for this model",
+            "engram setting 'cache_admission' 'static' needs 'device_cache_profile': the hot rows `engram profile "
+            "--out` wrote for this model \\(or use 'online'\\)",
         ),
         (
             {"engram": {"device_cache_bytes": 1, "device_cache_profile": "/nonexistent/hot.safetensors"}},

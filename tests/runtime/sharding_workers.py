@@ -237,7 +237,9 @@ def cached_lookup(rank: int, world: int, checkpoint: str, profile: str) -> dict[
 
     spec = get_preset("tiny")
     parallel = ParallelConfig(tensor_parallel_size=world)
-    config = load_config({"device_cache_bytes": 4096, "device_cache_profile": profile}, env={})
+    config = load_config(
+        {"device_cache_bytes": 4096, "device_cache_profile": profile, "cache_admission": "static"}, env={}
+    )
     cached = EngramTables.build(spec, config, parallel, checkpoint, progress=False)
     plain = EngramTables.build(spec, load_config({}, env={}), parallel, checkpoint, progress=False)
     from engram.apps.corpus import load_corpus
@@ -245,21 +247,35 @@ def cached_lookup(rank: int, world: int, checkpoint: str, profile: str) -> dict[
     tokens = load_corpus().held_out[:500]
     rows = spec.hasher().hash(spec.compress(tokens))
     got, want = cached.lookup(rows), plain.lookup(rows)
-    caches = [layer.table.cache for layer in cached.layers if layer.table.cache is not None]
     hits = sum(
-        int(torch.isin(rows[:, i], layer.table.cache.ids).sum())
+        int(torch.isin(rows[:, i], layer.table.tier.rows.ids).sum())
         for i, layer in enumerate(cached.layers)
-        if layer.table.cache is not None
+        if layer.table.tier is not None
     )
+    stats = cached.stats()
     report = {
         "match": all(torch.equal(g.view(torch.int16), w.view(torch.int16)) for g, w in zip(got, want, strict=True)),
-        "cached_rows": sum(c.ids.numel() for c in caches),
+        "cached_rows": sum(s.tier.rows for s in stats if s.tier is not None),
         "hits": hits,
-        "stats": [(s.name, s.lookups, s.cached_rows) for s in cached.stats()],
-        "counted_hits": sum(s.cache_hits for s in cached.stats()),
+        "stats": [(s.name, s.lookups, 0 if s.tier is None else s.tier.rows) for s in stats],
+        "counted_hits": sum(s.tier.hits for s in stats if s.tier is not None),
         "layers_of_table": [spec.layout.table_of_layer.count(t) for t in range(len(spec.table_names()))],
         "names": spec.table_names(),
     }
+    # online, no profile: the tiers fill from the traffic (a window of 131,072 ids is about 16k tokens here)
+    online = EngramTables.build(
+        spec, load_config({"device_cache_bytes": 8 << 20}, env={}), parallel, checkpoint, progress=False
+    )
+    stream = spec.hasher().hash(spec.compress(load_corpus().held_out[:40_000]))
+    report["online_match"] = all(
+        torch.equal(g.view(torch.int16), w.view(torch.int16))
+        for step in torch.split(stream, 1000)
+        for g, w in zip(online.lookup(step), plain.lookup(step), strict=True)
+    )
+    report["online"] = [
+        s.tier and (s.tier.policy, s.tier.refreshes, s.tier.hits, s.tier.lookups, s.ids) for s in online.stats()
+    ]
+    online.release()
     cached.release()
     plain.release()
     return report

@@ -1,5 +1,6 @@
-"""The device cache of hot rows: bit for bit the uncached lookup through the CPU twins (hits, misses,
-DEAD_ID, rows of other shards, ids outside the table), and built from an `engram profile` file."""
+"""A tier of hot rows read through cached_gather: bit for bit the uncached lookup through the CPU twins
+(hits, misses, DEAD_ID, rows of other shards, ids outside the table), started from an `engram profile`
+file."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from safetensors.torch import load_file, save_file
 
 from engram.errors import EngramError
 from engram.ops import GatherCall, gather
-from engram.runtime.cache import build_cache, cached_gather, caches_for, read_profile
+from engram.runtime.cache import cached_gather, read_profile
 from engram.runtime.launch import run_local, values
+from engram.runtime.tier import Tier
 from tests.runtime import sharding_workers
 from tests.runtime.conftest import random_shard
 
@@ -37,12 +39,11 @@ def test_cached_equals_uncached(
     rows: int, row_start: int, dtype: str, hot: list[int], ids: list[int], budget_rows: int
 ) -> None:
     shard = random_shard(rows, dtype, rows + row_start, row_start=row_start)
-    cache = build_cache(shard, torch.tensor(hot, dtype=torch.int64), budget_rows * shard.format.row_bytes, "cpu")
-    owned = [h for h in hot if row_start <= h < row_start + rows][:budget_rows]
-    if cache is None:
-        assert owned == []
-        return
-    assert cache.ids.tolist() == sorted(owned)  # the most frequent owned rows the budget holds
+    tier = Tier(shard, budget_rows + 1, "cpu", "device", policy="static")
+    held = tier.warm(torch.tensor(hot, dtype=torch.int64))
+    owned = [h for h in hot if row_start <= h < row_start + rows][: budget_rows + 1]
+    cache = tier.rows
+    assert held == len(owned) and cache.ids[:held].tolist() == sorted(owned)  # the most frequent owned rows
     out_dtype = torch.bfloat16 if dtype == "fp8" else torch.float32  # a dequantisation, and a conversion
     batch = torch.tensor(ids).view(-1, 1)
     want = gather(shard.weight, shard.scale, batch, row_start, 100, out_dtype)
@@ -52,18 +53,24 @@ def test_cached_equals_uncached(
 
 def test_an_id_outside_the_table_still_raises() -> None:
     shard = random_shard(10, "fp8", 1)
-    cache = build_cache(shard, torch.tensor([3, 4]), 1 << 20, "cpu")
-    assert cache is not None
+    tier = Tier(shard, 4, "cpu", "device", policy="static")
+    tier.warm(torch.tensor([3, 4]))
+    cache = tier.rows
     with pytest.raises(EngramError, match=r"row id 10 is outside the table's 10 rows"):
         cached_gather(cache, GatherCall(shard.weight, shard.scale, torch.tensor([3, 10]), 0, 10, torch.bfloat16))
 
 
 def test_profile_errors(tmp_path: Path) -> None:
+    from engram.config import load_config
+    from engram.runtime.engine import keep_hot
+    from engram.runtime.table import Table
+
     shard = random_shard(10, "fp8", 1)
+    config = load_config({"cpu_offload": True, "device_cache_bytes": 1 << 20}, env={})
     with pytest.raises(EngramError, match="the profile has no hot rows for t"):
-        caches_for([shard], {}, 1 << 20, "cpu")
+        keep_hot([Table(shard, 10)], config, {}, torch.device("cpu"))
     with pytest.raises(EngramError, match="lists a row twice"):
-        build_cache(shard, torch.tensor([3, 3]), 1 << 20, "cpu")
+        Tier(shard, 4, "cpu", "device").warm(torch.tensor([3, 3]))
     missing = tmp_path / "missing.safetensors"
     with pytest.raises(EngramError) as raised:
         read_profile(missing)
@@ -106,6 +113,10 @@ def test_tables_with_a_device_cache_from_engram_profile(
         )
         assert sum(rows for _, _, rows in report["stats"]) == report["cached_rows"]
         assert report["counted_hits"] == report["hits"]  # the device cache's own counters, exactly
+        # online from no profile: bit-equal across refreshes; the device counters saw every id the host did
+        assert report["online_match"] is True
+        for policy, refreshes, hits, lookups, ids in report["online"]:
+            assert policy == "online" and refreshes >= 1 and 0 < hits < lookups == ids
 
 
 def test_a_profile_rewritten_after_it_was_read_changes_nothing(tmp_path: Path) -> None:

@@ -141,12 +141,14 @@ def test_every_placement_format_and_row_range_reads_the_checkpoints_rows(
             ), case  # fmt: skip
             assert (stats.lookups, stats.ids) == (6, 6 * ids.numel()), case
             hot = torch.arange(TABLE_ROWS - 1, -1, -3)  # every third row, from the last: some owned, some not
-            cached = table.cache_rows(hot, 10 * table.shard.format.row_bytes, "cpu")
-            assert cached == 10 and table.stats().cached_rows == 10, case
+            cached = table.keep_hot(10 * (table.shard.format.row_bytes + 16), "cpu", policy="static", hot=hot)
+            tier = table.stats().tier
+            assert cached == 10 and tier is not None and tier.rows == 10, case
             assert_equal(lookups(table, ids), want, f"{case}, cached")
-            assert table.cache is not None
-            stats, hits = table.stats(), int(torch.isin(ids, table.cache.ids).sum())
-            assert hits > 0 and (stats.cache_hits, stats.cache_misses) == (6 * hits, 6 * (ids.numel() - hits)), case
+            assert table.tier is not None
+            tier, hits = table.stats().tier, int(torch.isin(ids, table.tier.rows.ids).sum())
+            assert tier is not None and hits > 0, case
+            assert (tier.hits, tier.misses, tier.lookups) == (6 * hits, 6 * (ids.numel() - hits), 6 * ids.numel()), case
             table.release()
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -48,16 +49,16 @@ PINNED = ("host", "hugepages", "file")  # cpu_offload: vLLM's pinned-host table 
 
 
 def device_cache(spec: ModelSpec, path: Path, rows_cached: int) -> dict[str, object]:
-    """engram settings for a device cache from a profile of every row of every table, in a seeded order,
-    with room for `rows_cached` rows per table."""
+    """engram settings for a static device cache from a profile of every row of every table, in a seeded
+    order, with room for `rows_cached` rows per table (each with its id and slot)."""
     generator = torch.Generator().manual_seed(11)
     hot = {
         f"{name}.hot_rows": torch.randperm(rows, generator=generator)
         for name, rows in zip(spec.table_names(), spec.layout.table_rows, strict=True)
     }
     save_file(hot, str(path))
-    budget = rows_cached * ShardFormat(1, spec.head_dim, spec.dtype).row_bytes * len(hot)
-    return {"device_cache_bytes": budget, "device_cache_profile": str(path)}
+    budget = rows_cached * (ShardFormat(1, spec.head_dim, spec.dtype).row_bytes + 16) * len(hot)
+    return {"device_cache_bytes": budget, "device_cache_profile": str(path), "cache_admission": "static"}
 
 
 def assert_partly_cached(table: dict[str, object], rows: int) -> None:
@@ -243,3 +244,48 @@ def test_vllm_serve_refuses_a_bad_section_before_any_worker_starts(
     else:
         assert error in output.splitlines()[-2], output[-3000:]
         assert later not in output and "EngineCore" not in output, output[-3000:]
+
+
+def metric_values(text: str, name: str) -> dict[str, float]:
+    """Each table's value of the metric `name` in Prometheus text (the `table` label's value)."""
+    found = {}
+    for line in text.splitlines():
+        match = re.fullmatch(rf"{re.escape(name)}\{{(.*)\}} (\S+)", line)
+        if match:
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1)))
+            found[labels["table"]] = float(match.group(2))
+    return found
+
+
+def test_the_plugins_online_tier_learns_and_its_counters_reach_vllms_metrics(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """device_cache_bytes with no profile inside vLLM: the tier fills from the traffic (a refresh within
+    the repeated lookups), every lookup's rows equal vLLM's own table's, and vLLM's /metrics registry (in
+    its multi-process mode, PROMETHEUS_MULTIPROC_DIR) serves engram's counters under vLLM-style names
+    with the tier's exact values: hits + misses = lookups."""
+    write_checkpoint(DS, tmp_path, seed=9)
+    metrics_dir = tmp_path / "prometheus"
+    metrics_dir.mkdir()
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(metrics_dir))
+    hf = hf_config(DS, "fp8", 0)["text_config"]
+    tokens = torch.randint(0, DS.vocab, (4096,), generator=torch.Generator().manual_seed(3))
+    ids = DS.hasher().hash(tokens)
+    case = {"path": str(tmp_path), "hf": hf, "ids": ids.transpose(0, 1).tolist(), "repeat": 10}
+    [answer] = ask_vllm("plugin_tier", [case])
+    assert "error" not in answer, answer
+    text = answer["metrics"]
+    for theirs, ours in zip(answer["vllm"], answer["tiered"], strict=True):
+        assert ours["digests"] == theirs["digests"]  # every lookup, before and after the refresh
+        tier, name = ours["stats"]["tier"], ours["stats"]["name"]
+        assert tier["policy"] == "online" and tier["refreshes"] >= 1 and tier["rows"] > 0
+        assert tier["hits"] > 0 and tier["hits"] + tier["misses"] == tier["lookups"] == ours["stats"]["ids"]
+        for metric, key in (
+            ("hits", "hits"),
+            ("misses", "misses"),
+            ("lookups", "lookups"),
+            ("admissions", "admissions"),
+        ):
+            assert metric_values(text, f"vllm:engram_tier_{metric}_total")[name] == tier[key], metric
+        assert metric_values(text, "vllm:engram_lookups_total")[name] == ours["stats"]["ids"]
+        assert metric_values(text, "vllm:engram_tier_rows")[name] == tier["rows"]

@@ -487,10 +487,10 @@ def plugin_qwen_case(case: dict) -> dict:
                     else:
                         rows = module(torch.empty(40, 1), input_ids, query_start_loc, ngram_context)
                     ours = engram_table(table)
-                    cache = None if ours is None else ours.cache
+                    tier = None if ours is None else ours.tier
                     out[str(layer_id)] = {
-                        "cached_rows": 0 if cache is None else cache.ids.numel(),
-                        "hits": 0 if cache is None else int(torch.isin(ids, cache.ids).sum()),
+                        "cached_rows": 0 if tier is None else tier.admission.used,
+                        "hits": 0 if tier is None else int(torch.isin(ids, tier.admission.keys).sum()),
                         "class": type(table).__name__,
                         "rows": rows.contiguous().cpu().view(torch.uint8).flatten().tolist(),
                         "engram_storage": ours is not None and ours.stats().placement != "file",
@@ -597,11 +597,11 @@ def plugin_deepseek_case(case: dict) -> dict:
                     packed = torch.zeros(ids.shape[0], width, dtype=torch.uint8)
                     table.lookup(ids, packed)
                     ours = engram_table(table)
-                    cache = None if ours is None else ours.cache
+                    tier = None if ours is None else ours.tier
                     out.append(
                         {
-                            "cached_rows": 0 if cache is None else cache.ids.numel(),
-                            "hits": 0 if cache is None else int(torch.isin(ids, cache.ids).sum()),
+                            "cached_rows": 0 if tier is None else tier.admission.used,
+                            "hits": 0 if tier is None else int(torch.isin(ids, tier.admission.keys).sum()),
                             "class": type(table).__name__,
                             "engram_storage": ours is not None and ours.stats().placement != "file",
                             "rows": rows.cpu().view(torch.int16).flatten().tolist(),
@@ -712,6 +712,60 @@ def plugin_collision_case(case: dict) -> dict:
     }
 
 
+def plugin_tier_case(case: dict) -> dict:
+    """DeepSeek tables with engram's online device tier and no profile (cpu_offload), each layer looked
+    up case["repeat"] times on the same ids: a digest of the rows of every lookup, against vLLM's own
+    table's; the tier's stats once published; and what vLLM's /metrics registry serves, which with
+    PROMETHEUS_MULTIPROC_DIR (set by the caller) reads the files the counters were written to."""
+    import dataclasses
+    import hashlib
+
+    import vllm.models.deepseek_v41.common.engram as engram
+    from prometheus_client import generate_latest
+    from safetensors.torch import load_file
+    from vllm.plugins import DEFAULT_PLUGINS_GROUP, load_plugins_by_group
+    from vllm.transformers_utils.configs.deepseek_v41 import DeepseekV41Config
+    from vllm.v1.metrics.prometheus import get_prometheus_registry
+
+    layout = engram.EngramLayout(DeepseekV41Config(text_config=case["hf"]))
+    weights = load_file(f"{case['path']}/model.safetensors")
+
+    def build(additional: dict, cpu_offload: bool) -> list[dict]:
+        current = deepseek_config(case["path"], additional, cpu_offload)
+        out = []
+        with deepseek_state(current, 1, 0), torch.device(DEVICE):
+            for index, layer_id in enumerate(layout.layer_ids):
+                table = engram.Engram._create_embedding(None, layout, index)
+                name = f"layers.{layer_id}.engram.embed"
+                table.weight.weight_loader(table.weight, weights[f"{name}.weight"])
+                table.weight_scale_inv.weight_loader(table.weight_scale_inv, weights[f"{name}.scale"])
+                ids = torch.tensor(case["ids"][index])
+                digests = []
+                for _ in range(case["repeat"]):
+                    rows = torch.zeros(ids.shape[0], table.part_n_hash_cols, table.dim, dtype=torch.bfloat16)
+                    table.lookup(ids, rows)
+                    digests.append(hashlib.sha256(rows.cpu().view(torch.uint8).numpy().tobytes()).hexdigest())
+                ours = engram_table(table)
+                stats = None
+                if ours is not None:
+                    from engram.integrations.vllm.metrics import METRICS
+
+                    METRICS.publish(name, ours)  # what a refresh publishes, now, for the comparison
+                    stats = dataclasses.asdict(ours.stats())
+                out.append({"digests": digests, "stats": stats})
+        return out
+
+    try:
+        answer: dict = {"vllm": build({}, False)}
+        for func in load_plugins_by_group(DEFAULT_PLUGINS_GROUP).values():
+            func()
+        answer["tiered"] = build({"engram": {"device_cache_bytes": 8 << 20}}, True)
+        answer["metrics"] = generate_latest(get_prometheus_registry()).decode()
+        return answer
+    except Exception as exc:  # the message is the answer
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
 KINDS = {
     "config": config_case,
     "qwen_ids": qwen_ids_case,
@@ -725,6 +779,7 @@ KINDS = {
     "plugin_deepseek": plugin_deepseek_case,
     "plugin_file_budget": plugin_file_budget_case,
     "plugin_collision": plugin_collision_case,
+    "plugin_tier": plugin_tier_case,
 }
 
 

@@ -14,6 +14,7 @@ from engram.config import EngramConfig
 from engram.errors import EngramError
 from engram.integrations.vllm import files
 from engram.integrations.vllm.cache import keep_hot
+from engram.integrations.vllm.metrics import METRICS
 from engram.integrations.vllm.settings import engram_config, open_vllm_table, placement
 from engram.runtime.table import PACKED, ShardFormat, Table, shared_group
 
@@ -28,12 +29,15 @@ class EngramParallelEmbedding(vllm_engram.ParallelEngramEmbedding):
     reads the mapping over UVA, except where engram's table must: a device cache, or a file the GPU cannot
     read (its rows gathered by host threads, one copy to the GPU)."""
 
-    def __init__(self, *args: Any, engram: EngramConfig, table: str, checkpoint: str | None, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, engram: EngramConfig, table: str, checkpoint: str | None, tables: int, **kwargs: Any
+    ) -> None:
         self._engram = engram
+        self._tables = tables  # the model's Engram tables, over which a tier's budget is split
         self._table_name = table  # the checkpoint's name for it: layers.{id}.engram.embed
         self._checkpoint = checkpoint
         self.engram_table: Table | None = None
-        self._cache_built = False  # device_cache_bytes: built on the first lookup (weights loaded)
+        self._cache_built = False  # a tier of hot rows: built on the first lookup (weights loaded)
         super().__init__(*args, **kwargs)
         if self.engram_table is not None:
             self.weight.weight_loader = self.engram_table.weight_loader("weight")
@@ -62,7 +66,7 @@ class EngramParallelEmbedding(vllm_engram.ParallelEngramEmbedding):
         dim] or packed bytes (values, then scales, per head); heads past the last and rows of other ranks
         read zeros."""
         table = self._hot_table()
-        if table is None or not indices.shape[0] or (indices.is_cuda and table.cache is None and not table.staged):
+        if table is None or not indices.shape[0] or (indices.is_cuda and table.tier is None and not table.staged):
             super().lookup(indices, out, background)
             return
         tokens, heads = indices.shape[0], self.part_n_hash_cols
@@ -74,12 +78,13 @@ class EngramParallelEmbedding(vllm_engram.ParallelEngramEmbedding):
             out[:, : rows.shape[1] * rows.shape[2]].copy_(rows.reshape(tokens, -1))
         else:
             out.view(tokens, heads, self.dim).copy_(table.lookup(ids, output=torch.bfloat16))
+        METRICS.observe(self._table_name, table, indices.device)
 
     def _hot_table(self) -> Table | None:
-        """The engram table, its device cache (device_cache_bytes) built on the first lookup."""
+        """The engram table, its tier of hot rows (device_cache_bytes, ram_cache_bytes) built on the first lookup."""
         table = self.engram_table
         if table is not None and not self._cache_built and self.cpu_offload:
-            keep_hot(self._engram, self._table_name, table)
+            keep_hot(self._engram, self._table_name, table, self._tables)
         self._cache_built = True
         return table
 
@@ -104,6 +109,7 @@ def create_embedding(self: Any, layout: Any, layer_hash_index: int) -> Any:
         engram=config,
         table=f"layers.{layout.layer_ids[layer_hash_index]}.engram.embed",
         checkpoint=checkpoint,
+        tables=len(layout.layer_ids),
     )
 
 

@@ -22,6 +22,7 @@ from engram.config import EngramConfig
 from engram.errors import EngramError
 from engram.integrations.vllm import files
 from engram.integrations.vllm.cache import keep_hot
+from engram.integrations.vllm.metrics import METRICS
 from engram.integrations.vllm.settings import engram_config, open_vllm_table, placement
 from engram.runtime.table import Part, ShardFormat, Table
 
@@ -47,6 +48,7 @@ class EngramStorage:
     _engram: EngramConfig | None
     engram_table: Table | None
     _cache_built: bool
+    _tables: int  # the model's PLE tables, over which a tier's budget is split
     _cacheable = False  # device_cache_bytes serves host tables only
     # vLLM's, set by its constructor (declared here only, for the type checker)
     shard_indices: Any
@@ -109,13 +111,18 @@ class EngramStorage:
         table = self.engram_table
         assert table is not None
         if not self._cache_built and self._cacheable:
-            keep_hot(self._engram, self.prefix, table)
+            keep_hot(self._engram, self.prefix, table, self._tables)
         self._cache_built = True
-        return table.lookup(ids, output=self.embedding_method.lookup_dtype(self))
+        rows = table.lookup(ids, output=self.embedding_method.lookup_dtype(self))
+        METRICS.observe(self.prefix, table, ids.device)
+        return rows
 
 
 def _init_engram(module: Any) -> None:
-    module._engram = engram_config(get_current_vllm_config())
+    vllm_config = get_current_vllm_config()
+    module._engram = engram_config(vllm_config)
+    text_config = getattr(getattr(vllm_config, "model_config", None), "hf_text_config", None)
+    module._tables = len(getattr(text_config, "ple_layer_ids", None) or [1])  # the tier budget's share
     module.engram_table = None
     module._cache_built = False
 

@@ -56,7 +56,7 @@ def engram_config(vllm_config: Any) -> EngramConfig | None:
         raise EngramError(
             f"engram setting 'shard_layout': inside vLLM its own layout decides which rank holds which rows; {config.shard_layout!r} cannot be honoured there, leave it at 'vllm'"
         )
-    if config.device_cache_bytes:
+    if config.device_cache_bytes or config.ram_cache_bytes:
         from engram.integrations.vllm.cache import profile
 
         profile(config)  # read now: a missing or unreadable profile is an error before anything is allocated

@@ -185,3 +185,16 @@ def drop_file_cache(
         return False
     finally:
         os.close(fd)
+
+
+def storage_read_bytes() -> int:
+    """Bytes this process (all its threads) has had read from storage so far: /proc/self/io's read_bytes,
+    which counts page-cache misses and read-ahead alike, and no read the page cache served."""
+    try:
+        with open("/proc/self/io", "rb") as f:
+            for line in f.read().splitlines():
+                if line.startswith(b"read_bytes:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0

@@ -23,7 +23,6 @@ from engram.memory.registration import HOST_REGISTER_MAPPED, HOST_REGISTER_PORTA
 from engram.ngram.spec import ModelSpec
 from engram.ops import DEAD_ID, cpu, gather
 from engram.ops.formats import FORMATS
-from engram.runtime.cache import caches_for
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.checkpoints.writer import write_checkpoint
 from engram.runtime.embedding import EngramEmbedding
@@ -33,6 +32,7 @@ from engram.runtime.placement.residency import drop_file_cache
 from engram.runtime.placement.storage import ShardFormat, TableShard
 from engram.runtime.plan import TableShardPlan, table_shards
 from engram.runtime.tables import open_tables
+from engram.runtime.tier import Tier
 from tests.memory.test_registration import FakeRuntime
 from tests.runtime import workers
 from tests.runtime.conftest import SMALL, checkpoint_digests
@@ -174,8 +174,8 @@ CHILD = textwrap.dedent(
         print(int(shards[-1].weight[-1].view(torch.uint8).sum()))
     try:
         if how == "cache":  # a device cache chosen from a profile reads its hot rows from the file
-            from engram.runtime.cache import build_cache
-            build_cache(shards[-1], ids[:, 0].contiguous(), 1 << 20, "cpu")
+            from engram.runtime.tier import Tier
+            Tier(shards[-1], 4096, "cpu", "ram").warm(ids[:, 0].contiguous())
         else:
             layer(ids)
     except EngramError as exc:
@@ -291,10 +291,12 @@ def test_device_cache_rows_of_a_file_backed_table_are_read_guarded(small_checkpo
     plans = table_shards(SMALL, 0, 1)
     mapped = open_tables(SMALL, Checkpoint(small_checkpoint), "file", plans=plans, progress=False)
     loaded = open_tables(SMALL, Checkpoint(small_checkpoint), "host", plans=plans, progress=False)
-    hot = {s.name: torch.tensor([5, 1, plans[i].table_rows - 1, 40]) for i, s in enumerate(mapped)}
-    for a, b in zip(
-        caches_for(mapped, hot, 1 << 20, "cpu").values(), caches_for(loaded, hot, 1 << 20, "cpu").values(), strict=True
-    ):
+    tiers = []
+    for shards in (mapped, loaded):
+        tiers.append([Tier(s, 8, "cpu", "ram") for s in shards])
+        for i, tier in enumerate(tiers[-1]):
+            assert tier.warm(torch.tensor([5, 1, plans[i].table_rows - 1, 40])) == 4
+    for a, b in zip((t.rows for t in tiers[0]), (t.rows for t in tiers[1]), strict=True):
         assert torch.equal(a.ids, b.ids)
         assert torch.equal(a.weight.view(torch.uint8), b.weight.view(torch.uint8))
         assert a.scale is not None and b.scale is not None

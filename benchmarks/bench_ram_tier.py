@@ -1,0 +1,219 @@
+"""A file-backed table four times larger than a memory limit, served to real-text decode and prefill
+lookups: engram's RAM tier (ram_cache_bytes, rows chosen online, misses read through the sorted,
+coalesced read-ahead under file_cache_bytes) against the kernel's own page-cache LRU (the same file-backed
+table with neither), side by side in one run, each in a fresh cgroup v1 memory group of the same limit.
+
+The table is layer 0's of a V4.1-shaped model (fp8 rows, 256 B + 8 B of scales) of --table-gb in a
+safetensors file on this machine's disk (ENGRAM_BENCH_DIR, default /var/tmp). The memory limit is the
+process's own need (measured first, with no limit) plus a quarter of the table. The stream is the
+corpus's held-out text, hashed with the real hasher, in decode steps (256 tokens x 24 heads) and every
+--prefill-every steps a prefill chunk (8,192 tokens). Measured per step after a warm-up: the bytes the
+process read from storage (/proc/self/io), and the decode step's time against a model of it: its pages
+read at the disk's random-read rate (measured here first: a dropped page cache, uniform rows, engram's
+own read path) plus the warm gather of the same ids. Rows are bit-equal across the runs (a digest of
+every lookup's output).
+
+Targets: disk pages read per step at most 0.67x the page-cache LRU's; decode step time within 1.2x of
+the model. Run as root on a machine with a writable cgroup v1 memory controller.
+Run: python benchmarks/bench_ram_tier.py [--table-gb N] [--steps N] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import torch
+from _scratch import scratch_dir
+from _timing import print_table
+from bench_cold_rows import drop_cache, write_table
+
+from engram.apps.corpus import load_corpus
+from engram.apps.presets import scaled_preset
+from engram.memory.mapping import PAGE
+from engram.runtime.checkpoints.loader import Checkpoint
+from engram.runtime.placement.residency import ResidentBudget, drop_file_cache, storage_read_bytes
+from engram.runtime.placement.storage import ShardFormat
+from engram.runtime.table import open_table
+
+CGROUP = Path("/sys/fs/cgroup/memory")
+DECODE, PREFILL, COLUMNS = 256, 8192, 24
+
+
+def stream(spec_bytes: int, steps: int, prefill_every: int) -> tuple[str, list[torch.Tensor]]:
+    """The table's name and the ids of each step, in order: decode steps with a prefill chunk every
+    `prefill_every` steps, over the held-out corpus, hashed as one stream."""
+    spec = scaled_preset("deepseek-v4.1-flash", spec_bytes)
+    sizes = [PREFILL if prefill_every and i % prefill_every == 0 else DECODE for i in range(steps)]
+    tokens = load_corpus().held_out[: sum(sizes)]
+    rows = spec.hasher().hash(spec.compress(tokens))[:, 0]  # layer 0's columns
+    return spec.table_names()[0], list(torch.split(rows, sizes))
+
+
+def child(args: argparse.Namespace) -> None:
+    """One run inside the cgroup (argv: the directory, the policy, the tier's and page cache's bytes)."""
+    with open(CGROUP / args.group / "cgroup.procs", "w") as f:
+        f.write(str(os.getpid()))
+    spec_bytes = int(2 * args.table_gb * 2**30)
+    name, steps = stream(spec_bytes, args.steps, args.prefill_every)
+    checkpoint = Checkpoint(args.child)
+    rows = checkpoint.files[f"{name}.weight"].entries[f"{name}.weight"].shape[0]
+    budget = ResidentBudget(args.file_cache) if args.file_cache else None
+    table = open_table(name, ShardFormat(rows, 256, "fp8"), "file", checkpoint=checkpoint, budget=budget)
+    if args.ram_tier:
+        table.keep_hot(args.ram_tier, "cpu", "ram")
+    digest = hashlib.sha256()
+    per_step = []
+    for i, ids in enumerate(steps):
+        timed = ids.shape[0] == DECODE and i >= args.warmup and i % 8 == 1
+        if args.warm:  # no limit: the timed steps' lookups with every page resident (the second of two)
+            if timed:
+                table.lookup(ids)
+                start = time.perf_counter()
+                table.lookup(ids)
+                per_step.append({"step": i, "seconds": time.perf_counter() - start})
+            continue
+        before, start = storage_read_bytes(), time.perf_counter()
+        out = table.lookup(ids)
+        elapsed = time.perf_counter() - start
+        read = storage_read_bytes() - before
+        digest.update(out.view(torch.uint8).numpy().tobytes())
+        per_step.append({"step": i, "tokens": ids.shape[0], "read": read, "seconds": elapsed, "timed": timed})
+    stats = table.stats()
+    tier = None if stats.tier is None else dataclasses.asdict(stats.tier)
+    print(json.dumps({"steps": per_step, "digest": digest.hexdigest(), "tier": tier}))
+
+
+def run_child(
+    args: argparse.Namespace, directory: Path, limit: int, ram_tier: int, file_cache: int, *, warm: bool = False
+) -> dict:
+    drop_file_cache(directory / "model.safetensors")  # pages are charged to whoever read them first
+    group = f"engram-bench-{uuid.uuid4().hex[:8]}"
+    (CGROUP / group).mkdir()
+    try:
+        (CGROUP / group / "memory.limit_in_bytes").write_text(str(limit))
+        command = [
+            sys.executable, __file__, "--child", str(directory), "--group", group, "--table-gb", str(args.table_gb),
+            "--steps", str(args.steps), "--prefill-every", str(args.prefill_every), "--warmup", str(args.warmup),
+            "--ram-tier", str(ram_tier), "--file-cache", str(file_cache), *(["--warm"] if warm else []),
+        ]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, timeout=3600, check=False)
+        if done.returncode != 0:
+            raise SystemExit(f"the run failed:\n{done.stderr[-3000:]}")
+        report = json.loads(done.stdout.splitlines()[-1])
+        report["peak"] = int((CGROUP / group / "memory.max_usage_in_bytes").read_text())
+        report["failcnt"] = int((CGROUP / group / "memory.failcnt").read_text())
+        return report
+    finally:
+        (CGROUP / group).rmdir()
+
+
+def random_read_rate(directory: Path, table_gb: float) -> float:
+    """Pages a second that the disk gives engram's read path for uniform rows from a dropped page cache."""
+    spec = scaled_preset("deepseek-v4.1-flash", int(2 * table_gb * 2**30))
+    name = spec.table_names()[0]
+    checkpoint = Checkpoint(directory)
+    rows = checkpoint.files[f"{name}.weight"].entries[f"{name}.weight"].shape[0]
+    table = open_table(name, ShardFormat(rows, 256, "fp8"), "file", checkpoint=checkpoint)
+    rates = []
+    for seed in range(3):
+        ids = torch.randint(0, rows, (DECODE, COLUMNS), generator=torch.Generator().manual_seed(seed))
+        drop_cache(directory / "model.safetensors", [(m.addr, m.length) for m in table.shard.files])
+        before, start = storage_read_bytes(), time.perf_counter()
+        table.lookup(ids)
+        rates.append((storage_read_bytes() - before) / PAGE / (time.perf_counter() - start))
+    table.release()
+    return statistics.median(rates)
+
+
+def summarise(report: dict, warm: dict, warmup: int, rate: float) -> dict:
+    steady = report["steps"][warmup:]
+    decode = [s for s in steady if s["tokens"] == DECODE]
+    warm_seconds = {s["step"]: s["seconds"] for s in warm["steps"]}
+    timed = [s for s in decode if s["timed"]]
+    model = [s["read"] / PAGE / rate + warm_seconds[s["step"]] for s in timed]
+    return {
+        "pages_per_step": sum(s["read"] for s in steady) / PAGE / len(steady),
+        "pages_per_decode_step": sum(s["read"] for s in decode) / PAGE / len(decode),
+        "decode_ms": statistics.median(s["seconds"] for s in timed) * 1e3,
+        "model_ms": statistics.median(model) * 1e3,
+        "time_over_model": sum(s["seconds"] for s in timed) / sum(model),
+        "peak_mib": report["peak"] / 2**20,
+        "failcnt": report["failcnt"],
+        "digest": report["digest"],
+        "tier": report["tier"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--table-gb", type=float, default=2.0)
+    parser.add_argument("--steps", type=int, default=1200)
+    parser.add_argument("--prefill-every", type=int, default=64)
+    parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--tier-share", type=float, default=0.5, help="of the memory for rows, the RAM tier's")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--group", help=argparse.SUPPRESS)
+    parser.add_argument("--ram-tier", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--file-cache", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--warm", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return
+    if not os.access(CGROUP, os.W_OK) or not (CGROUP / "memory.limit_in_bytes").exists():
+        raise SystemExit("needs a writable cgroup v1 memory controller (run as root)")
+    spec = scaled_preset("deepseek-v4.1-flash", int(2 * args.table_gb * 2**30))
+    name, rows = spec.table_names()[0], spec.layout.table_rows[0]
+    table_bytes = rows * ShardFormat(1, 256, "fp8").row_bytes
+    with scratch_dir() as tmp:
+        write_table(Path(tmp) / "model.safetensors", name, rows, 256)
+        rate = random_read_rate(Path(tmp), args.table_gb)
+        probe_args = argparse.Namespace(**{**vars(args), "steps": 2, "warmup": 0})
+        probe = run_child(probe_args, Path(tmp), 1 << 40, 0, 0)  # no limit: the process's own need
+        memory = table_bytes // 4
+        limit = probe["peak"] + memory
+        warm = run_child(args, Path(tmp), 1 << 40, 0, 0, warm=True)
+        lru = run_child(args, Path(tmp), limit, 0, 0)
+        tier = run_child(args, Path(tmp), limit, int(memory * args.tier_share), 0)
+    results = {"lru": summarise(lru, warm, args.warmup, rate), "tier": summarise(tier, warm, args.warmup, rate)}
+    results["setup"] = {
+        "table_bytes": table_bytes, "limit_bytes": limit, "process_bytes": probe["peak"], "memory_for_rows": memory,
+        "random_read_pages_per_s": rate,
+    }  # fmt: skip
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return
+    print(
+        f"file-backed fp8 table of {table_bytes / 2**30:.2f} GiB, cgroup limit {limit / 2**20:.0f} MiB (the process's "
+        f"{probe['peak'] / 2**20:.0f} MiB + {memory / 2**20:.0f} MiB: a quarter of the table); disk: {rate:,.0f} random "
+        f"page reads/s; {args.steps} steps after {args.warmup} of warm-up, a prefill chunk every {args.prefill_every}"
+    )
+    a, b = results["lru"], results["tier"]
+    print_table(
+        ["", "disk pages/step", "per decode step", "decode step", "model (misses at disk rate + warm)", "time/model",
+         "peak MiB", "failcnt"],
+        [
+            [label, f"{r['pages_per_step']:.1f}", f"{r['pages_per_decode_step']:.1f}", f"{r['decode_ms']:.2f} ms",
+             f"{r['model_ms']:.2f} ms", f"{r['time_over_model']:.2f}x", f"{r['peak_mib']:.0f}", str(r["failcnt"])]
+            for label, r in (("page-cache LRU", a), ("engram RAM tier", b))
+        ],
+    )  # fmt: skip
+    ratio = b["pages_per_step"] / a["pages_per_step"] if a["pages_per_step"] else float("nan")
+    print(f"disk pages per step, tier / LRU: {ratio:.2f}x (target <= 0.67x)")
+    print(f"decode step time / model: {b['time_over_model']:.2f}x (target <= 1.2x)")
+    print(f"rows bit-equal across the runs: {a['digest'] == b['digest']}")
+
+
+if __name__ == "__main__":
+    main()

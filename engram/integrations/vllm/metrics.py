@@ -1,0 +1,118 @@
+"""engram's table counters on vLLM's Prometheus endpoint, named in vLLM's style (`vllm:` and snake case;
+counters end in `_total` on the wire), labelled by table, tier and the worker's rank:
+
+    vllm:engram_lookups            ids looked up in the table
+    vllm:engram_tier_lookups       ids looked up while its tier of hot rows served (= hits + misses)
+    vllm:engram_tier_hits          of those, served from the tier
+    vllm:engram_tier_misses        of those, read from the table below it
+    vllm:engram_tier_admissions    rows copied into the tier
+    vllm:engram_tier_evictions     rows it let go
+    vllm:engram_tier_bytes_admitted, vllm:engram_tier_bytes_hit, vllm:engram_tier_bytes_missed
+    vllm:engram_disk_read_bytes    what a file-backed table's lookups read from storage
+    vllm:engram_tier_rows          rows held now (a gauge)
+
+The tables live in vLLM's worker processes and /metrics is served by its API server, so the counters
+reach it the way vLLM's own multi-process metrics do: prometheus_client's multiprocess mode, which vLLM
+turns on by itself with --api-server-count above 1 and anyone can with PROMETHEUS_MULTIPROC_DIR (set
+before `vllm serve`). Published after each refresh of a tier, when its device counters are read anyway
+(and every PUBLISH_EVERY lookups of a table without a tier), never inside a CUDA graph capture."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from engram.runtime.table import Table
+
+PUBLISH_EVERY = 64
+LABELS = ("table", "tier", "rank")
+COUNTERS = {
+    "engram_lookups": "Row ids looked up in engram's table.",
+    "engram_tier_lookups": "Row ids looked up while the table's tier of hot rows served (hits + misses).",
+    "engram_tier_hits": "Row ids served from the table's tier of hot rows.",
+    "engram_tier_misses": "Row ids the tier of hot rows did not hold, read from the table below it.",
+    "engram_tier_admissions": "Rows copied into the tier of hot rows.",
+    "engram_tier_evictions": "Rows the tier of hot rows let go.",
+    "engram_tier_bytes_admitted": "Bytes of rows copied into the tier of hot rows.",
+    "engram_tier_bytes_hit": "Bytes of rows read from the tier of hot rows.",
+    "engram_tier_bytes_missed": "Bytes of rows read from the table below the tier, for its misses.",
+    "engram_disk_read_bytes": "Bytes a file-backed table's lookups read from storage.",
+}
+
+
+def _figures(table: Table) -> dict[str, int]:
+    """The table's counters as the metric names have them (reading a tier's waits for its lookups)."""
+    stats = table.stats()
+    out = {"engram_lookups": stats.ids, "engram_disk_read_bytes": stats.disk_bytes_read}
+    if stats.tier is not None:
+        tier = stats.tier
+        out.update(
+            engram_tier_lookups=tier.lookups, engram_tier_hits=tier.hits, engram_tier_misses=tier.misses,
+            engram_tier_admissions=tier.admissions, engram_tier_evictions=tier.evictions,
+            engram_tier_bytes_admitted=tier.bytes_admitted, engram_tier_bytes_hit=tier.bytes_hit,
+            engram_tier_bytes_missed=tier.bytes_missed, engram_tier_rows=tier.rows,
+        )  # fmt: skip
+    return out
+
+
+@dataclass
+class Published:
+    """What a table's counters stood at when last published, and its refreshes and lookups then."""
+
+    figures: dict[str, int] = field(default_factory=dict)
+    refreshes: int = 0
+    lookups: int = 0
+
+
+class Metrics:
+    """The process's engram metrics (created on first use: prometheus_client allows each name once)."""
+
+    def __init__(self) -> None:
+        self._metrics: dict[str, Any] | None = None
+        self._published: dict[int, Published] = {}
+
+    def _made(self) -> dict[str, Any]:
+        if self._metrics is None:
+            from prometheus_client import Counter, Gauge
+
+            made: dict[str, Any] = {name: Counter(f"vllm:{name}", doc, LABELS) for name, doc in COUNTERS.items()}
+            made["engram_tier_rows"] = Gauge(
+                "vllm:engram_tier_rows", "Rows the tier of hot rows holds now.", LABELS, multiprocess_mode="livesum"
+            )
+            self._metrics = made
+        return self._metrics
+
+    def observe(self, name: str, table: Table, on: torch.device) -> None:
+        """After a lookup of `table` (vLLM's name for it, `name`): publish its counters when its tier has
+        refreshed since they were last published, or every PUBLISH_EVERY lookups without a tier."""
+        seen = self._published.setdefault(id(table), Published())
+        tier = table.tier
+        if tier is not None:
+            if tier.refreshes == seen.refreshes:
+                return
+        elif table.lookups - seen.lookups < PUBLISH_EVERY:
+            return
+        if on.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return
+        self.publish(name, table)
+
+    def publish(self, name: str, table: Table) -> None:
+        """Add what `table`'s counters gained since the last publish to the metrics."""
+        seen = self._published.setdefault(id(table), Published())
+        figures = _figures(table)
+        labels = (name, "none" if table.tier is None else table.tier.name, os.environ.get("RANK", "0"))
+        metrics = self._made()
+        for key, value in figures.items():
+            if key == "engram_tier_rows":
+                metrics[key].labels(*labels).set(value)
+            elif value > seen.figures.get(key, 0):
+                metrics[key].labels(*labels).inc(value - seen.figures.get(key, 0))
+        seen.figures = figures
+        seen.refreshes = 0 if table.tier is None else table.tier.refreshes
+        seen.lookups = table.lookups
+
+
+METRICS = Metrics()

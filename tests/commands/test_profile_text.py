@@ -1,0 +1,160 @@
+"""engram profile --text: a user's own text (plain and JSON Lines) replayed through the tiers. Token counts
+against the tokenizer's own encoding, lookups against the layout, static hits against a plain Python
+count of the hashed ids, and online hits against the runtime's own tier (Table.lookup) fed the same
+steps; bad input gets one line naming what to change."""
+
+from __future__ import annotations
+
+import json
+import os
+import sysconfig
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from engram.apps.presets import get_preset
+from engram.apps.replay import STEP_TOKENS
+from engram.cli import main
+from engram.ngram.vocab import deepseek_v4_tokenizer
+from engram.runtime.table import Table, read_profile
+from engram.runtime.tier import WINDOW_IDS, Tier
+from tests.runtime.conftest import random_shard
+
+TINY = get_preset("tiny")
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+
+
+@pytest.fixture(scope="module")
+def texts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Served: Python code as plain text, then prose as JSON Lines (prompt and text fields); fit: code."""
+    out = tmp_path_factory.mktemp("traffic")
+    code = "".join((STDLIB / name).read_text() for name in ("argparse.py", "typing.py"))
+    fit = (STDLIB / "inspect.py").read_text()
+    prose = [f"{p.strip()}\n" for p in (STDLIB / "this.py").read_text().split("\n") if p.strip()] * 3
+    prose += [doc for doc in (json.__doc__ or "", os.__doc__ or "", Path.__doc__ or "") if doc]
+    (out / "code.txt").write_text(code)
+    (out / "fit.py").write_text(fit)
+    lines = [json.dumps({"prompt": t} if i % 2 else {"text": t, "id": i}) for i, t in enumerate(prose)]
+    (out / "chat.jsonl").write_text("\n".join(lines) + "\n\n")
+    tokenizer = deepseek_v4_tokenizer()
+
+    def count(text: str) -> int:
+        return len(tokenizer.encode(text, add_special_tokens=False).ids)
+
+    return {"dir": out, "code": count(code), "prose": sum(count(t) for t in prose), "prose_texts": prose}
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
+    assert main(["profile", "--preset", "tiny", *args, "--json"]) == 0
+    report: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return report
+
+
+def hashed(tokens: torch.Tensor) -> list[torch.Tensor]:
+    rows = TINY.hasher().hash(TINY.compress(tokens))
+    return [rows[:, layer] for layer in range(rows.shape[1])]  # tiny: one table per layer
+
+
+def test_replay_of_plain_text_and_json_lines(capsys: pytest.CaptureFixture[str], texts: dict[str, Any]) -> None:
+    d = texts["dir"]
+    report = run_json(
+        capsys, "--text", str(d / "code.txt"), str(d / "chat.jsonl"), "--fit", str(d / "fit.py"),
+        "--cache-fraction", "0.05", "0.2", "--window-tokens", "4096",
+    )  # fmt: skip
+    assert report["files"] == [
+        {"path": str(d / "code.txt"), "tokens": texts["code"]},
+        {"path": str(d / "chat.jsonl"), "tokens": texts["prose"]},
+    ]
+    total = texts["code"] + texts["prose"]
+    assert [(r["policy"], r["cache_fraction"]) for r in report["results"]] == [
+        ("online", 0.05), ("static", 0.05), ("online", 0.2), ("static", 0.2)
+    ]  # fmt: skip
+    columns = TINY.layout.columns * len(TINY.layout.table_of_layer)
+    for result in report["results"]:
+        windows = result["windows"]
+        assert sum(w["tokens"] for w in windows) == total and all(w["tokens"] == 4096 for w in windows[:-1])
+        assert all(w["lookups"] == w["tokens"] * columns and 0 <= w["hits"] <= w["lookups"] for w in windows)
+    # the oracle: the same text tokenized and hashed here, counted in plain Python
+    tokenizer = deepseek_v4_tokenizer()
+    served = torch.tensor(
+        tokenizer.encode((d / "code.txt").read_text(), add_special_tokens=False).ids
+        + [i for t in texts["prose_texts"] for i in tokenizer.encode(t, add_special_tokens=False).ids]
+    )
+    fit = torch.tensor(tokenizer.encode((d / "fit.py").read_text(), add_special_tokens=False).ids)
+    for result in report["results"]:
+        hot_sets = []
+        for table, (stream, fitted) in enumerate(zip(hashed(served), hashed(fit), strict=True)):
+            rows = int(result["cache_fraction"] * TINY.layout.table_rows[table])
+            assert result["rows"][TINY.table_names()[table]] == rows
+            ranked = sorted(Counter(fitted.reshape(-1).tolist()).items(), key=lambda kv: (-kv[1], kv[0]))
+            hot_sets.append((stream, [r for r, _ in ranked[:rows]], [c for _, c in ranked[:rows]], rows))
+        hits = sum(w["hits"] for w in result["windows"])
+        if result["policy"] == "static":
+            assert hits == sum(int(torch.isin(s, torch.tensor(h)).sum()) for s, h, _, _ in hot_sets)
+            continue
+        served_hits = 0  # the runtime's own tier, fed the same steps and warmed from the same rows
+        for table, (stream, hot, counts, rows) in enumerate(hot_sets):
+            shard = random_shard(TINY.layout.table_rows[table], "fp8", table, dim=32)
+            runtime = Table(shard, shard.rows)
+            runtime.tier = Tier(shard, rows, "cpu", "device")
+            runtime.tier.warm(torch.tensor(hot), torch.tensor(counts))
+            for step in torch.split(stream, STEP_TOKENS):
+                runtime.lookup(step)
+            stats = runtime.tier.stats()
+            assert stats.refreshes >= 1 and stats.lookups == stream.numel() > WINDOW_IDS
+            served_hits += stats.hits
+        assert hits == served_hits
+
+
+def test_profile_text_output_plot_and_profile(
+    capsys: pytest.CaptureFixture[str], texts: dict[str, Any], tmp_path: Path
+) -> None:
+    d = texts["dir"]
+    plot, out = tmp_path / "curve.png", tmp_path / "hot.safetensors"
+    args = ["--text", str(d / "chat.jsonl"), "--cache-fraction", "0.1", "--plot", str(plot), "--out", str(out)]
+    assert main(["profile", "--preset", "tiny", *args, "--fit", str(d / "fit.py")]) == 0
+    printed = capsys.readouterr().out
+    assert f"tiny: {texts['prose']:,} tokens of 1 file(s) replayed in order" in printed
+    assert "online: " in printed and "static: " in printed
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    hot = read_profile(out)  # the fit text's hottest rows, as `engram profile --out` writes them
+    assert sorted(hot) == sorted(TINY.table_names())
+    assert all(hot[n].numel() == int(0.1 * r) for n, r in zip(TINY.table_names(), TINY.layout.table_rows, strict=True))
+    assert main(["profile", "--preset", "tiny", "--text", str(d / "chat.jsonl"), "--cache-fraction", "0.1"]) == 0
+    assert "static" not in capsys.readouterr().out  # no --fit: online only
+
+
+@pytest.mark.parametrize(
+    ("content", "args", "message"),
+    [
+        ('{"text": "a"}\n[1, 2]\n', ("--text", "{path}"), "{path}:2: not a JSON object; JSON Lines hold one object a line"),
+        ('{"text": "a"}\n{"body": "b"}\n', ("--text", "{path}"), "{path}:2: the object has no string field 'prompt' or 'text'"),
+        ("", ("--text", "{path}"), "--text: no tokens in {path}"),
+        ('{"text": "a"}\n', ("--text", "{path}", "--policy", "static"), "--policy static keeps the rows most frequent in the fit text: give it with --fit FILE"),
+        ('{"text": "a"}\n', ("--fit", "{path}"), "--fit and --policy replay your own text: give it with --text FILE"),
+    ],
+)  # fmt: skip
+def test_bad_traffic_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, content: str, args: tuple[str, ...], message: str
+) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text(content)
+    assert main(["profile", "--preset", "tiny", *(a.format(path=path) for a in args)]) == 2
+    assert capsys.readouterr().err == f"error: {message.format(path=path)}\n"
+
+
+def test_a_fifo_or_a_missing_file_is_named(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    fifo = tmp_path / "stream"
+    os.mkfifo(fifo)
+    assert main(["profile", "--preset", "tiny", "--text", str(fifo)]) == 2
+    assert capsys.readouterr().err == f"error: the text file {fifo} is a FIFO; it must be a regular file\n"
+    missing = tmp_path / "missing.txt"
+    assert main(["profile", "--preset", "tiny", "--text", str(missing)]) == 2
+    assert capsys.readouterr().err == f"error: the text file {missing} cannot be read: No such file or directory\n"
+    assert main(["profile", "--preset", "qwen4-exp-ple", "--text", str(missing)]) == 2
+    assert capsys.readouterr().err == (
+        "error: qwen4-exp-ple's tokenizer is not bundled: pass --tokenizer FILE (the model's tokenizer.json)\n"
+    )
