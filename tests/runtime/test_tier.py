@@ -204,7 +204,10 @@ def test_a_ram_tier_over_a_file_backed_table(small_checkpoint: Path) -> None:
     assert same_bits(table.lookup(held), plain.lookup(held))
     assert resident_bytes(mapped.files) == 0  # all hits: not a page of the file was read
     misses = torch.tensor([[r for r in range(plans[0].table_rows) if r not in set(held.flatten().tolist())][:8]])
+    read_before = table.stats().disk_bytes_read
     assert same_bits(table.lookup(misses), plain.lookup(misses)) and resident_bytes(mapped.files) > 0
+    read = table.stats().disk_bytes_read - read_before  # /proc/self/io, against the pages now resident
+    assert abs(read - resident_bytes(mapped.files)) <= 0.01 * resident_bytes(mapped.files), read
     rows_bytes = tier.rows.weight.numel() + (0 if tier.rows.scale is None else tier.rows.scale.numel())
     assert rows_bytes == 500 * mapped.format.row_bytes  # fp8 rows and ue8m0 scales: one byte each
     assert stats.bytes == rows_bytes + 500 * 16 + 4000 * 16 + 4 * 4 * 16384 == budget
