@@ -266,7 +266,7 @@ def cached_lookup(rank: int, world: int, checkpoint: str, profile: str) -> dict[
     online = EngramTables.build(
         spec, load_config({"device_cache_bytes": 8 << 20}, env={}), parallel, checkpoint, progress=False
     )
-    stream = spec.hasher().hash(spec.compress(load_corpus().held_out[:20_000]))
+    stream = spec.hasher().hash(spec.compress(load_corpus().held_out[:40_000]))
     report["online_match"] = all(
         torch.equal(g.view(torch.int16), w.view(torch.int16))
         for step in torch.split(stream, 1000)
