@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from codegen.standalone import validator_source
 from tests.codegen.schema_grammar import VALUES, schemas
 
-EXAMPLES = int(os.environ.get("ENGRAM_SCHEMA_EXAMPLES", "200"))
-INSTANCES = 4  # per schema: 200 examples are 800 schema/instance pairs in the normal run
+EXAMPLES = int(os.environ.get("ENGRAM_SCHEMA_EXAMPLES", "100"))
+INSTANCES = 4  # per schema: 100 examples are 400 schema/instance pairs in the normal run
 
 
 def compiled(schema: Any) -> Any:
