@@ -19,6 +19,8 @@ from engram.memory.host import read_host_limits
 from engram.memory.registration import CudaRuntime
 from engram.ops import cpu
 from engram.runtime.placement.hugepages import thp_mode
+from engram.runtime.placement.numa import gpu_nodes
+from engram.runtime.placement.sharing import holders, listing
 from engram.runtime.placement.shm import node_identity, shared_capacity_error, shm_dir
 from engram.runtime.plan import DeploymentPlan, plan_deployment
 
@@ -133,6 +135,30 @@ def _against_plan(
     return Check(name, "pass", detail) if needed <= available else Check(name, "fail", detail, fix)
 
 
+def check_node_copies(plan: DeploymentPlan | None) -> Check:
+    """The node copies (node_sharing) this user's processes hold on the node and who maps them, and which
+    copies the plan would hold."""
+    copies = {c["digest"]: c for c in listing()}
+    held = [
+        f"{c['describe']}, {_gib(int(c['size']))}, loaded by pid {c['loaded_by']}, mapped by pids "
+        + ", ".join(map(str, holders(str(digest))))
+        for digest, c in sorted(copies.items(), key=lambda item: str(item[1]["describe"]))
+    ]
+    detail = f"{len(held)} held now: " + "; ".join(held) if held else "none held now by this user's processes"
+    if plan is not None and plan.ranks[0].placement == "node":
+        shards = max((node["node_copies"] for node in per_node(plan)), default=0)
+        where = "the node"
+        if plan.config.node_sharing == "numa":
+            nodes = sorted({n for n in gpu_nodes() if n is not None})
+            where = (
+                f"each NUMA node holding GPUs ({', '.join(map(str, nodes))})"
+                if len(nodes) > 1
+                else "the node (one NUMA node with GPUs)"
+            )
+        detail += f"; the plan holds {shards} table shards, one copy each for {where}"
+    return Check("node copies", "pass", detail)
+
+
 def check_node() -> Check:
     try:
         ipc = os.readlink("/proc/self/ns/ipc")
@@ -244,6 +270,7 @@ def run_checks(plan: DeploymentPlan | None = None, given: bool | None = False) -
         check_memlock(),
         check_memory(plan),
         check_node(),
+        check_node_copies(plan),
         *check_cuda(),
         check_nvcc(),
         check_native(),

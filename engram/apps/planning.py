@@ -33,6 +33,7 @@ def per_rank(plan: DeploymentPlan) -> list[dict[str, int]]:
                 "device_bytes": size if rank.placement == "device" else cache,
                 "pinned_host_bytes": size if rank.placement in ("pinned", "hugepages", "host") else 0,
                 "shm_bytes": size if rank.placement == "shm" else 0,
+                "node_copy_bytes": size if rank.placement == "node" else 0,  # mapped, loaded once per node
                 "file_bytes": size if rank.placement == "file" else 0,  # mapped from the checkpoint
             }
         )
@@ -42,19 +43,28 @@ def per_rank(plan: DeploymentPlan) -> list[dict[str, int]]:
 def per_node(plan: DeploymentPlan) -> list[dict[str, int]]:
     """Host bytes per node: private tables add up per rank; a shared table counts once per node and TP
     shard, and that is also the /dev/shm the node needs; a file-backed shard counts once per node however
-    many processes map it (the page cache's pages), and nothing is copied at start-up."""
+    many processes map it (the page cache's pages), and nothing is copied at start-up; a node copy
+    (node_sharing) counts once per node and shard, whatever engines map it (with "numa", once per NUMA
+    node holding GPUs: the plan does not know the machine's)."""
     nodes: dict[int, dict[str, int]] = {}
     seen_shm: set[Sequence[int]] = set()  # ranges: hashable, and equal when their members are
-    seen_file: set[tuple[int, str, int, int]] = set()
+    seen: set[tuple[str, int, str, int, int]] = set()
+    empty = {"host_bytes": 0, "shm_bytes": 0, "device_bytes": 0, "page_cache_bytes": 0, "node_copies": 0}
     for rank, row in zip(plan.ranks, per_rank(plan), strict=True):
-        empty = {"node": rank.node, "host_bytes": 0, "shm_bytes": 0, "device_bytes": 0, "page_cache_bytes": 0}
-        node = nodes.setdefault(rank.node, empty)
+        node = nodes.setdefault(rank.node, {"node": rank.node, **empty})
         node["host_bytes"] += row["pinned_host_bytes"]
-        for shard in rank.tables if row["file_bytes"] else ():
-            key = (rank.node, shard.table, shard.row_start, shard.rows)
-            if key not in seen_file:
-                seen_file.add(key)
-                node["page_cache_bytes"] += ShardFormat(shard.rows, plan.spec.head_dim, plan.spec.dtype).nbytes
+        kind = "page_cache_bytes" if row["file_bytes"] else "node_copies" if row["node_copy_bytes"] else None
+        for shard in rank.tables if kind else ():
+            key = (kind or "", rank.node, shard.table, shard.row_start, shard.rows)
+            if key in seen:
+                continue
+            seen.add(key)
+            nbytes = ShardFormat(shard.rows, plan.spec.head_dim, plan.spec.dtype).nbytes
+            if kind == "page_cache_bytes":
+                node["page_cache_bytes"] += nbytes
+            else:  # a copy in RAM, loaded by the first engine and mapped by the others
+                node["node_copies"] += 1
+                node["host_bytes"] += nbytes
         node["device_bytes"] += row["device_bytes"]
         if rank.shm_group is not None and rank.shm_group not in seen_shm:
             seen_shm.add(rank.shm_group)

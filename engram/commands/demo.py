@@ -33,6 +33,18 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(run=run)
 
 
+def node_copies(tables: dict[str, list[dict[str, Any]]]) -> str:
+    """Which rank loaded each node copy and which attached it, from each rank's EngramTables.stats()."""
+    said = []
+    for rank, stats in sorted(tables.items(), key=lambda item: int(item[0])):
+        loaded = sum(s["origin"] == "loaded" for s in stats)
+        attached = sorted({s["loaded_by"] for s in stats if s["origin"] == "attached"})
+        parts = [f"loaded {loaded}"] if loaded else []
+        parts += [f"attached {len(stats) - loaded} (loaded by pid {', '.join(map(str, attached))})"] if attached else []
+        said.append(f"rank {rank} {' and '.join(parts)}")
+    return "; ".join(said)
+
+
 def run(args: argparse.Namespace) -> int:
     spec = get_preset(args.preset)
     document = {
@@ -67,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
         )
     else:
         print(f"  load        {report['load_seconds']:.2f} s, {report['load_bytes_per_second'] / 1e9:.2f} GB/s")
+    if report["placement"] == "node":
+        print(f"  node copies {node_copies(report['tables'])}")
     print(f"  first step  lookups done {report['first_lookup_seconds']:.3f} s after start")
     print(
         f"  lookups     {report['lookups_per_second'] / 1e6:.2f} M rows/s over {report['data_parallel_size']} replicas ({', '.join(map(str, report['tokens']))} tokens: {report['token_source']})"

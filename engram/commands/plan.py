@@ -71,10 +71,10 @@ def run(args: argparse.Namespace) -> int:
         print(resolution)
     if plan.sharing_note:
         print(plan.sharing_note)
-    print("per rank:           device bytes     pinned host bytes     shm (mapped) bytes")
+    print("per rank:           device bytes     pinned host bytes  shared (mapped) bytes")
     for row in report["per_rank"]:
         print(
-            f"  rank {row['rank']:>3} (tp {row['tp_rank']}, dp {row['dp_rank']}, node {row['node']}): {row['device_bytes']:>16,} {row['pinned_host_bytes']:>20,} {row['shm_bytes']:>20,}"
+            f"  rank {row['rank']:>3} (tp {row['tp_rank']}, dp {row['dp_rank']}, node {row['node']}): {row['device_bytes']:>16,} {row['pinned_host_bytes']:>20,} {row['shm_bytes'] + row['node_copy_bytes']:>20,}"
         )
     print("per node:")
     for node in report["per_node"]:
@@ -85,6 +85,13 @@ def run(args: argparse.Namespace) -> int:
             print(
                 f"    file-backed: {node['page_cache_bytes']:,} bytes of checkpoint pages, once for every process "
                 "on the node, in the page cache (may exceed RAM); nothing is copied at start-up"
+            )
+        if node["node_copies"]:
+            where = "each NUMA node holding GPUs" if plan.config.node_sharing == "numa" else "the node"
+            print(
+                f"    node_sharing: {node['node_copies']} table shards in host memory, one copy each for {where}, "
+                "loaded by the first engine process of this user that needs it and mapped by every other "
+                "(of this deployment or another); `engram doctor` lists the copies a node holds and who maps them"
             )
     if report["copying_instead"]:
         others = ", ".join(f"{name} {size:,} bytes" for name, size in report["copying_instead"].items())

@@ -169,3 +169,11 @@ def map_shared_file(fd: int, size: int, path: str) -> Mapping:
     length = round_up(max(size, 1), file_granule(fd))
     addr = _mmap(length, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd)
     return Mapping(addr, size, length, "shm", path=path)
+
+
+def map_sealed_file(fd: int, size: int, path: str) -> Mapping:
+    """A sealed memfd (F_SEAL_WRITE) shared read-only: one copy of its pages for every process mapping it."""
+    length = round_up(max(size, 1), PAGE)
+    addr = _mmap(length, mmap.PROT_READ, mmap.MAP_SHARED, fd)
+    madvise(addr, length, MADV_DONTDUMP)
+    return Mapping(addr, size, length, "node", path=path)

@@ -161,8 +161,9 @@ class EngramTables:
         groups = create_groups(plan, rank)
         checkpoint = checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint(checkpoint)
         shards = open_tables(
-            spec, checkpoint, mine.placement, plans=mine.tables, group=groups.shm, runtime=runtime, progress=progress
-        )
+            spec, checkpoint, mine.placement, plans=mine.tables, group=groups.shm, runtime=runtime, progress=progress,
+            sharing=config.node_sharing, device=device,
+        )  # fmt: skip
         budget = None
         if config.file_cache_bytes and any(s.files for s in shards):  # one budget over every file of the rank's
             budget = ResidentBudget(config.file_cache_bytes)

@@ -176,16 +176,20 @@ def plan_deployment(
     if config.shard_layout == "vllm" and spec.family == "qwen":
         # vLLM 0.33 sizes Qwen's ETP group by get_parallel_size, whatever dp_shared_memory or file_backed say
         span, dp_major = config.get_parallel_size(parallel) // tp, True
-    elif config.dp_shared_memory or (config.file_backed and config.shard_layout == "vllm"):
-        span, dp_major = 1, False  # one copy per node already (file-backed: the page cache's)
+    elif (
+        config.dp_shared_memory
+        or config.node_sharing != "off"
+        or (config.file_backed and config.shard_layout == "vllm")
+    ):
+        span, dp_major = 1, False  # one copy per node already (node copies', or file-backed: the page cache's)
     elif config.shard_layout == "replica":
         span, dp_major = (dp if config.embedding_across_dp else 1), False
     else:
         span, dp_major = engram_dp_size(spec, config, parallel), False
     # Replicas share a copy only where they hold the same rows: not in an ETP group spread over DP.
-    shared = bool(config.dp_shared_memory) and span == 1
+    shared = bool(config.dp_shared_memory) and span == 1 and config.node_sharing == "off"  # else: node copies
     note = None
-    if config.dp_shared_memory and not shared:
+    if config.dp_shared_memory and not shared and config.node_sharing == "off":  # node copies serve replicas too
         note = (
             "dp_shared_memory shares nothing here: Qwen4Exp's ETP group spreads one copy of the tables over the "
             f"{span} replicas (embedding_across_dp), so each holds rows of its own, privately"

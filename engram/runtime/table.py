@@ -32,6 +32,7 @@ from engram.ops.devices import ensure_kernels
 from engram.runtime.cache import HotRows, Profile, cached_gather, read_profile
 from engram.runtime.checkpoints.loader import Checkpoint, shard_weight_loader, table_scale_loader
 from engram.runtime.dist import Group, timeout_s
+from engram.runtime.node_tables import node_shard
 from engram.runtime.placement.filemap import file_shard, read_ahead, reading, watch_files
 from engram.runtime.placement.residency import ResidentBudget, storage_read_bytes
 from engram.runtime.placement.storage import Placement, ShardFormat, TableShard, allocate, placement_for
@@ -89,18 +90,28 @@ def open_shard(
     checkpoint: Checkpoint | None = None,
     group: Group | None = None,
     runtime: CudaRuntime | None = None,
+    sharing: str = "node",
+    device: torch.device | None = None,
+    progress: bool = True,
 ) -> TableShard:
-    """The storage of one shard, empty (zeros) unless file-backed: placement file maps it from
-    `checkpoint`, placement shm shares it over `group` (the node-local replicas), and `runtime` pins
-    host memory for the GPU."""
+    """The storage of one shard, empty (zeros) unless file-backed or node-shared: placement file maps it
+    from `checkpoint`, placement node attaches the node's copy or loads it from `checkpoint` (`sharing`:
+    node_sharing's "node" or "numa", `device` the GPU whose NUMA node decides), placement shm shares it
+    over `group` (the node-local replicas), and `runtime` pins host memory for the GPU."""
     rows = fmt.rows if table_rows is None else table_rows
     if row_start < 0 or row_start + fmt.rows > rows:
         raise EngramError(f"{name}: rows [{row_start:,}, {row_start + fmt.rows:,}) are not all in its {rows:,} rows")
+    if placement not in ("file", "node"):
+        return allocate(name, fmt, placement, row_start=row_start, group=group, runtime=runtime)
+    if checkpoint is None:
+        what = "a file-backed table" if placement == "file" else "a node-shared table (node_sharing)"
+        raise EngramError(f"{name}: {what} needs the checkpoint it is served from")
     if placement == "file":
-        if checkpoint is None:
-            raise EngramError(f"{name}: a file-backed table needs the checkpoint it is served from")
         return file_shard(name, fmt, row_start, rows, checkpoint, runtime)
-    return allocate(name, fmt, placement, row_start=row_start, group=group, runtime=runtime)
+    where = device or torch.device("cpu")
+    return node_shard(
+        name, fmt, row_start, rows, checkpoint, mode=sharing, device=where, runtime=runtime, progress=progress
+    )
 
 
 def open_table(
@@ -134,6 +145,8 @@ class TableStats:
     readahead_bytes: int  # what prefetch asked the page cache for (file-backed tables on disk)
     disk_bytes_read: int  # what its lookups read from storage (file-backed tables on disk; /proc/self/io)
     tier: TierStats | None  # its tier of hot rows, if it has one
+    origin: str  # "loaded" here, "attached" (a node copy another process loaded) or "file" (the checkpoint's pages)
+    loaded_by: int | None  # a node copy's: the pid that loaded it
     note: str
 
 
@@ -165,7 +178,7 @@ class Table:
         if self.budget is not None:
             watch_files(self.budget, shard)
         # A file the GPU cannot read over UVA (not on tmpfs or hugetlbfs): host threads gather, one copy.
-        self.staged = shard.placement == "file" and shard.device_pointer is None
+        self.staged = shard.placement in ("file", "node") and shard.device_pointer is None
         self.tier: Tier | None = None
         self.lookups = self.ids = self.readahead_bytes = self.disk_bytes_read = 0
 
@@ -386,7 +399,8 @@ class Table:
         return TableStats(
             shard.name, shard.placement, shard.row_start, shard.rows, self.table_rows, shard.format.nbytes,
             self.lookups, self.ids, self.readahead_bytes, self.disk_bytes_read,
-            None if self.tier is None else self.tier.stats(), shard.note,
+            None if self.tier is None else self.tier.stats(),
+            "file" if shard.files else "attached" if shard.attached else "loaded", shard.loaded_by, shard.note,
         )  # fmt: skip
 
     def release(self) -> bool:

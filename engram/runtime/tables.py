@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
 
 from engram.memory.registration import CudaRuntime
 from engram.memory.smaps import pss
@@ -27,9 +30,11 @@ def allocate_shards(
     group: Group | None = None,
     runtime: CudaRuntime | None = None,
     checkpoint: Checkpoint | None = None,
+    **node: Any,
 ) -> list[TableShard]:
     """Storage for each planned shard (engram.runtime.table.open_shard); `group` (the node-local DP group)
-    is used with placement shm only, `checkpoint` with placement file only."""
+    is used with placement shm only, `checkpoint` with placements file and node, `node` (sharing, device,
+    progress) with placement node."""
     shared = group if placement == "shm" else None
     return [
         open_shard(
@@ -41,6 +46,7 @@ def allocate_shards(
             checkpoint=checkpoint,
             group=shared,
             runtime=runtime,
+            **node,
         )
         for p in plans
     ]
@@ -56,13 +62,18 @@ def open_tables(
     runtime: CudaRuntime | None = None,
     progress: bool = True,
     on_bytes: Callable[[int], None] | None = None,
+    sharing: str = "node",
+    device: torch.device | None = None,
 ) -> list[TableShard]:
     """Allocate the planned shards (default: every table whole) where `placement` says and load them
-    from `checkpoint`. With placement shm, `group` shares them and only its leader writes."""
+    from `checkpoint`. With placement shm, `group` shares them and only its leader writes; with placement
+    node (`sharing`: "node" or "numa"; `device`: the GPU they are read from) each is the node's copy,
+    attached, or loaded here when no process of this user on the node holds it."""
     plans = whole_tables(spec) if plans is None else plans
     check_hash_buffers(spec, checkpoint)
-    shards = allocate_shards(spec, plans, placement, group=group, runtime=runtime, checkpoint=checkpoint)
-    if placement == "file":  # nothing to copy: the shards are views of the checkpoint's files
+    node = {"sharing": sharing, "device": device, "progress": progress} if placement == "node" else {}
+    shards = allocate_shards(spec, plans, placement, group=group, runtime=runtime, checkpoint=checkpoint, **node)
+    if placement in ("file", "node"):  # nothing to copy: views of the checkpoint's files, or node copies loaded
         return shards
     rows = {p.table: p.table_rows for p in plans}
     load_shards(

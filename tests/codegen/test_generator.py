@@ -170,6 +170,7 @@ def test_hash_opt_out_compiles() -> None:
         "device_cache_profile",
         "cache_admission",
         "ram_cache_bytes",
+        "node_sharing",
         "shard_layout",
     ]
 

@@ -33,7 +33,7 @@ def test_v41_tp4_private(capsys: pytest.CaptureFixture[str]) -> None:
     assert pinned == [bytes_of_heads(range(6 * r, 6 * r + 6)) for r in range(4)]
     assert sum(pinned) == V41_TABLE and all(r["device_bytes"] == r["shm_bytes"] == 0 for r in report["per_rank"])
     assert report["per_node"] == [
-        {"node": 0, "host_bytes": V41_TABLE, "shm_bytes": 0, "device_bytes": 0, "page_cache_bytes": 0}
+        {"node": 0, "host_bytes": V41_TABLE, "shm_bytes": 0, "device_bytes": 0, "page_cache_bytes": 0, "node_copies": 0}
     ]
     assert report["collectives"] == [
         {
@@ -96,7 +96,14 @@ def test_v41_dp8_shared_against_private(capsys: pytest.CaptureFixture[str]) -> N
         capsys, "--tensor-parallel-size", "4", "--data-parallel-size", "8", "--engram-config.dp_shared_memory", "true"
     )
     assert shared["per_node"] == [
-        {"node": 0, "host_bytes": V41_TABLE, "shm_bytes": V41_TABLE, "device_bytes": 0, "page_cache_bytes": 0}
+        {
+            "node": 0,
+            "host_bytes": V41_TABLE,
+            "shm_bytes": V41_TABLE,
+            "device_bytes": 0,
+            "page_cache_bytes": 0,
+            "node_copies": 0,
+        }
     ]
     assert [r["shm_bytes"] for r in shared["per_rank"][:4]] == [
         50_688_955_152,
@@ -112,7 +119,14 @@ def test_v41_dp8_shared_against_private(capsys: pytest.CaptureFixture[str]) -> N
         *("--engram-config.shard_layout", "replica"),
     )
     assert replica["per_node"] == [
-        {"node": 0, "host_bytes": 8 * V41_TABLE, "shm_bytes": 0, "device_bytes": 0, "page_cache_bytes": 0}
+        {
+            "node": 0,
+            "host_bytes": 8 * V41_TABLE,
+            "shm_bytes": 0,
+            "device_bytes": 0,
+            "page_cache_bytes": 0,
+            "node_copies": 0,
+        }
     ]
     assert replica["shard_layout"].startswith("replica") and replica["vllm_refusal"] is None
     # vLLM 0.33's layout: one copy per node over TP 4 x EDP 8; 24 heads over 32 shards, which vLLM refuses
@@ -120,7 +134,7 @@ def test_v41_dp8_shared_against_private(capsys: pytest.CaptureFixture[str]) -> N
         capsys, "--tensor-parallel-size", "4", "--data-parallel-size", "8", "--engram-config.dp_shared_memory", "false"
     )
     assert private["per_node"] == [
-        {"node": 0, "host_bytes": V41_TABLE, "shm_bytes": 0, "device_bytes": 0, "page_cache_bytes": 0}
+        {"node": 0, "host_bytes": V41_TABLE, "shm_bytes": 0, "device_bytes": 0, "page_cache_bytes": 0, "node_copies": 0}
     ]
     assert private["vllm_refusal"] == "Engram sharding leaves ranks without hash heads: 24 heads over 32 shards"
     across = plan(
@@ -292,11 +306,39 @@ def test_v41_file_backed_counts_pages_once_per_node(capsys: pytest.CaptureFixtur
     shard_bytes = [bytes_of_heads(range(6 * r, 6 * r + 6)) for r in range(4)]
     assert [r["file_bytes"] for r in report["per_rank"]] == shard_bytes * 4
     assert report["per_node"] == [
-        {"node": n, "host_bytes": 0, "shm_bytes": 0, "device_bytes": 0, "page_cache_bytes": V41_TABLE} for n in (0, 1)
+        {"node": n, "host_bytes": 0, "shm_bytes": 0, "device_bytes": 0, "page_cache_bytes": V41_TABLE, "node_copies": 0}
+        for n in (0, 1)
     ]
     # unshared copies in vLLM 0.33's layout: one per node, heads split over TP x EDP (the node's 2 replicas)
     assert report["copying_instead"] == {"private": V41_TABLE, "dp_shared_memory": V41_TABLE}
     assert main(["plan", "--preset", "deepseek-v4.1-flash", "--engram-config.file_backed", "true", *args]) == 0
     assert "the copying placements would first read and write, per node: private 202,758,032,400 bytes" in (
         capsys.readouterr().out
+    )
+
+
+def test_v41_node_sharing_counts_one_copy_per_node_and_shard(capsys: pytest.CaptureFixture[str]) -> None:
+    report = plan(
+        capsys,
+        *("--tensor-parallel-size", "4", "--data-parallel-size", "8", "--data-parallel-size-local", "4"),
+        *("--engram-config.cpu_offload", "true", "--engram-config.node_sharing", "node"),
+    )
+    assert report["placement"] == "node" and report["sharing_note"] is None
+    # each TP rank's shard (bytes as with dp_shared_memory) once per node: 2 tables x 4 TP shards
+    assert [r["node_copy_bytes"] for r in report["per_rank"][:4]] == [
+        50_688_955_152,
+        50_689_356_432,
+        50_689_705_968,
+        50_690_014_848,
+    ]
+    assert report["per_node"] == [
+        {"node": n, "host_bytes": V41_TABLE, "shm_bytes": 0, "device_bytes": 0, "page_cache_bytes": 0, "node_copies": 8}
+        for n in (0, 1)
+    ]
+    main(
+        ["plan", "--preset", "deepseek-v4.1-flash", "--engram-config", '{"cpu_offload": true, "node_sharing": "numa"}']
+    )
+    assert (
+        "node_sharing: 2 table shards in host memory, one copy each for each NUMA node holding GPUs"
+        in capsys.readouterr().out
     )

@@ -57,6 +57,7 @@ def test_json_output_valid(capsys: pytest.CaptureFixture[str]) -> None:
             "device_cache_profile": None,
             "cache_admission": "online",
             "ram_cache_bytes": 0,
+            "node_sharing": "off",
             "shard_layout": "vllm",
         },
         "hash": "e87df57f9e72bd83b8d6387910722d6ad944df0b8fde4a41faf3bfb0238455ef",
@@ -93,7 +94,7 @@ def test_text_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0 and err == ""
     assert out.splitlines() == [
         "valid: engram checked; not given, not checked: model, parallel, load, platform",
-        'engram: cpu_offload=true embedding_across_dp=false dp_shared_memory=null use_thp=true file_backed=false file_cache_bytes=0 device_cache_bytes=0 device_cache_profile=null cache_admission="online" ram_cache_bytes=0 shard_layout="vllm"',
+        'engram: cpu_offload=true embedding_across_dp=false dp_shared_memory=null use_thp=true file_backed=false file_cache_bytes=0 device_cache_bytes=0 device_cache_profile=null cache_admission="online" ram_cache_bytes=0 node_sharing="off" shard_layout="vllm"',
         "dp_shared_memory: null, resolved once the parallel sizes are known (give --data-parallel-size)",
         "hash: 4c517bbb9df857c329f5a6798d99bb46a18e83824656349b9d5c3580a9df2ae3",
     ]
@@ -130,6 +131,7 @@ def test_engram_flag_precedence(capsys: pytest.CaptureFixture[str]) -> None:
         "device_cache_profile": None,
         "cache_admission": "online",
         "ram_cache_bytes": 0,
+        "node_sharing": "off",
         "shard_layout": "vllm",
     }
     # later JSON wins over earlier JSON
@@ -173,6 +175,7 @@ def test_environment_reaches_the_cli(capsys: pytest.CaptureFixture[str], monkeyp
         "device_cache_profile": None,
         "cache_admission": "online",
         "ram_cache_bytes": 0,
+        "node_sharing": "off",
         "shard_layout": "vllm",
     }
     monkeypatch.setenv("ENGRAM_CPU_OFFLOAD", "sometimes")
@@ -267,5 +270,5 @@ def test_control_characters_from_the_input_are_printed_escaped(
     assert capsys.readouterr().err == (
         "error: /engram/x\\x1b[2J\\nerror: all good\\u202e: unknown field 'x\\x1b[2J\\nerror: all good\\u202e'; "
         "known fields: cpu_offload, embedding_across_dp, dp_shared_memory, use_thp, file_backed, "
-        "file_cache_bytes, device_cache_bytes, device_cache_profile, cache_admission, ram_cache_bytes, shard_layout [unknown-field]\n"
+        "file_cache_bytes, device_cache_bytes, device_cache_profile, cache_admission, ram_cache_bytes, node_sharing, shard_layout [unknown-field]\n"
     )

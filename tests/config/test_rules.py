@@ -73,7 +73,7 @@ def test_structural_problems_all_reported() -> None:
         (
             "/engram/cpu_ofload",
             "unknown-field",
-            "unknown field 'cpu_ofload'; known fields: cpu_offload, embedding_across_dp, dp_shared_memory, use_thp, file_backed, file_cache_bytes, device_cache_bytes, device_cache_profile, cache_admission, ram_cache_bytes, shard_layout",
+            "unknown field 'cpu_ofload'; known fields: cpu_offload, embedding_across_dp, dp_shared_memory, use_thp, file_backed, file_cache_bytes, device_cache_bytes, device_cache_profile, cache_admission, ram_cache_bytes, node_sharing, shard_layout",
         ),
         ("/engram/cpu_offload", "type", "expected a boolean; got the string 'yes'"),
         ("/engram/dp_shared_memory", "type", "expected a boolean or null; got 1"),
@@ -377,3 +377,21 @@ def test_deepseek_engram_refuses_dbo_and_microbatching(parallel: dict[str, objec
             "DeepSeek V4.1 Engram does not support DBO or microbatching. Disable --enable-dbo and set --ubatch-size to 0.",
         )
     ]
+
+
+@pytest.mark.parametrize(
+    ("fields", "rule"),
+    [
+        ({"node_sharing": "node", "file_backed": True, "use_thp": False}, "node-sharing-not-file-backed"),
+        ({"node_sharing": "numa", "cpu_offload": False}, "node-sharing-needs-cpu-offload"),
+    ],
+)
+def test_node_sharing_rules(fields: dict[str, object], rule: str) -> None:
+    """node_sharing shares loaded host tables: not file-backed ones, not GPU tables; both paths refuse alike."""
+    for document in (json.dumps(fields).encode(), fields):
+        with pytest.raises(ConfigError) as exc:
+            load_config(document, env={})
+        assert ("/engram/node_sharing", rule) in {(path, r) for path, r, _ in problems(exc)}
+    assert load_config({"node_sharing": "numa", "cpu_offload": True}, env={}).node_sharing == "numa"
+    with pytest.raises(ConfigError, match="node_sharing"):
+        load_config({"node_sharing": "pod"}, env={})

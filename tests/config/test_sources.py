@@ -40,7 +40,7 @@ def test_overrides_apply_in_order() -> None:
             (
                 "/engram/nope",
                 "unknown-field",
-                "override 'nope=1': unknown field 'nope'; known fields: cpu_offload, embedding_across_dp, dp_shared_memory, use_thp, file_backed, file_cache_bytes, device_cache_bytes, device_cache_profile, cache_admission, ram_cache_bytes, shard_layout",
+                "override 'nope=1': unknown field 'nope'; known fields: cpu_offload, embedding_across_dp, dp_shared_memory, use_thp, file_backed, file_cache_bytes, device_cache_bytes, device_cache_profile, cache_admission, ram_cache_bytes, node_sharing, shard_layout",
             ),
         ),
         (

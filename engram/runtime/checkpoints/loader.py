@@ -303,6 +303,7 @@ class Checkpoint:
         self.paths = files
         self.sources: dict[str, Callable[[], torch.Tensor]] = {}
         self.shapes: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+        self.tensor_files: dict[str, Path] = {}  # the file each tensor is in
         self.files: dict[str, SafetensorsFile] = {}  # tensors that can be read with pread
         self.mapped_files: dict[Path, Any] = {}  # read-only mappings of file-backed tables (runtime.filemap)
         for file in files:
@@ -324,6 +325,7 @@ class Checkpoint:
             raise EngramError(f"tensor {name!r} appears twice in the checkpoint (again in {file})")
         self.sources[name] = get
         self.shapes[name] = (shape, dtype)
+        self.tensor_files[name] = file
 
 
 def expected_parts(fmt: ShardFormat) -> dict[str, tuple[str, int, torch.dtype]]:
@@ -444,8 +446,8 @@ def shard_weight_loader(
                 )
             if loaded.dtype != param.dtype and {loaded.dtype, param.dtype} <= RAW_BYTES:
                 loaded = loaded.view(param.dtype)  # ue8m0 scales held as bytes (vLLM's): copied by their bits
-        if shard.placement == "file":
-            return  # the rows are served from the checkpoint's own read-only pages: nothing to copy
+        if shard.placement == "file" or shard.sealed:
+            return  # the checkpoint's own read-only pages, or a sealed node copy, loaded already: nothing to copy
         if group is None or group.rank == 0:
             rows = loaded.shape[0] if loaded is not None else source.entries[tensor].shape[0] if source else 0
             first, stop = max(checkpoint_start, shard.row_start), min(checkpoint_start + rows, shard.row_stop)
@@ -471,7 +473,7 @@ def table_scale_loader(shard: TableShard, tensor: str, group: Group | None) -> C
     def load(param: torch.Tensor, loaded: torch.Tensor) -> None:
         if loaded.numel() != 1 or loaded.dtype != torch.float32:
             raise EngramError(f"{tensor}: a table scale is one float32, got {loaded.dtype} {list(loaded.shape)}")
-        if shard.placement != "file" and (group is None or group.rank == 0):
+        if shard.placement != "file" and not shard.sealed and (group is None or group.rank == 0):
             param.data.copy_(loaded.reshape(1))
         if group is not None:
             barrier(group, f"load {tensor}")

@@ -5,6 +5,7 @@
 | device    | cpu_offload=false                 | a plain tensor on the GPU (on the CPU platform: in RAM) |
 | pinned    | cpu_offload=true on a GPU         | exact-size anonymous mapping, cudaHostRegister'ed, UVA  |
 | hugepages | use_thp=true                  | PMD-aligned mapping on transparent huge pages           |
+| node      | node_sharing="node" or "numa"     | one sealed memfd per shard for every engine of the node, read-only (sharing) |
 | shm       | dp_shared_memory=true             | one memfd per shard (or a file in ENGRAM_SHM_DIR), mapped by every replica |
 | host      | cpu_offload=true on the CPU       | exact-size anonymous mapping (the CPU reference)        |
 | file      | file_backed=true                  | the checkpoint's own pages, mapped read-only (filemap)  |
@@ -27,7 +28,7 @@ from engram.runtime.dist import Group
 from engram.runtime.placement import shm
 from engram.runtime.placement.hugepages import map_huge
 
-Placement = Literal["device", "pinned", "hugepages", "shm", "host", "file"]
+Placement = Literal["device", "pinned", "hugepages", "node", "shm", "host", "file"]
 ALIGN = 128
 TABLE_SCALE_DTYPE = torch.float32
 
@@ -39,6 +40,8 @@ def placement_for(config: EngramConfig, platform: str, *, shareable: bool = True
         return "device"
     if config.file_backed:
         return "file"
+    if config.node_sharing != "off":  # every engine of the node, its own DP replicas too
+        return "node"
     if config.dp_shared_memory and shareable:
         return "shm"
     if config.use_thp:
@@ -124,10 +127,17 @@ class TableShard:
     files: tuple[Mapping, ...] = ()
     readahead: bool = False
     table_scale: torch.Tensor | None = None  # float32 [1] in host memory: the scale of fp8-table and nvfp4 rows
+    loaded_by: int | None = None  # a node copy's: the pid that loaded it (this process's when it did)
+    attached: bool = False  # a node copy another process loaded
 
     @property
     def rows(self) -> int:
         return self.format.rows
+
+    @property
+    def sealed(self) -> bool:
+        """A node copy, complete and read-only: writing to it would fault, and loaders copy nothing."""
+        return self.placement == "node" and self.loaded_by is not None
 
     @property
     def row_stop(self) -> int:
@@ -175,9 +185,26 @@ def allocate(
         mapping = map_anonymous(fmt.nbytes, kind=placement)
     else:
         raise EngramError(f"unknown placement {placement!r}")
+    return shard_over(name, fmt, placement, mapping, row_start=row_start, runtime=runtime, note=note)
+
+
+def shard_over(
+    name: str,
+    fmt: ShardFormat,
+    placement: Placement,
+    mapping: Mapping,
+    *,
+    row_start: int = 0,
+    runtime: CudaRuntime | None = None,
+    note: str = "",
+    read_only: bool = False,
+) -> TableShard:
+    """A shard whose weights, block scales and table scale are views of `mapping` (the layout of
+    ShardFormat), registered for UVA when `runtime` is given (`read_only`: a mapping the GPU may only read)."""
+    f = fmt.row_format
     pointer = None
     if runtime is not None:
-        pointer = register(mapping, runtime)
+        pointer = register(mapping, runtime, read_only=read_only)
     weight = mapping.view(0, fmt.weight_shape, f.weight)
     scale = mapping.view(fmt.scale_offset, fmt.scale_shape, f.scale) if f.scale is not None else None
     table_scale = mapping.view(fmt.table_scale_offset, (1,), TABLE_SCALE_DTYPE) if f.table_scale else None

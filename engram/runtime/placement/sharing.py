@@ -1,0 +1,534 @@
+"""One copy of a table shard for every engine process of this user on the node (node_sharing).
+
+A copy is an anonymous memfd: nothing names it in any directory, and the kernel frees it with the last fd
+or mapping, so no kill at any instant leaves it behind. It is known by a key, a digest of what it holds
+(the checkpoint files' device, inode, size and times, the table, its rows, its row format, the NUMA node;
+ShareKey), never by a path or a name.
+
+- Every process that maps copies serves them on one abstract Unix socket, @engram-node-<uid>-<random>,
+  from a thread. Abstract names vanish with their socket; a process of another uid is dropped at accept,
+  before anything is read (SO_PEERCRED).
+- An engine that needs a shard lists the node's such sockets (/proc/net/unix, its network namespace),
+  connects to those of its uid, checks the server's uid before it sends anything, and asks for the key.
+  It gets the memfd (SCM_RIGHTS) and checks it: an engram memfd of its uid, sealed against writes,
+  shrinking and growing, of the size the key's shard takes, whose trailer page names the key.
+- Found nowhere, it takes the key's load lock (binding @engram-load-<uid>-<key>: atomic, and gone with
+  its holder), asks once more, loads into a private memfd, drops its writable mapping, seals the memfd
+  (F_SEAL_WRITE, F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL), maps it read-only and serves it. The others
+  wait for the copy or the lock, polling, until the timeout. A lock held by another uid is ignored (it
+  could only be a squatter): that engine loads without it.
+
+Nothing is attached before it is sealed, so no engine sees a partial table; the copy lives while any
+process maps it, and any of them hands it on. There is no helper process and no owner to lose."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import gc
+import hashlib
+import json
+import logging
+import os
+import secrets
+import selectors
+import socket
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engram.errors import EngramError
+from engram.memory.mapping import PAGE, Mapping, map_sealed_file, map_shared_file, round_up
+from engram.runtime.placement.memfd import capacity_error
+from engram.runtime.placement.node import reserve
+from engram.runtime.placement.numa import preferring
+
+log = logging.getLogger("engram")
+
+VERSION = b"engram-node-copy-1"
+SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+MEMFD_PREFIX = "memfd:engram-node-"
+REQUEST = 1 + 64 + 64  # b"Q" + key digest + family digest, or b"L" + padding: a listing
+ANSWER_LIMIT = 64 << 10
+MAX_SERVERS = 256  # sockets tried per attach: more of them (a stranger's flood) are not looked at
+CONNECT_S = 1.0  # per server: each answers from a thread in microseconds; a stopped one costs this
+POLL_S = 0.05
+Stage = Callable[[str], None]  # told "locked", "loaded", "sealed", "serving", "handing over" (tests kill there)
+
+
+@dataclass(frozen=True)
+class ShareKey:
+    """What a copy holds: `digest` names it exactly; `family` (the checkpoint and table alone) finds the
+    copies of other rows or formats, so an engine that cannot use them can say why."""
+
+    digest: str
+    family: str
+    describe: str  # "rows [0, 1,000) of 1,000 of t0 as bfloat16 (one copy per node)", for people
+
+    @classmethod
+    def of(cls, source: Any, table: str, table_rows: int, shard: dict[str, Any]) -> ShareKey:
+        """`source`: what names the checkpoint's tensors of `table` (file identities, names, shapes);
+        `shard`: its rows, row format and NUMA node (numa_node None: one copy for the machine)."""
+        family = _digest({"source": source, "table": table, "table_rows": table_rows})
+        full = _digest({"family": family, **shard})
+        where = f"NUMA node {shard['numa_node']}" if shard.get("numa_node") is not None else "the node"
+        rows = f"rows [{shard['row_start']:,}, {shard['row_start'] + shard['rows']:,}) of {table_rows:,}"
+        return cls(full, family, f"{rows} of {table} as {shard['dtype']} x {shard['dim']} (one copy for {where})")
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(VERSION + json.dumps(value, sort_keys=True).encode()).hexdigest()
+
+
+def file_identity(path: Path) -> dict[str, int | str]:
+    """What names a checkpoint file's content without reading it: any rewrite changes its ctime."""
+    info = os.stat(path)
+    return {
+        "name": path.name,
+        "dev": info.st_dev,
+        "ino": info.st_ino,
+        "size": info.st_size,
+        "mtime_ns": info.st_mtime_ns,
+        "ctime_ns": info.st_ctime_ns,
+    }
+
+
+@dataclass(frozen=True)
+class Copy:
+    """A node copy mapped here: `loaded_by` is the pid that loaded it (this one, if it did)."""
+
+    mapping: Mapping
+    loaded_by: int
+    attached: bool
+    note: str = ""
+
+
+@dataclass(eq=False)
+class _Entry:
+    fd: int
+    key: ShareKey
+    size: int
+    loaded_by: int
+    stage: Stage | None
+
+
+def _peer(sock: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the process at the other end (SO_PEERCRED: fixed when it connected or listened)."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+    return int.from_bytes(raw[0:4], "little"), int.from_bytes(raw[4:8], "little")
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+@dataclass(eq=False)
+class _Server:
+    """This process's copies and the thread serving them (module docstring)."""
+
+    entries: list[_Entry] = field(default_factory=list)  # a process may map one copy twice
+    locks: dict[str, socket.socket] = field(default_factory=dict)
+    listener: socket.socket | None = None
+    thread: threading.Thread | None = None
+    guard: threading.Lock = field(default_factory=threading.Lock)
+    wake: tuple[socket.socket, socket.socket] | None = None
+
+    def _ensure_thread(self) -> None:
+        """Called under the guard."""
+        if self.thread is not None and self.thread.is_alive():
+            return
+        self.wake = socket.socketpair()
+        self.thread = threading.Thread(target=self._run, name="engram-node-copies", daemon=True)
+        self.thread.start()
+
+    def _nudge(self) -> None:
+        if self.wake is not None:
+            with contextlib.suppress(OSError):
+                self.wake[0].send(b"x")
+
+    def publish(self, entry: _Entry) -> str:
+        """Serve `entry` from now on; returns the socket's name."""
+        with self.guard:
+            if self.listener is None:
+                listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+                listener.bind(f"\0engram-node-{os.geteuid()}-{secrets.token_hex(12)}")
+                listener.listen(64)
+                listener.setblocking(False)
+                self.listener = listener
+            self.entries.append(entry)
+            self._ensure_thread()
+            name = self.listener.getsockname()
+        self._nudge()
+        return str(name, "latin-1") if isinstance(name, bytes) else name
+
+    def withdraw(self, entry: _Entry) -> None:
+        """The copy is unmapped here: stop serving it, close its fd, and the socket with the last one."""
+        with self.guard:
+            if entry in self.entries:
+                self.entries.remove(entry)
+                os.close(entry.fd)
+            if not self.entries and self.listener is not None:
+                self.listener.close()  # its name goes with it
+                self.listener = None
+        self._nudge()
+
+    def lock(self, digest: str) -> socket.socket | None:
+        """Take the key's load lock: its listening socket, or None when someone holds it."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            sock.bind(lock_name(digest))
+        except OSError as exc:
+            sock.close()
+            if exc.errno == errno.EADDRINUSE:
+                return None
+            raise EngramError(f"cannot take the load lock of a node-shared table: {exc.strerror}") from None
+        sock.listen(64)
+        sock.setblocking(False)
+        with self.guard:
+            self.locks[digest] = sock
+            self._ensure_thread()
+        self._nudge()
+        return sock
+
+    def unlock(self, digest: str) -> None:
+        with self.guard:
+            sock = self.locks.pop(digest, None)
+        if sock is not None:
+            sock.close()
+        self._nudge()
+
+    def _run(self) -> None:
+        uid = os.geteuid()
+        assert self.wake is not None
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.wake[1], selectors.EVENT_READ)
+            watched: set[socket.socket] = set()
+            while True:
+                with self.guard:
+                    wanted = {s for s in [*self.locks.values(), self.listener] if s is not None}
+                    if not wanted and not self.entries:
+                        self.thread = None
+                        self.wake[0].close()
+                        self.wake[1].close()
+                        self.wake = None
+                        return
+                for gone in watched - wanted:  # by object: a closed socket's fd number may be reused already
+                    with contextlib.suppress(KeyError, ValueError, OSError):
+                        selector.unregister(gone)
+                for new in wanted - watched:
+                    selector.register(new, selectors.EVENT_READ)
+                watched = wanted
+                for key, _ in selector.select(timeout=1.0):
+                    if key.fileobj is self.wake[1]:
+                        with contextlib.suppress(OSError):
+                            self.wake[1].recv(4096)
+                        continue
+                    sock = key.fileobj
+                    assert isinstance(sock, socket.socket)
+                    self._accept(sock, uid, is_lock=sock is not self.listener)
+
+    def _accept(self, listener: socket.socket, uid: int, *, is_lock: bool) -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # none left, or the listener closed under us
+                return
+            with conn:
+                if is_lock:
+                    continue  # a waiter learns the holder from SO_PEERCRED; nothing to say
+                with contextlib.suppress(OSError):
+                    if _peer(conn)[1] == uid:
+                        self._answer(conn)
+
+    def _answer(self, conn: socket.socket) -> None:
+        conn.setblocking(True)
+        conn.settimeout(CONNECT_S)
+        request = _recv_exact(conn, REQUEST)
+        if len(request) != REQUEST:
+            return
+        kind, digest, family = request[:1], request[1:65].decode("latin-1"), request[65:].decode("latin-1")
+        with self.guard:
+            entries = list(self.entries)
+            entry = next((e for e in entries if e.key.digest == digest), None) if kind == b"Q" else None
+            fd = os.dup(entry.fd) if entry is not None else None
+        try:
+            if entry is not None and fd is not None:
+                if entry.stage is not None:
+                    entry.stage("handing over")
+                meta = {"loaded_by": entry.loaded_by, "size": entry.size, "describe": entry.key.describe}
+                socket.send_fds(conn, [json.dumps(meta).encode()], [fd])
+                return
+            if kind == b"L":
+                listed = [_listing(e) for e in entries]
+            else:
+                listed = [_listing(e) for e in entries if e.key.family == family]
+            conn.sendall(json.dumps(listed).encode()[:ANSWER_LIMIT])
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+
+def _listing(entry: _Entry) -> dict[str, Any]:
+    return {
+        "digest": entry.key.digest,
+        "describe": entry.key.describe,
+        "size": entry.size,
+        "loaded_by": entry.loaded_by,
+        "pid": os.getpid(),
+    }
+
+
+_SERVER = _Server()
+
+
+def lock_name(digest: str) -> str:
+    return f"\0engram-load-{os.geteuid()}-{digest[:48]}"
+
+
+def servers(uid: int | None = None) -> list[str]:
+    """The abstract names of the node's copy servers of `uid` (default ours), from /proc/net/unix."""
+    prefix = f"@engram-node-{os.geteuid() if uid is None else uid}-"
+    found = []
+    try:
+        with open("/proc/net/unix", encoding="latin-1") as f:
+            for line in f:
+                fields = line.split()  # Num RefCount Protocol Flags Type St Inode Path
+                listening = len(fields) == 8 and fields[3] == "00010000"  # __SO_ACCEPTCON: not a connection
+                path = fields[-1] if listening else ""
+                if path.startswith(prefix) and len(path) < 108 and path not in found:
+                    found.append(path)
+                if len(found) >= MAX_SERVERS:
+                    break
+    except OSError:
+        return []
+    return ["\0" + name[1:] for name in found]
+
+
+@contextlib.contextmanager
+def _connect(name: str, uid: int) -> Iterator[socket.socket | None]:
+    """A connection to server `name` whose process runs as `uid`, or None."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
+        sock.settimeout(CONNECT_S)
+        try:
+            sock.connect(name)
+            yield sock if _peer(sock)[1] == uid else None
+        except OSError:
+            yield None
+
+
+def ask(name: str, kind: bytes, key: ShareKey | None) -> tuple[int | None, Any]:
+    """One server's answer: (fd, meta) for a copy of `key`, else (None, its listing of copies)."""
+    uid = os.geteuid()
+    request = kind + ((key.digest + key.family).encode() if key else b"0" * 128)
+    with _connect(name, uid) as sock:
+        if sock is None:
+            return None, []
+        try:
+            sock.sendall(request)
+            data, fds, _, _ = socket.recv_fds(sock, ANSWER_LIMIT, 1)
+            while not fds and len(data) < ANSWER_LIMIT and (more := sock.recv(ANSWER_LIMIT - len(data))):
+                data += more
+        except OSError:
+            return None, []
+    try:
+        answer = json.loads(data) if data else []
+    except ValueError:
+        answer = []
+    if fds and len(fds) == 1 and isinstance(answer, dict):
+        return fds[0], answer
+    for extra in fds:
+        os.close(extra)
+    return None, answer if isinstance(answer, list) else []
+
+
+def listing() -> list[dict[str, Any]]:
+    """Every copy this user's processes on the node serve, each with the pid of one process serving it."""
+    seen: list[dict[str, Any]] = []
+    for name in servers():
+        _, copies = ask(name, b"L", None)
+        seen += [c for c in copies if isinstance(c, dict)]
+    return seen
+
+
+def holders(digest: str) -> list[int]:
+    """Pids of this user's processes mapping the copy `digest` (its memfd's name in /proc/PID/maps)."""
+    needle = f"/{MEMFD_PREFIX}{digest[:16]}"
+    uid, found = os.geteuid(), []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.stat(entry.path).st_uid != uid:
+                continue
+            with open(f"{entry.path}/maps", encoding="latin-1") as f:
+                if any(needle in line for line in f):
+                    found.append(int(entry.name))
+        except OSError:
+            continue
+    return sorted(found)
+
+
+def _check_received(fd: int, key: ShareKey, total: int) -> str | None:
+    """Why a received fd is not the copy `key` names, or None."""
+    try:
+        link = os.readlink(f"/proc/self/fd/{fd}")
+        info = os.fstat(fd)
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    except OSError as exc:
+        return f"cannot inspect it: {exc.strerror}"
+    if not link.startswith(f"/{MEMFD_PREFIX}") or not stat.S_ISREG(info.st_mode):
+        return "it is not an engram memfd"
+    if info.st_uid != os.geteuid():
+        return f"it belongs to uid {info.st_uid}"
+    if seals & SEALS != SEALS:
+        return "it is not sealed"
+    if info.st_size != total:
+        return f"it holds {info.st_size:,} bytes, not {total:,}"
+    trailer = os.pread(fd, len(key.digest), total - PAGE)
+    return None if trailer == key.digest.encode() else "its trailer names another table"
+
+
+def _attach(key: ShareKey, size: int, label: str) -> tuple[Copy | None, list[str]]:
+    """The copy of `key` from any server of ours, or None and what the servers hold of its family instead."""
+    total = round_up(size, PAGE) + PAGE
+    others: list[str] = []
+    for name in servers():
+        fd, answer = ask(name, b"Q", key)
+        if fd is None:
+            others += [str(c.get("describe", ""))[:300] for c in answer if isinstance(c, dict)]
+            continue
+        try:
+            why = _check_received(fd, key, total)
+            if why:
+                log.warning("engram: refused a node copy offered for %s: %s", key.describe, why)
+                continue
+            mapping = map_sealed_file(fd, total, label)
+            loaded_by = int(answer.get("loaded_by", 0))
+            _hold(fd, key, total, loaded_by, mapping, None)
+            fd = None  # held now
+            return Copy(
+                mapping, loaded_by, attached=True, note=f"attached the node's copy loaded by pid {loaded_by}"
+            ), []
+        finally:
+            if fd is not None:
+                os.close(fd)
+    return None, sorted(set(others))
+
+
+def _hold(fd: int, key: ShareKey, total: int, loaded_by: int, mapping: Mapping, stage: Stage | None) -> None:
+    """Serve the copy while `mapping` lives; its fd closes with it."""
+    entry = _Entry(fd, key, total, loaded_by, stage)
+    _SERVER.publish(entry)
+    mapping.on_release(lambda: _SERVER.withdraw(entry))
+
+
+def _load(key: ShareKey, size: int, fill: Callable[[Mapping], None], node: int | None, stage: Stage) -> Copy:
+    """A new copy: a memfd filled by `fill` (through a writable mapping dropped before it is sealed),
+    sealed, mapped read-only and served."""
+    total = round_up(size, PAGE) + PAGE  # the trailer page names the key
+    error = capacity_error(total)
+    if error:
+        raise EngramError(f"{key.describe}: {error.replace('dp_shared_memory', 'node_sharing')}")
+    fd = os.memfd_create(f"engram-node-{key.digest[:16]}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        with preferring(node):
+            failed = reserve(fd, total)
+        if failed:
+            raise EngramError(
+                f"cannot reserve {total:,} bytes for {key.describe}: {failed}; free memory or set node_sharing 'off'"
+            )
+        writable = map_shared_file(fd, total, f"memfd:engram-node-{key.digest[:16]}")
+        fill(writable)
+        trailer = torch.frombuffer(bytearray(key.digest.encode()), dtype=torch.uint8)
+        writable.view(total - PAGE, (len(key.digest),), torch.uint8).copy_(trailer)
+        stage("loaded")
+        if not writable.release():
+            gc.collect()  # a loader's view may sit in a reference cycle
+            if writable.mapped:
+                raise EngramError(f"internal: a view of {key.describe}'s loading mapping outlived the load")
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
+        stage("sealed")
+        mapping = map_sealed_file(fd, total, f"memfd:engram-node-{key.digest[:16]}")
+        _hold(fd, key, total, os.getpid(), mapping, stage)
+        fd = -1  # held now
+        stage("serving")
+        return Copy(mapping, os.getpid(), attached=False, note="loaded here; the node's other engines attach to it")
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def obtain(
+    key: ShareKey,
+    size: int,
+    fill: Callable[[Mapping], None],
+    *,
+    timeout: float,
+    node: int | None = None,
+    stage: Stage | None = None,
+) -> Copy:
+    """The node's copy of `key` (`size` bytes of table), attached if any process of ours serves one,
+    else loaded here by `fill` (its pages on NUMA node `node`) while the others wait for it."""
+    label = f"memfd:engram-node-{key.digest[:16]}"
+    tell = stage or (lambda _: None)
+    deadline = time.monotonic() + timeout
+    waited_on: int | None = None
+    told = False
+    while True:
+        copy, others = _attach(key, size, label)
+        if copy is not None:
+            return copy
+        if others and not told:
+            log.warning(
+                "engram: %s: the node's copies of this table hold %s; loading its own", key.describe, "; ".join(others)
+            )
+            told = True
+        lock = _SERVER.lock(key.digest)
+        if lock is not None:
+            try:
+                tell("locked")
+                copy, _ = _attach(key, size, label)  # loaded and served while we looked
+                return copy or _load(key, size, fill, node, tell)
+            finally:
+                _SERVER.unlock(key.digest)
+        holder = _lock_holder(key.digest)
+        if holder is not None and holder[1] != os.geteuid():
+            log.warning(
+                "engram: uid %d holds the load lock of %s (a squatter?): loading it without the lock",
+                holder[1],
+                key.describe,
+            )
+            return _load(key, size, fill, node, tell)
+        if holder is not None and holder[0] != waited_on:
+            waited_on = holder[0]
+            log.info("engram: waiting for pid %d to load %s", waited_on, key.describe)
+        if time.monotonic() >= deadline:
+            raise EngramError(
+                f"{key.describe}: waited {timeout:.0f} s for pid {waited_on} to load the node's copy; raise "
+                "ENGRAM_DIST_TIMEOUT_S for tables that take longer to load, or set node_sharing 'off'"
+            )
+        time.sleep(POLL_S)
+
+
+def _lock_holder(digest: str) -> tuple[int, int] | None:
+    """(pid, uid) of the process holding the key's load lock, or None when it is free now."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
+        sock.settimeout(CONNECT_S)
+        try:
+            sock.connect(lock_name(digest))
+            return _peer(sock)
+        except OSError:
+            return None

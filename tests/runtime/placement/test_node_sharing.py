@@ -1,0 +1,381 @@
+"""node_sharing: independent engine processes of one user map one sealed copy of each table shard; a
+kill at any instant leaves nothing behind and no survivor sees a partial table; another user can neither
+attach nor stop us from loading."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import safetensors.torch
+import torch
+
+from engram.runtime.checkpoints.loader import Checkpoint
+from engram.runtime.node_tables import share_key
+from engram.runtime.placement.storage import ShardFormat
+from tests.other_user import OtherUser
+from tests.runtime import node_engine
+from tests.runtime.conftest import SMALL
+
+WAIT_S = 120.0
+
+
+def expected_digests(checkpoint: Path) -> dict[str, str]:
+    """Each table's weight and scale bytes as safetensors' own reader gives them (the independent oracle)."""
+    import hashlib
+
+    tensors: dict[str, torch.Tensor] = {}
+    for file in sorted(checkpoint.glob("*.safetensors")):
+        tensors.update(safetensors.torch.load_file(file))
+    out = {}
+    for name in SMALL.table_names():
+        digest = hashlib.sha256(tensors[f"{name}.weight"].view(torch.uint8).numpy().tobytes())
+        digest.update(tensors[f"{name}.scale"].view(torch.uint8).numpy().tobytes())
+        out[name] = digest.hexdigest()
+    return out
+
+
+# Engines fork from a server that imported torch and engram once: each is a process of its own, with no
+# tie to the others (no torch.distributed group), and starts in milliseconds instead of seconds.
+FORKS = multiprocessing.get_context("forkserver")
+FORKS.set_forkserver_preload(["tests.runtime.node_engine"])
+
+
+class Engine:
+    """One tests.runtime.node_engine process."""
+
+    def __init__(self, checkpoint: Path, report: Path, *, stage: str | None = None, rows: int | None = None) -> None:
+        self.report = report
+        self.proc = FORKS.Process(target=node_engine.run, args=(str(checkpoint), report, "node", stage, rows))
+        self.proc.start()
+
+    @property
+    def pid(self) -> int:
+        assert self.proc.pid is not None
+        return self.proc.pid
+
+    def failure(self) -> str:
+        error = self.report.with_suffix(".error")
+        return error.read_text()[-3000:] if error.exists() else f"exit code {self.proc.exitcode}"
+
+    def wait_file(self, suffix: str) -> dict[str, Any]:
+        path = self.report.with_suffix(suffix)
+        deadline = time.monotonic() + WAIT_S
+        while not path.exists():
+            assert self.proc.is_alive(), f"the engine died: {self.failure()}"
+            assert time.monotonic() < deadline, f"{path} never appeared"
+            time.sleep(0.01)
+        time.sleep(0.01)  # written whole: JSON of a few hundred bytes
+        return json.loads(path.read_text())
+
+    def ready(self) -> dict[str, Any]:
+        return self.wait_file(".ready")
+
+    def pss(self) -> int:
+        self.report.with_suffix(".go").touch()
+        return int(self.wait_file(".pss")["pss"])
+
+    def log(self) -> str:
+        path = self.report.with_suffix(".log")
+        return path.read_text() if path.exists() else ""
+
+    def wait_log(self, text: str) -> None:
+        deadline = time.monotonic() + WAIT_S
+        while text not in self.log():
+            assert self.proc.is_alive() and time.monotonic() < deadline, (text, self.log(), self.failure())
+            time.sleep(0.01)
+
+    def finish(self) -> str:
+        """Let it measure and exit; what it logged."""
+        self.report.with_suffix(".go").touch()
+        self.report.with_suffix(".exit").touch()
+        self.proc.join(WAIT_S)
+        assert self.proc.exitcode == 0, self.failure()
+        return self.log()
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.join(WAIT_S)
+        assert self.proc.exitcode == -signal.SIGKILL
+
+
+def leftovers() -> dict[str, list[str]]:
+    """What node sharing could leave behind: memfds in any process, abstract sockets, /dev/shm files."""
+    memfds = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if "memfd:engram-node-" in link:
+                    memfds.append(f"{pid}: {link}")
+        except OSError:
+            continue
+    names = [line.split()[-1] for line in Path("/proc/net/unix").read_text().splitlines()[1:] if len(line.split()) == 8]
+    sockets = sorted({n for n in names if n.startswith(("@engram-node-", "@engram-load-"))})
+    shm = sorted(p.name for p in Path("/dev/shm").iterdir() if p.name.startswith("engram-node"))
+    return {"memfds": memfds, "sockets": sockets, "shm": shm}
+
+
+NOTHING: dict[str, list[str]] = {"memfds": [], "sockets": [], "shm": []}
+
+
+def settled() -> dict[str, list[str]]:
+    """leftovers() once the kernel has reaped what the killed processes held (at most a few seconds)."""
+    deadline = time.monotonic() + 10
+    while (found := leftovers()) != NOTHING and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return found
+
+
+@pytest.fixture
+def checkpoint(small_checkpoint: Path, tmp_path: Path) -> Iterator[Path]:
+    """The small checkpoint, and a check that the test left nothing of node sharing behind."""
+    assert settled() == NOTHING, "a previous test left node copies behind"
+    yield small_checkpoint
+    assert settled() == NOTHING
+
+
+def table_bytes() -> int:
+    return sum(ShardFormat(rows, SMALL.head_dim, SMALL.dtype).nbytes for rows in SMALL.layout.table_rows)
+
+
+@pytest.mark.slow
+def test_four_independent_engines_map_one_copy(checkpoint: Path, tmp_path: Path) -> None:
+    engines = [Engine(checkpoint, tmp_path / f"engine{i}") for i in range(4)]
+    reports = [e.ready() for e in engines]
+    pss = [e.pss() for e in engines]  # every engine alive and holding its tables while all measure
+    for e in engines:
+        e.finish()
+    for table in SMALL.table_names():  # one engine loaded each table; the three others attached its copy
+        loader = {r["origins"][table][1] for r in reports}
+        assert len(loader) == 1
+        origins = sorted(r["origins"][table][0] if r["pid"] != r["origins"][table][1] else "self" for r in reports)
+        assert origins == ["attached", "attached", "attached", "self"]
+        assert [r["origins"][table][0] for r in reports if r["pid"] in loader] == ["loaded"]
+    oracle = expected_digests(checkpoint)
+    assert all(r["digests"] == oracle for r in reports)
+    assert sum(pss) <= 1.05 * table_bytes(), (pss, table_bytes())
+
+
+# Where a loading engine is killed: inside the copy's bytes, after the lock, once loaded (not sealed),
+# once sealed (not served), once serving, and while handing the copy to another engine.
+LOADER_STAGES = ["filling", "locked", "loaded", "sealed"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", LOADER_STAGES)
+def test_a_loader_killed_at_any_stage_leaves_nothing_and_the_waiter_loads(
+    stage: str, checkpoint: Path, tmp_path: Path
+) -> None:
+    loader = Engine(checkpoint, tmp_path / "loader", stage=stage)
+    assert loader.wait_file(".stage")["stage"] == stage
+    waiter = Engine(checkpoint, tmp_path / "waiter")
+    waiter.wait_log(f"waiting for pid {loader.pid} to load")  # it found the lock taken
+    loader.kill()
+    report = waiter.ready()
+    assert report["digests"] == expected_digests(checkpoint)
+    assert all(origin == ["loaded", report["pid"]] for origin in report["origins"].values())
+    waiter.finish()
+
+
+@pytest.mark.slow
+def test_a_holder_killed_while_handing_over_leaves_the_attacher_a_whole_table(checkpoint: Path, tmp_path: Path) -> None:
+    holder = Engine(checkpoint, tmp_path / "holder", stage="handing over")
+    holder.ready()
+    attacher = Engine(checkpoint, tmp_path / "attacher")
+    assert holder.wait_file(".stage")["stage"] == "handing over"
+    holder.kill()
+    report = attacher.ready()
+    assert report["digests"] == expected_digests(checkpoint)
+    # whatever it got before the kill is whole; afterwards it found no copy and loaded its own
+    assert all(origin[0] in ("loaded", "attached") for origin in report["origins"].values())
+    attacher.finish()
+
+
+@pytest.mark.slow
+def test_every_holder_killed_at_once_leaves_nothing(checkpoint: Path, tmp_path: Path) -> None:
+    engines = [Engine(checkpoint, tmp_path / f"engine{i}") for i in range(3)]
+    for e in engines:
+        e.ready()
+    assert leftovers()["memfds"]  # the copies are there while they run
+    for e in engines:
+        os.kill(e.pid, signal.SIGKILL)
+    for e in engines:
+        e.proc.join(WAIT_S)
+        assert e.proc.exitcode == -signal.SIGKILL
+    # the fixture checks that nothing is left
+
+
+@pytest.mark.slow
+def test_a_survivor_keeps_the_copy_after_its_loader_dies(checkpoint: Path, tmp_path: Path) -> None:
+    first, second = Engine(checkpoint, tmp_path / "first"), None
+    loaded = first.ready()
+    second = Engine(checkpoint, tmp_path / "second")
+    attached = second.ready()
+    assert all(o == ["attached", loaded["pid"]] for o in attached["origins"].values())
+    first.kill()
+    third = Engine(checkpoint, tmp_path / "third")  # the survivor hands the copy on: no owner to lose
+    late = third.ready()
+    assert all(o == ["attached", loaded["pid"]] for o in late["origins"].values())
+    assert late["digests"] == attached["digests"] == expected_digests(checkpoint)
+    second.finish()
+    third.finish()
+
+
+@pytest.mark.slow
+def test_an_engine_of_other_rows_loads_its_own_and_says_why(checkpoint: Path, tmp_path: Path) -> None:
+    whole = Engine(checkpoint, tmp_path / "whole")
+    whole.ready()
+    part = Engine(checkpoint, tmp_path / "part", rows=1000)
+    report = part.ready()
+    assert all(o == ["loaded", report["pid"]] for o in report["origins"].values())
+    err = part.finish()
+    whole.finish()
+    for name, rows in zip(SMALL.table_names(), SMALL.layout.table_rows, strict=True):
+        assert (
+            f"rows [0, 1,000) of {rows:,} of {name} as fp8 x 128 (one copy for the node): the node's copies of "
+            f"this table hold rows [0, {rows:,}) of {rows:,} of {name} as fp8 x 128 (one copy for the node); "
+            "loading its own"
+        ) in err
+
+
+STRANGER = r"""
+import json, os, socket, sys
+uid = int(sys.argv[1])
+names = set()
+for line in open("/proc/net/unix"):
+    fields = line.split()
+    if len(fields) == 8 and fields[7].startswith(("@engram-node-%d-" % uid, "@engram-load-%d-" % uid)):
+        names.add(fields[7])
+got = []
+for name in sorted(names):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(5)
+    try:
+        s.connect("\0" + name[1:])
+        for kind in (b"Q", b"L"):
+            s.sendall(kind + b"0" * 128)
+        data, fds, _, _ = socket.recv_fds(s, 65536, 4)
+        got.append([name, len(data), len(fds)])
+    except OSError as exc:
+        got.append([name, "refused: %s" % exc.__class__.__name__, 0])
+print(json.dumps(got))
+"""
+
+
+@pytest.mark.slow
+def test_another_user_can_neither_attach_nor_list(checkpoint: Path, tmp_path: Path, other_user: OtherUser) -> None:
+    engine = Engine(checkpoint, tmp_path / "engine")
+    engine.ready()
+    tried = json.loads(other_user.run(STRANGER, str(os.geteuid())))
+    engine.finish()
+    assert tried and all(name.startswith("@engram-node-0-") for name, _, _ in tried)
+    assert all(
+        received in (0, "refused: ConnectionResetError", "refused: BrokenPipeError") and fds == 0
+        for _, received, fds in tried
+    )
+
+
+SQUATTER = r"""
+import os, socket, sys, time
+lock, server = sys.argv[1], sys.argv[2]
+held = []
+for name in (lock, server):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind("\0" + name)
+    s.listen(16)
+    held.append(s)
+fd = os.memfd_create("engram-node-squat", os.MFD_ALLOW_SEALING)
+os.ftruncate(fd, 1 << 20)
+print("ready", flush=True)
+deadline = time.monotonic() + 60
+held[1].settimeout(0.2)
+while time.monotonic() < deadline:
+    try:
+        conn, _ = held[1].accept()
+    except OSError:
+        continue
+    try:
+        socket.send_fds(conn, [b'{"loaded_by": 1, "size": 1, "describe": "x"}'], [fd])
+    except OSError:
+        pass
+    conn.close()
+"""
+
+
+@pytest.mark.slow
+def test_a_squatting_user_cannot_block_the_load_or_feed_rows(
+    checkpoint: Path, tmp_path: Path, other_user: OtherUser
+) -> None:
+    table, rows = SMALL.table_names()[0], SMALL.layout.table_rows[0]
+    key = share_key(Checkpoint(checkpoint), table, rows, 0, ShardFormat(rows, SMALL.head_dim, SMALL.dtype), None)
+    uid = os.geteuid()
+    with other_user.popen(SQUATTER, f"engram-load-{uid}-{key.digest[:48]}", f"engram-node-{uid}-{'f' * 24}") as squat:
+        assert squat.stdout is not None and squat.stdout.readline().strip() == "ready"
+        engine = Engine(checkpoint, tmp_path / "engine")
+        report = engine.ready()
+        err = engine.finish()
+        squat.kill()
+        squat.communicate(timeout=WAIT_S)
+    assert report["digests"] == expected_digests(checkpoint)
+    assert all(o == ["loaded", report["pid"]] for o in report["origins"].values())
+    assert f"uid {other_user.uid} holds the load lock of rows [0, {rows:,}) of {rows:,} of {table}" in err
+
+
+def test_an_unsealed_copy_of_our_own_uid_is_refused(checkpoint: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A server of our uid offering a memfd that is not sealed (its rows could change under us): refused,
+    and the table loaded here instead."""
+    import gc
+    import socket
+    import threading
+
+    from engram.memory.mapping import PAGE, round_up
+    from engram.runtime.tables import open_tables
+
+    table, rows = SMALL.table_names()[0], SMALL.layout.table_rows[0]
+    fmt = ShardFormat(rows, SMALL.head_dim, SMALL.dtype)
+    key = share_key(Checkpoint(checkpoint), table, rows, 0, fmt, None)
+    total = round_up(fmt.nbytes, PAGE) + PAGE
+    fd = os.memfd_create(f"engram-node-{key.digest[:16]}", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, total)
+    os.pwrite(fd, key.digest.encode(), total - PAGE)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(f"\0engram-node-{os.geteuid()}-{'e' * 24}")
+    listener.listen(8)
+    listener.settimeout(0.1)
+    done = threading.Event()
+
+    def serve() -> None:
+        while not done.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.recv(129)
+                socket.send_fds(conn, [b'{"loaded_by": 1}'], [fd])
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    try:
+        shards = open_tables(SMALL, Checkpoint(checkpoint), "node", progress=False)
+        assert [(s.attached, s.loaded_by) for s in shards] == [(False, os.getpid())] * len(shards)
+        assert f"refused a node copy offered for {key.describe}: it is not sealed" in caplog.text
+    finally:
+        done.set()
+        server.join(5)
+        listener.close()
+        os.close(fd)
+    for shard in shards:
+        assert shard.release()
+    del shards
+    gc.collect()
