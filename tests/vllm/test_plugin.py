@@ -45,7 +45,7 @@ DS = ModelSpec(
     dtype="fp8",
 )
 ENABLED = {"on": {}, "bad": {"nope": 1}, "theirs": {"use_thp": True}}
-PINNED = ("host", "hugepages", "file")  # cpu_offload: vLLM's pinned-host table class, engram's storage
+PINNED = ("host", "hugepages", "node", "file")  # cpu_offload: vLLM's pinned-host table class, engram's storage
 
 
 def device_cache(spec: ModelSpec, path: Path, rows_cached: int) -> dict[str, object]:
@@ -91,7 +91,7 @@ def test_the_plugin_serves_qwen_tables_as_vllm_does(dtype: str, tmp_path: Path) 
                 "layers.0.ple.ple_embedding.ngram_embedding is split into shard_<k> parts; set file_backed to "
                 "false, or write the table whole"
             )
-        for placement in (*PINNED, "bounded") if dtype != "nvfp4" else PINNED[:2]:
+        for placement in (*PINNED, "bounded") if dtype != "nvfp4" else PINNED[:3]:  # a node copy loads the parts
             for layer in vllm:
                 table = answer[placement][layer]
                 assert table["class"] == "EngramQwenPinnedHostEmbedding", table
@@ -289,3 +289,25 @@ def test_the_plugins_online_tier_learns_and_its_counters_reach_vllms_metrics(
             assert metric_values(text, f"vllm:engram_tier_{metric}_total")[name] == tier[key], metric
         assert metric_values(text, "vllm:engram_lookups_total")[name] == ours["stats"]["ids"]
         assert metric_values(text, "vllm:engram_tier_rows")[name] == tier["rows"]
+
+
+def test_two_separately_started_engines_share_one_node_copy(tmp_path: Path) -> None:
+    """node_sharing through the plugin: two processes with no group between them (two vLLM engines of DP 1
+    on one node) build the same DeepSeek tables; the first loads each table's node copy from the model's
+    checkpoint, the second attaches it (vLLM's weight loaders copy nothing into a sealed copy), both read
+    vLLM's rows, each process's PSS of a table is half of it, and nothing is left once both exit."""
+    write_checkpoint(DS, tmp_path, seed=12)
+    hf = hf_config(DS, "fp8", 0)["text_config"]
+    ids = DS.hasher().hash(torch.randint(0, DS.vocab, (16,), generator=torch.Generator().manual_seed(6)))
+    base = {"path": str(tmp_path), "hf": hf, "ids": ids.transpose(0, 1).tolist()}
+    [vllm] = ask_vllm("plugin_deepseek", [{**base, "tp": 1}])
+    [shared] = ask_vllm("plugin_node_shared", [base])
+    assert shared["exit_codes"] == [0, 0] and shared["left"] == {"memfds": [], "sockets": []}, shared
+    first, second = shared["engines"]
+    for index, table in enumerate(vllm["vllm"][0]["tables"]):
+        ours, theirs = first["built"][index], second["built"][index]
+        assert ours["rows"] == theirs["rows"] == table["rows"]
+        assert (ours["origin"], ours["loaded_by"]) == ("loaded", first["pid"])
+        assert (theirs["origin"], theirs["loaded_by"]) == ("attached", first["pid"])
+        for engine in (first, second):  # one copy, two holders (the table and its trailer page)
+            assert 0.45 * ours["bytes"] <= engine["pss"][index] <= 0.55 * (ours["bytes"] + PAGE), engine["pss"]

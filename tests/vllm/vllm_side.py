@@ -516,6 +516,7 @@ def plugin_qwen_case(case: dict) -> dict:
     answer["host"] = build({"engram": {}}, cpu_offload=True)
     answer["hugepages"] = build({"engram": {}}, cpu_offload=True, use_thp=True)
     answer["file"] = build({"engram": {"file_backed": True}}, cpu_offload=True)
+    answer["node"] = build({"engram": {"node_sharing": "node"}}, cpu_offload=True)
     answer["bounded"] = build({"engram": {"file_backed": True, "file_cache_bytes": 1 << 20}}, cpu_offload=True)
     answer["cached"] = build({"engram": case["cache"]}, cpu_offload=True)
     return answer
@@ -885,6 +886,88 @@ def plugin_shared_case(case: dict) -> dict:
 
 
 KINDS["plugin_shared"] = plugin_shared_case
+
+
+def node_engine(case: dict, results: Any, go: Any) -> None:
+    """One of two separately started vLLM module builds (no torch.distributed group between them) of
+    DeepSeek tables with engram's node_sharing: its tables' rows, where each came from (loaded here or
+    attached) and, once told that every engine has built, the PSS of each table's mapping."""
+    import vllm.models.deepseek_v41.common.engram as engram
+    from safetensors.torch import load_file
+    from vllm.plugins import DEFAULT_PLUGINS_GROUP, load_plugins_by_group
+    from vllm.transformers_utils.configs.deepseek_v41 import DeepseekV41Config
+
+    from engram.memory.smaps import pss
+
+    try:
+        for func in load_plugins_by_group(DEFAULT_PLUGINS_GROUP).values():
+            func()
+        current = deepseek_config(case["path"], {"engram": {"node_sharing": "node"}}, cpu_offload=True)
+        layout = engram.EngramLayout(DeepseekV41Config(text_config=case["hf"]))
+        weights = load_file(f"{case['path']}/model.safetensors")
+        out, mappings = [], []
+        with deepseek_state(current, 1, 0), torch.device(DEVICE):
+            for index, layer_id in enumerate(layout.layer_ids):
+                table = engram.Engram._create_embedding(None, layout, index)
+                name = f"layers.{layer_id}.engram.embed"
+                table.weight.weight_loader(table.weight, weights[f"{name}.weight"])  # a node copy: nothing to copy
+                table.weight_scale_inv.weight_loader(table.weight_scale_inv, weights[f"{name}.scale"])
+                ids = torch.tensor(case["ids"][index])
+                rows = torch.zeros(ids.shape[0], table.part_n_hash_cols, table.dim, dtype=torch.bfloat16)
+                table.lookup(ids, rows)
+                stats = table.engram_table.stats()
+                out.append(
+                    {
+                        "rows": rows.view(torch.int16).flatten().tolist(),
+                        "origin": stats.origin,
+                        "loaded_by": stats.loaded_by,
+                        "bytes": stats.bytes,
+                    }
+                )
+                mappings.append((table, table.engram_table.shard.mapping))
+        results.put((os.getpid(), out))
+        go.wait(300)
+        results.put((os.getpid(), [pss(m.addr, m.length) for _, m in mappings]))
+    except Exception as exc:  # the message is the answer
+        results.put((os.getpid(), f"{type(exc).__name__}: {exc}"))
+
+
+def plugin_node_shared_case(case: dict) -> dict:
+    """Two independent processes building the same DeepSeek tables through the plugin with node_sharing,
+    the second started once the first has built: each one's answer (node_engine), their exit codes, and
+    the node copies' memfds and sockets left once both have exited."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    results, go = context.Queue(), context.Event()
+    workers = []
+    built = {}
+    for _ in range(2):
+        workers.append(context.Process(target=node_engine, args=(case, results, go)))
+        workers[-1].start()
+        pid, answer = results.get(timeout=300)
+        built[pid] = answer
+    go.set()
+    measured = dict(results.get(timeout=300) for _ in workers if all(not isinstance(a, str) for a in built.values()))
+    for worker in workers:
+        worker.join(timeout=120)
+    memfds = []
+    for pid in os.listdir("/proc"):
+        with contextlib.suppress(OSError):
+            if pid.isdigit():
+                memfds += [
+                    fd for fd in os.listdir(f"/proc/{pid}/fd") if "engram-node" in os.readlink(f"/proc/{pid}/fd/{fd}")
+                ]
+    with open("/proc/net/unix") as f:
+        sockets = [line.split()[-1] for line in f if "@engram-node-" in line or "@engram-load-" in line]
+    return {
+        "engines": [{"pid": w.pid, "built": built.get(w.pid), "pss": measured.get(w.pid)} for w in workers],
+        "exit_codes": [w.exitcode for w in workers],
+        "left": {"memfds": memfds, "sockets": sockets},
+    }
+
+
+KINDS["plugin_node_shared"] = plugin_node_shared_case
 
 if __name__ == "__main__":
     for line in sys.stdin:

@@ -98,7 +98,7 @@ def create_embedding(self: Any, layout: Any, layer_hash_index: int) -> Any:
     config = engram_config(vllm_config)
     if config is None:
         return _VLLMS_FACTORY(self, layout, layer_hash_index)
-    checkpoint = files.checkpoint_dir(vllm_config) if config.file_backed else None
+    checkpoint = files.checkpoint_dir(vllm_config, config) if files.reads_checkpoint(config) else None
     return EngramParallelEmbedding(
         layout.num_embeddings[layer_hash_index],
         layout.head_dim,

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from engram.config import EngramConfig
 from engram.errors import EngramError
 from engram.runtime.table import Checkpoint, ResidentBudget
 
@@ -15,18 +16,29 @@ _CHECKPOINTS: dict[str, Checkpoint] = {}  # one open checkpoint per directory an
 _BUDGETS: dict[tuple[str, int], ResidentBudget] = {}  # file_cache_bytes: one per checkpoint and bound
 
 
-def checkpoint_dir(vllm_config: Any) -> str:
-    """The model's local directory, whose safetensors files file-backed tables are served from."""
+def setting(config: EngramConfig) -> str:
+    """The setting that makes engram read the checkpoint itself: file_backed, or node_sharing."""
+    return "file_backed" if config.file_backed else "node_sharing"
+
+
+def reads_checkpoint(config: EngramConfig) -> bool:
+    """Whether engram reads the model's checkpoint itself: a file-backed table serves its pages, and a
+    node copy is loaded from it once for every engine of the node."""
+    return config.file_backed or config.node_sharing != "off"
+
+
+def checkpoint_dir(vllm_config: Any, config: EngramConfig) -> str:
+    """The model's local directory, whose safetensors files file-backed tables are served from and node
+    copies loaded from."""
     model = getattr(getattr(vllm_config, "model_config", None), "model", None)
     load = getattr(getattr(vllm_config, "load_config", None), "load_format", "auto")
+    name = setting(config)
     if not isinstance(model, str) or not Path(model).is_dir():
         raise EngramError(
-            f"engram setting 'file_backed' serves tables from the model's safetensors files on local disk; {model!r} is not a directory (download the model first)"
+            f"engram setting {name!r} reads tables from the model's checkpoint files on local disk; {model!r} is not a directory (download the model first)"
         )
     if load == "dummy":
-        raise EngramError(
-            "engram setting 'file_backed' serves the checkpoint's own pages; load_format 'dummy' has none"
-        )
+        raise EngramError(f"engram setting {name!r} reads the checkpoint's own tables; load_format 'dummy' has none")
     return model
 
 
@@ -47,11 +59,15 @@ def layer_tail(prefix: str) -> str:
     return prefix[prefix.find("layers.") :] if "layers." in prefix else prefix
 
 
-def table_named(found: Checkpoint, prefix: str) -> str:
+def table_named(found: Checkpoint, prefix: str, *, split: bool = False) -> str:
     """The checkpoint's name for the table a vLLM module under `prefix` holds: the one `<...>.weight` whose
-    name ends as the prefix does from `layers.` on."""
+    name ends as the prefix does from `layers.` on (with `split`, also a table written as `<...>.shard_0`
+    and on: a node copy loads the parts; a file-backed table needs one tensor)."""
     tail = layer_tail(prefix)
-    names = sorted(n.removesuffix(".weight") for n in found.shapes if n.endswith(f"{tail}.weight"))
+    whole = {n.removesuffix(".weight") for n in found.shapes if n.endswith(f"{tail}.weight")}
+    first_part = f"{tail}.shard_0.weight"
+    parts = {n.removesuffix(first_part) + tail for n in found.shapes if n.endswith(first_part)} if split else set()
+    names = sorted(whole | parts)
     if not names and any(f"{tail}.shard_" in n for n in found.shapes):
         raise EngramError(
             f"file_backed tables are served from one tensor per table, but {tail} is split into shard_<k> parts; set file_backed to false, or write the table whole"
@@ -59,7 +75,7 @@ def table_named(found: Checkpoint, prefix: str) -> str:
     if len(names) != 1:
         where = "none" if not names else f"{len(names)} ({', '.join(names[:3])})"
         raise EngramError(
-            f"engram file_backed: the checkpoint should hold one table ending in {tail}.weight for vLLM's {prefix}, it holds {where}"
+            f"engram: the checkpoint should hold one table ending in {tail}.weight for vLLM's {prefix}, it holds {where}"
         )
     return names[0]
 

@@ -70,9 +70,10 @@ class EngramStorage:
             start = self.shard_indices.org_vocab_start_index
             fmt = ShardFormat(rows, self.embedding_dim, _row_format(self.quant_method, dtype))
             name, table_rows, model_dir = self.prefix, self.num_embeddings_padded, None
-            if where == "file":  # the checkpoint's tensor, of the vocabulary's rows
-                model_dir = files.checkpoint_dir(get_current_vllm_config())
-                name, table_rows = files.table_named(files.checkpoint(model_dir), name), self.org_vocab_size
+            if where in ("file", "node"):  # the checkpoint's tensor, of the vocabulary's rows
+                model_dir = files.checkpoint_dir(get_current_vllm_config(), config)
+                found = files.checkpoint(model_dir)
+                name, table_rows = files.table_named(found, name, split=where == "node"), self.org_vocab_size
             self.engram_table = open_vllm_table(
                 config, name, fmt, where, row_start=start, table_rows=table_rows, model_dir=model_dir
             )

@@ -112,14 +112,18 @@ def open_vllm_table(
     model_dir: str | None = None,
     group: Group | None = None,
 ) -> Table:
-    """A table vLLM's weight loaders fill (Table.weight_loader), or with file_backed the pages of the
-    checkpoint in `model_dir` (`name` its tensor's name), under that checkpoint's resident-set budget."""
+    """A table vLLM's weight loaders fill (Table.weight_loader); with file_backed the pages of the
+    checkpoint in `model_dir` (`name` its tensor's name), under that checkpoint's resident-set budget; with
+    node_sharing the node's copy of it, attached or loaded from that checkpoint now (vLLM's loaders then
+    copy nothing)."""
     checkpoint = budget = None
-    if placement == "file":
+    if placement in ("file", "node"):
         if model_dir is None:
-            raise EngramError(f"engram file_backed: no checkpoint directory to serve {name} from")
-        checkpoint, budget = files.checkpoint(model_dir), files.budget_for(model_dir, config.file_cache_bytes)
+            raise EngramError(f"engram {files.setting(config)}: no checkpoint directory to serve {name} from")
+        checkpoint = files.checkpoint(model_dir)
+        budget = files.budget_for(model_dir, config.file_cache_bytes) if placement == "file" else None
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     return open_table(
         name, fmt, placement, row_start=row_start, table_rows=table_rows, checkpoint=checkpoint, group=group,
-        runtime=uva_runtime(), budget=budget,
+        runtime=uva_runtime(), budget=budget, sharing=config.node_sharing, device=device,
     )  # fmt: skip
