@@ -1,6 +1,9 @@
 """Run a function on N local processes joined by torch.distributed (gloo on 127.0.0.1, a free port),
-as the demo and the multi-process tests do. Processes are spawned (never forked: torch and threads do
-not survive fork), the whole run is bounded by a timeout, and every process is gone when it returns.
+as the demo and the multi-process tests do. Processes fork from multiprocessing's fork server, a
+single-threaded process that imported torch and the engine once (forking this process could copy
+threads and locks that torch holds; spawning pays the import again for every rank), each with this
+process's environment, working directory and sys.path at the call. The whole run is bounded by a
+timeout, and every rank is gone when it returns.
 
 Results come back over one pipe per rank, never a multiprocessing.Queue: a queue's named semaphores
 outlive a killed process group in /dev/shm, while the kernel closes a dead process's pipes. The
@@ -26,6 +29,7 @@ from engram.runtime.dist import parse_timeout, timeout_s
 # After a rank dies, the others get this many of their timeouts to notice and report it themselves (the
 # rendezvous retries with back-off, so one timeout is not always enough) before the rest are killed.
 SURVIVOR_GRACE = 2
+PRELOAD = ["engram.runtime.engine"]  # torch, torch.distributed and the runtime, imported once by the fork server
 
 
 def free_port() -> int:
@@ -54,6 +58,7 @@ def _child(
     results: Connection,
     dist_timeout: float,
 ) -> None:
+    os.environ.clear()  # the caller's environment as it is now (the fork server's is from its start), then env
     os.environ.update(env)
     os.environ.update(
         {
@@ -104,7 +109,9 @@ def run_local(
     ENGRAM_DIST_TIMEOUT_S (from `env` when it sets it, else this process's environment)."""
     env = dict(env or {})
     dist_timeout = parse_timeout(env["ENGRAM_DIST_TIMEOUT_S"]) if "ENGRAM_DIST_TIMEOUT_S" in env else timeout_s()
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    env = {**os.environ, **env}
     port = free_port()
     pipes = [ctx.Pipe(duplex=False) for _ in range(world)]
     procs = [

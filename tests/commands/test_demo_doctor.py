@@ -136,6 +136,7 @@ def test_doctor_passes_here_with_warnings(capsys: pytest.CaptureFixture[str]) ->
         "memlock limit",
         "host memory",
         "node identity",
+        "node copies",
         "CUDA",
         "UVA",
         "nvcc",

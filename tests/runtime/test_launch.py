@@ -55,8 +55,7 @@ def test_a_rank_killed_before_the_rendezvous(victim: int) -> None:
     retries with back-off, so up to about twice that), with one line."""
 
     def kill_early(procs: Sequence[object]) -> None:
-        time.sleep(0.3)
-        os.kill(procs[victim].pid, signal.SIGKILL)  # type: ignore[attr-defined]
+        os.kill(procs[victim].pid, signal.SIGKILL)  # type: ignore[attr-defined]  # at once: it is still starting
 
     started = time.monotonic()
     outcomes = run_local(2, workers.meet, timeout=120, env={"ENGRAM_DIST_TIMEOUT_S": "2"}, on_start=kill_early)

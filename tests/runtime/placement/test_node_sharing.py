@@ -379,3 +379,24 @@ def test_an_unsealed_copy_of_our_own_uid_is_refused(checkpoint: Path, caplog: py
         assert shard.release()
     del shards
     gc.collect()
+
+
+def test_doctor_lists_the_copies_held_and_who_maps_them(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from engram.cli import main
+
+    first = Engine(checkpoint, tmp_path / "first")
+    loader = first.ready()["pid"]
+    second = Engine(checkpoint, tmp_path / "second")
+    second.ready()
+    assert main(["doctor", "--json"]) == 0
+    [check] = [c for c in json.loads(capsys.readouterr().out) if c["name"] == "node copies"]
+    first.finish()
+    second.finish()
+    assert check["status"] == "pass" and check["detail"].startswith("2 held now: ")
+    for name, rows in zip(SMALL.table_names(), SMALL.layout.table_rows, strict=True):
+        copy = f"rows [0, {rows:,}) of {rows:,} of {name} as fp8 x 128 (one copy for the node)"
+        assert copy in check["detail"]
+        holders = ", ".join(map(str, sorted((first.pid, second.pid))))
+        assert f"{copy}, 6.6 MiB, loaded by pid {loader}, mapped by pids {holders}" in check["detail"]
