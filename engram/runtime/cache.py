@@ -108,11 +108,20 @@ def cached_gather(
         counts[2] += ((flat >= owned[0]) & (flat < owned[1]) & ~hit).sum()
     shape, dtype = call.ids.shape, call.out_dtype
     slot = position if cache.slots is None else cache.slots[position]
-    slots = torch.where(hit, slot, DEAD_ID).view(shape)
+    misses = torch.where(hit, DEAD_ID, flat).view(shape)  # an id outside the table never hits: the host path raises
+    if not flat.is_cuda:  # the misses into the output, then the hits over them: no second full-size buffer
+        rows = replace(call, ids=misses).run()  # (a prefill's transient copies would push a file's pages out)
+        picked = hit.nonzero().squeeze(1)
+        if picked.numel():
+            hot = GatherCall(
+                cache.weight, cache.scale, slot[picked], 0, cache.weight.shape[0], dtype, table_scale=call.table_scale
+            ).run()
+            rows[hit.view(shape)] = hot  # in place, in the mask's (row-major) order: picked's
+        return rows
+    slots = torch.where(hit, slot, DEAD_ID).view(shape)  # static shapes on a GPU: capturable
     from_cache = GatherCall(
         cache.weight, cache.scale, slots, 0, cache.weight.shape[0], dtype, table_scale=call.table_scale
     ).run()
-    misses = torch.where(hit, DEAD_ID, flat).view(shape)  # an id outside the table never hits: the host path raises
     from_host = replace(call, ids=misses, out=dtype).run()
     rows = torch.where(hit.view(*shape, 1), from_cache, from_host)
     return rows if not isinstance(call.out, torch.Tensor) else call.out.copy_(rows)

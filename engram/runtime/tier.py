@@ -21,6 +21,7 @@ so the hit rates it reports are those this code serves."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -28,7 +29,7 @@ import torch
 
 from engram.errors import EngramError
 from engram.runtime.cache import COUNTS, EMPTY_KEY, HotRows, find, stored_rows
-from engram.runtime.placement.filemap import files_named_on_fault, read_ahead
+from engram.runtime.placement.filemap import files_named_on_fault, read_ahead, resident_rows
 from engram.runtime.placement.storage import TableShard
 from engram.runtime.sketch import DEPTH, FrequencySketch, sketch_width
 
@@ -131,9 +132,10 @@ class Admission:
         self._set(owned[:0], slots[:0], owned, slots[: owned.numel()], slots[owned.numel() :])
         return Change(owned, slots[: owned.numel()], evicted)
 
-    def refresh(self, window: torch.Tensor) -> Change:
+    def refresh(self, window: torch.Tensor, admissible: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Change:
         """Count the ids `window` served and keep the `capacity` rows of highest estimate among those held
-        and those in the window (module docstring); a static tier changes nothing."""
+        and those in the window (module docstring); a static tier changes nothing. `admissible`: which of
+        the rows not held may be admitted now (a mask; the others are counted and wait for a later one)."""
         if self.sketch is None:
             return Change(window[:0], self.slots[:0], 0)
         window = window.reshape(-1).to(torch.int64)
@@ -145,6 +147,8 @@ class Admission:
         new = seen[~known]
         if self.min_count > 1:
             new = new[self.sketch.estimate(new) >= self.min_count]
+        if admissible is not None and new.numel():
+            new = new[admissible(new)]
         if self.used + new.numel() <= self.capacity:  # room for all: nothing competes
             slots = self.slots[self.used : self.used + new.numel()].clone()
             free = self.slots[self.used + new.numel() :].clone()
@@ -277,7 +281,10 @@ class Tier:
         if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise EngramError("a tier refreshes between steps, not while a CUDA graph is being captured")
         served = min(int(self._served), self._ring.numel())  # the one read back to the host
-        change = self.admission.refresh(self._ring[:served])
+        # A file on disk: admit only rows whose pages are still in the page cache (a miss just read them),
+        # so admissions read nothing from the disk; the others wait until a miss reads them again.
+        admissible = (lambda new: resident_rows(self.shard, new)) if self.shard.readahead else None
+        change = self.admission.refresh(self._ring[:served], admissible)
         self._served.zero_()
         self.since = 0
         self.refreshes += 1

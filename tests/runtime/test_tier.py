@@ -11,11 +11,12 @@ import pytest
 import torch
 
 from engram.errors import EngramError
-from engram.memory.mapping import madvise
+from engram.memory.mapping import PAGE, madvise
 from engram.ops import gather
 from engram.runtime.cache import EMPTY_KEY
 from engram.runtime.checkpoints.loader import Checkpoint
-from engram.runtime.placement.residency import MADV_DONTNEED, drop_file_cache, resident_bytes
+from engram.runtime.placement.filemap import resident_rows
+from engram.runtime.placement.residency import MADV_DONTNEED, drop_file_cache, page_resident, resident_bytes
 from engram.runtime.plan import table_shards
 from engram.runtime.sketch import DEPTH, SATURATED, FrequencySketch
 from engram.runtime.table import Table
@@ -213,3 +214,44 @@ def test_a_ram_tier_over_a_file_backed_table(small_checkpoint: Path) -> None:
     assert stats.bytes == rows_bytes + 500 * 16 + 4000 * 16 + 4 * 4 * 16384 == budget
     table.release()
     plain.release()
+
+
+def test_rows_not_admissible_now_wait_counted() -> None:
+    """A refresh admits only the rows `admissible` allows (a file's rows whose pages are resident); the
+    others keep their counts and come in on a later refresh that allows them."""
+    admission = Admission(8, (0, 100), window_ids=64)
+    window = torch.tensor([3, 4, 5, 6, 3, 4, 5, 6])
+    change = admission.refresh(window, lambda new: new % 2 == 0)
+    assert sorted(change.admitted.tolist()) == [4, 6] and admission.keys[: admission.used].tolist() == [4, 6]
+    change = admission.refresh(torch.tensor([7]), lambda new: torch.ones_like(new, dtype=torch.bool))
+    assert admission.keys[: admission.used].tolist() == [4, 6, 7]
+    change = admission.refresh(torch.tensor([3, 5]))
+    assert admission.keys[: admission.used].tolist() == [3, 4, 5, 6, 7]
+    assert admission.sketch is not None and admission.sketch.estimate(torch.tensor([3, 5])).tolist() == [3, 3]
+
+
+def test_resident_rows_follow_the_page_cache(small_checkpoint: Path) -> None:
+    """resident_rows against each row's pages probed one by one (page_resident), with the file's page
+    cache dropped and then some rows read back."""
+    plans = table_shards(SMALL, 0, 1)
+    shard = open_tables(SMALL, Checkpoint(small_checkpoint), "file", plans=plans, progress=False)[0]
+    for mapping in shard.files:
+        madvise(mapping.addr, mapping.length, MADV_DONTNEED)
+        assert mapping.path is not None and drop_file_cache(mapping.path, file_id=mapping.file_id)
+    rows = plans[0].table_rows
+    ids = torch.arange(rows)
+    assert not resident_rows(shard, ids).any()
+    Table(shard, rows).lookup(torch.tensor([[5, 6, 7, 2_000, 40_000]]))
+
+    def pages_resident(row: int) -> bool:
+        for part in (shard.weight, shard.scale):
+            assert part is not None
+            row_bytes = part.shape[1] * part.element_size()
+            first, last = part.data_ptr() + row * row_bytes, part.data_ptr() + (row + 1) * row_bytes - 1
+            if not all(page_resident(page * PAGE) for page in range(first // PAGE, last // PAGE + 1)):
+                return False
+        return True
+
+    expected = [pages_resident(r) for r in range(rows)]
+    assert resident_rows(shard, ids).tolist() == expected
+    assert all(expected[r] for r in (5, 6, 7, 2_000, 40_000)) and not all(expected)
