@@ -657,6 +657,7 @@ def plugin_file_budget_case(case: dict) -> dict:
                 table.weight.weight_loader(table.weight, weights[f"{name}.weight"])
                 table.weight_scale_inv.weight_loader(table.weight_scale_inv, weights[f"{name}.scale"])
             del weights
+            gc.collect()  # safetensors' mapping of the file goes now: the pages it maps cannot be dropped
             drop_file_cache(path)  # cold: no page of the file left from writing or loading it
             first = engram_table(tables[0])
             shard = first.shard if first is not None and first.shard.files else None

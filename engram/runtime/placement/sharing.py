@@ -442,7 +442,10 @@ def _load(key: ShareKey, size: int, fill: Callable[[Mapping], None], node: int |
     error = capacity_error(total)
     if error:
         raise EngramError(f"{key.describe}: {error.replace('dp_shared_memory', 'node_sharing')}")
-    fd = os.memfd_create(f"engram-node-{key.digest[:16]}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        fd = os.memfd_create(f"engram-node-{key.digest[:16]}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    except OSError as exc:
+        raise EngramError(f"{key.describe}: memfd_create failed: {exc.strerror}; set node_sharing 'off'") from None
     try:
         with preferring(node):
             failed = reserve(fd, total)
