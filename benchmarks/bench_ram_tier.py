@@ -1,21 +1,23 @@
 """A file-backed table four times larger than a memory limit, served to real-text decode and prefill
-lookups: engram's RAM tier (ram_cache_bytes, rows chosen online, misses read through the sorted,
-coalesced read-ahead under file_cache_bytes) against the kernel's own page-cache LRU (the same file-backed
-table with neither), side by side in one run, each in a fresh cgroup v1 memory group of the same limit.
+lookups: engram's RAM tier (ram_cache_bytes, rows admitted after every lookup, misses read through the
+sorted, coalesced read-ahead in batches) against the kernel's own page-cache LRU (the same file-backed
+table without it), side by side in one run, each in a fresh cgroup v1 memory group of the same limit.
 
 The table is layer 0's of a V4.1-shaped model (fp8 rows, 256 B + 8 B of scales) of --table-gb in a
-safetensors file on this machine's disk (ENGRAM_BENCH_DIR, default /var/tmp). The memory limit is the
-process's own need (measured first, with no limit) plus a quarter of the table. The stream is the
-corpus's held-out text, hashed with the real hasher, in decode steps (256 tokens x 24 heads) and every
---prefill-every steps a prefill chunk (8,192 tokens). Measured per step after a warm-up: the bytes the
-process read from storage (/proc/self/io), and the decode step's time against a model of it: its pages
-read at the disk's random-read rate (measured here first: a dropped page cache, uniform rows, engram's
-own read path) plus the warm gather of the same ids. Rows are bit-equal across the runs (a digest of
-every lookup's output).
+safetensors file on this machine's disk (ENGRAM_BENCH_DIR, default /var/tmp). The memory limit is what
+serving itself needs (measured first: the whole run with no limit, over a file whose pages the parent
+holds, so that only the lookups' own memory is charged; the child makes its stream and mappings before it
+joins the group) plus a quarter of the table: the memory left for rows, page cache or tier. The tier
+takes --tier-share of it. The stream is the corpus's held-out text, hashed with the real hasher, in
+decode steps (256 tokens x 24 heads) and every --prefill-every steps a prefill chunk (8,192 tokens).
+Measured per step after a warm-up: the bytes the process read from storage (/proc/self/io), and the
+decode step's time against a model of it: its pages read at the disk's random-read rate (measured here
+first: a dropped page cache, uniform rows, engram's own read path, no memory limit) plus the warm gather
+of the same ids. Rows are bit-equal across the runs (a digest of every lookup's output).
 
 Targets: disk pages read per step at most 0.67x the page-cache LRU's; decode step time within 1.2x of
 the model. Run as root on a machine with a writable cgroup v1 memory controller.
-Run: python benchmarks/bench_ram_tier.py [--table-gb N] [--steps N] [--json]
+Run: python benchmarks/bench_ram_tier.py [--table-gb N] [--steps N] [--tier-share F] [--json]
 """
 
 from __future__ import annotations
@@ -49,26 +51,43 @@ CGROUP = Path("/sys/fs/cgroup/memory")
 DECODE, PREFILL, COLUMNS = 256, 8192, 24
 
 
-def stream(spec_bytes: int, steps: int, prefill_every: int) -> tuple[str, list[torch.Tensor]]:
-    """The table's name and the ids of each step, in order: decode steps with a prefill chunk every
-    `prefill_every` steps, over the held-out corpus, hashed as one stream."""
+def save_stream(path: Path, spec_bytes: int, steps: int, prefill_every: int) -> None:
+    """The table's name and the ids of each step, in order, into `path`: decode steps with a prefill
+    chunk every `prefill_every` steps, over the held-out corpus, hashed as one stream."""
     spec = scaled_preset("deepseek-v4.1-flash", spec_bytes)
     sizes = [PREFILL if prefill_every and i % prefill_every == 0 else DECODE for i in range(steps)]
     tokens = load_corpus().held_out[: sum(sizes)]
-    rows = spec.hasher().hash(spec.compress(tokens))[:, 0]  # layer 0's columns
-    return spec.table_names()[0], list(torch.split(rows, sizes))
+    rows = spec.hasher().hash(spec.compress(tokens))[:, 0].contiguous()  # layer 0's columns
+    torch.save({"name": spec.table_names()[0], "rows": rows, "sizes": sizes}, path)
+
+
+def warm_file(path: Path) -> None:
+    """Read the whole file once from this process, so its pages are in the page cache and charged to this
+    process's group, not to a child's."""
+    with open(path, "rb", buffering=0) as f:
+        while f.read(64 << 20):
+            pass
+
+
+def group_memory(group: str) -> str:
+    """The group's anonymous memory and page cache now, in MiB."""
+    stat = dict(line.split() for line in (CGROUP / group / "memory.stat").read_text().splitlines())
+    peak = int((CGROUP / group / "memory.max_usage_in_bytes").read_text())
+    return f"anonymous {int(stat['rss']) >> 20} MiB, page cache {int(stat['cache']) >> 20} MiB, peak {peak >> 20} MiB"
 
 
 def child(args: argparse.Namespace) -> None:
-    """One run inside the cgroup (argv: the directory, the policy, the tier's and page cache's bytes)."""
-    with open(CGROUP / args.group / "cgroup.procs", "w") as f:
-        f.write(str(os.getpid()))
-    spec_bytes = int(2 * args.table_gb * 2**30)
-    name, steps = stream(spec_bytes, args.steps, args.prefill_every)
+    """One run inside the cgroup (argv: the directory, the policy, the tier's and page cache's bytes). The
+    stream and the table's mapping are made first and the process joins the group after: what the group
+    is charged is what serving costs (the tier, the lookups' buffers, the file's pages), not the set-up."""
+    saved = torch.load(Path(args.child) / "stream.ids")
+    name, steps = saved["name"], list(torch.split(saved["rows"], saved["sizes"]))
     checkpoint = Checkpoint(args.child)
     rows = checkpoint.files[f"{name}.weight"].entries[f"{name}.weight"].shape[0]
     budget = ResidentBudget(args.file_cache) if args.file_cache else None
     table = open_table(name, ShardFormat(rows, 256, "fp8"), "file", checkpoint=checkpoint, budget=budget)
+    with open(CGROUP / args.group / "cgroup.procs", "w") as f:
+        f.write(str(os.getpid()))
     if args.ram_tier:
         table.keep_hot(args.ram_tier, "cpu", "ram")
     digest = hashlib.sha256()
@@ -86,7 +105,9 @@ def child(args: argparse.Namespace) -> None:
         out = table.lookup(ids)
         elapsed = time.perf_counter() - start
         read = storage_read_bytes() - before
-        digest.update(out.view(torch.uint8).numpy().tobytes())
+        digest.update(out.view(torch.uint8).numpy().data)  # no copy: a prefill's would be 100 MB more
+        if i % 100 == 0 or ids.shape[0] == PREFILL:  # shown if the run fails: how far it got, what the group held
+            print(f"step {i}: {group_memory(args.group)}", file=sys.stderr, flush=True)
         per_step.append({"step": i, "tokens": ids.shape[0], "read": read, "seconds": elapsed, "timed": timed})
     stats = table.stats()
     tier = None if stats.tier is None else dataclasses.asdict(stats.tier)
@@ -94,9 +115,17 @@ def child(args: argparse.Namespace) -> None:
 
 
 def run_child(
-    args: argparse.Namespace, directory: Path, limit: int, ram_tier: int, file_cache: int, *, warm: bool = False
+    args: argparse.Namespace,
+    directory: Path,
+    limit: int,
+    ram_tier: int,
+    file_cache: int,
+    *,
+    warm: bool = False,
+    cold: bool = True,
 ) -> dict:
-    drop_file_cache(directory / "model.safetensors")  # pages are charged to whoever read them first
+    if cold:
+        drop_file_cache(directory / "model.safetensors")  # pages are charged to whoever read them first
     group = f"engram-bench-{uuid.uuid4().hex[:8]}"
     (CGROUP / group).mkdir()
     try:
@@ -108,7 +137,7 @@ def run_child(
         ]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, timeout=3600, check=False)
         if done.returncode != 0:
-            raise SystemExit(f"the run failed:\n{done.stderr[-3000:]}")
+            raise SystemExit(f"the run failed (exit {done.returncode}, limit {limit:,} B):\n{done.stderr[-3000:]}")
         report = json.loads(done.stdout.splitlines()[-1])
         report["peak"] = int((CGROUP / group / "memory.max_usage_in_bytes").read_text())
         report["failcnt"] = int((CGROUP / group / "memory.failcnt").read_text())
@@ -160,7 +189,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1200)
     parser.add_argument("--prefill-every", type=int, default=64)
     parser.add_argument("--warmup", type=int, default=200)
-    parser.add_argument("--tier-share", type=float, default=0.5, help="of the memory for rows, the RAM tier's")
+    parser.add_argument("--tier-share", type=float, default=0.6, help="of the memory for rows, the RAM tier's")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--group", help=argparse.SUPPRESS)
@@ -178,9 +207,12 @@ def main() -> None:
     table_bytes = rows * ShardFormat(1, 256, "fp8").row_bytes
     with scratch_dir() as tmp:
         write_table(Path(tmp) / "model.safetensors", name, rows, 256)
+        save_stream(Path(tmp) / "stream.ids", int(2 * args.table_gb * 2**30), args.steps, args.prefill_every)
         rate = random_read_rate(Path(tmp), args.table_gb)
-        probe_args = argparse.Namespace(**{**vars(args), "steps": 2, "warmup": 0})
-        probe = run_child(probe_args, Path(tmp), 1 << 40, 0, 0)  # no limit: the process's own need
+        # Serving's own need: the whole run with no limit over a file whose pages this process holds (so
+        # none is charged to the child's group): what is left is the lookups' buffers and temporaries.
+        warm_file(Path(tmp) / "model.safetensors")
+        probe = run_child(args, Path(tmp), 1 << 40, 0, 0, cold=False)
         memory = table_bytes // 4
         limit = probe["peak"] + memory
         warm = run_child(args, Path(tmp), 1 << 40, 0, 0, warm=True)
@@ -212,6 +244,12 @@ def main() -> None:
     ratio = b["pages_per_step"] / a["pages_per_step"] if a["pages_per_step"] else float("nan")
     print(f"disk pages per step, tier / LRU: {ratio:.2f}x (target <= 0.67x)")
     print(f"decode step time / model: {b['time_over_model']:.2f}x (target <= 1.2x)")
+    held = b["tier"]
+    if held is not None:
+        print(
+            f"the tier: {held['rows']:,} rows ({held['bytes'] / 2**20:.0f} MiB), {held['hits'] / held['lookups']:.1%} of lookups hit, "
+            f"{held['admissions']:,} admissions, {held['evictions']:,} evictions"
+        )
     print(f"rows bit-equal across the runs: {a['digest'] == b['digest']}")
 
 

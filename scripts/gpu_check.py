@@ -380,6 +380,7 @@ def check_online_tier(runtime: cuda.LibraryRuntime) -> dict[str, Any]:
     before a refresh reads the refreshed tier when replayed (its rows still equal the uncached ones); the
     device counters count the replays too."""
     from engram.runtime.table import Table
+    from engram.runtime.tier import Admission
 
     rows, columns = 200_000, 16
     shard = make_shard("fp8", 256, rows, "pinned", runtime)
@@ -396,6 +397,7 @@ def check_online_tier(runtime: cuda.LibraryRuntime) -> dict[str, Any]:
             for _ in range(24)
         ]
         equal = all(same_bits(table.lookup(ids), plain.lookup(ids)) for ids in steps)
+        assert isinstance(tier.admission, Admission)  # a device tier: refreshed in place, between steps
         pointers = (tier.admission.keys.data_ptr(), tier.admission.slots.data_ptr(), tier.rows.weight.data_ptr())
         static_ids = steps[0].clone()
         out = torch.empty(256, columns, 256, dtype=torch.bfloat16, device="cuda")
@@ -739,8 +741,8 @@ def bench_cache(
                 online.refresh()  # now, not inside the timed lookups
                 assert online.tier is not None
                 learned = step_time(shape, functools.partial(online.lookup, ids))
-                hits = float(torch.isin(ids, cache.ids).float().mean())
-                online_hits = float(torch.isin(ids, online.tier.rows.ids).float().mean())
+                hits = float(torch.isin(ids, tier.admission.held_rows()).float().mean())
+                online_hits = float(torch.isin(ids, online.tier.admission.held_rows()).float().mean())
                 moved = ids.numel() * shard.format.row_bytes
                 timed = (
                     ("uncached", plain), (f"5% static cache, {hits:.0%} hits", cached),

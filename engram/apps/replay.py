@@ -7,8 +7,10 @@ serves), for each budget (a fraction of each table's rows) and policy:
   step, from the latest WINDOW_IDS of them;
 - "static": the tier holds the rows most frequent in the fit text and never changes.
 
-A step's hits are counted before its ids are recorded, as a lookup reads the tier before the refresh
-that follows it. Hits and lookups are summed over the tables, per window of `window_tokens` tokens."""
+Tier "device" refreshes once a window was served (Admission); tier "ram", the tier over a file on disk,
+admits after every lookup (EagerAdmission), a step being one lookup of each table. A step's hits are
+counted before its ids are recorded, as a lookup reads the tier before the refresh or admission that
+follows it. Hits and lookups are summed over the tables, per window of `window_tokens` tokens."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import torch
 
 from engram.errors import EngramError
 from engram.ngram.spec import ModelSpec
-from engram.runtime.tier import HALF_LIFE, WINDOW_IDS, Admission, Policy
+from engram.runtime.tier import HALF_LIFE, WINDOW_IDS, Admission, EagerAdmission, Policy, TierName
 
 STEP_TOKENS = 512
 
@@ -38,6 +40,7 @@ class Replay:
     policy: Policy
     cache_fraction: float
     rows: dict[str, int]  # each table's tier, in rows
+    tier: TierName = "device"
     windows: list[Window] = field(default_factory=list)
 
     @property
@@ -74,42 +77,50 @@ def replay(
     window_tokens: int = 8192,
     window_ids: int = WINDOW_IDS,
     half_life: int = HALF_LIFE,
+    tiers: Iterable[TierName] = ("device",),
 ) -> list[Replay]:
-    """Every (fraction, policy) replayed over `stream` (table_ids of the served text); `fit` (table_ids of
-    the fit text) picks the static rows, and warms the online tier when given."""
+    """Every (fraction, policy, tier) replayed over `stream` (table_ids of the served text); `fit`
+    (table_ids of the fit text) picks the static rows, and warms the online tier when given."""
     table_rows = dict(zip(spec.table_names(), spec.layout.table_rows, strict=True))
     out = []
     for fraction in fractions:
         for policy in policies:
             if policy == "static" and fit is None:
                 raise EngramError("a static tier is fitted on text: give --fit FILE")
-            rows = {name: max(1, int(fraction * table_rows[name])) for name in stream}
-            tokens = next(iter(stream.values())).shape[0]
-            windows = [Window(min(window_tokens, tokens - at)) for at in range(0, tokens, window_tokens)]
-            result = Replay(policy, fraction, rows, windows)
-            for name, ids in stream.items():
-                admission = Admission(
-                    rows[name], (0, table_rows[name]), policy=policy, half_life=half_life, window_ids=window_ids
-                )
-                if fit is not None:
-                    admission.warm(*hottest(fit[name], rows[name]))
-                _replay_table(admission, ids, window_tokens, window_ids, result.windows)
-            out.append(result)
+            for tier in tiers:
+                rows = {name: max(1, int(fraction * table_rows[name])) for name in stream}
+                tokens = next(iter(stream.values())).shape[0]
+                windows = [Window(min(window_tokens, tokens - at)) for at in range(0, tokens, window_tokens)]
+                result = Replay(policy, fraction, rows, tier, windows)
+                for name, ids in stream.items():
+                    span = (0, table_rows[name])
+                    admission = (
+                        EagerAdmission(rows[name], span, policy=policy)
+                        if tier == "ram"
+                        else Admission(rows[name], span, policy=policy, half_life=half_life, window_ids=window_ids)
+                    )
+                    if fit is not None:
+                        admission.warm(*hottest(fit[name], rows[name]))
+                    _replay_table(admission, ids, window_tokens, window_ids, result.windows)
+                out.append(result)
     return out
 
 
 def _replay_table(
-    admission: Admission, ids: torch.Tensor, window_tokens: int, window_ids: int, windows: list[Window]
+    admission: Admission | EagerAdmission, ids: torch.Tensor, window_tokens: int, window_ids: int, windows: list[Window]
 ) -> None:
     """One table's stream through `admission`, its hits and lookups added to `windows`."""
     pending: list[torch.Tensor] = []
     since = 0
     for start in range(0, ids.shape[0], STEP_TOKENS):
-        if admission.policy == "online" and since >= window_ids:
+        if isinstance(admission, Admission) and admission.policy == "online" and since >= window_ids:
             admission.refresh(torch.cat(pending)[-window_ids:])
             pending, since = [], 0
         step = ids[start : start + STEP_TOKENS]
         _count(windows, start, admission.hits(step).view(step.shape), window_tokens)
+        if isinstance(admission, EagerAdmission):
+            admission.admit(step)
+            continue
         pending.append(step.reshape(-1))
         since += step.numel()
 

@@ -51,6 +51,14 @@ def register(subparsers: Any) -> None:
         choices=POLICIES,
         help="with --text: the admission policies to replay (default: both with --fit, else online)",
     )
+    parser.add_argument(
+        "--tier",
+        nargs="+",
+        choices=("device", "ram"),
+        default=["device"],
+        help="with --text: the tiers to replay: device (HBM over host tables; refreshed once a window was served) "
+        "and ram (RAM over file-backed tables; admits after every lookup). Default: device",
+    )
     parser.add_argument("--tokenizer", metavar="FILE", help="the model's tokenizer.json (default: the bundled one)")
     parser.add_argument(
         "--max-tokens",
@@ -154,7 +162,13 @@ def run_replay(args: argparse.Namespace, spec: ModelSpec) -> int:
     if args.fit and fit is None:
         raise EngramError(f"--fit: no tokens in {', '.join(args.fit)}")
     results = replay(
-        spec, table_ids(spec, served.tokens), args.cache_fraction, policies, fit=fit, window_tokens=args.window_tokens
+        spec,
+        table_ids(spec, served.tokens),
+        args.cache_fraction,
+        policies,
+        fit=fit,
+        window_tokens=args.window_tokens,
+        tiers=args.tier,
     )
     row_bytes = ShardFormat(1, spec.head_dim, spec.dtype).row_bytes
     report: dict[str, Any] = {
@@ -165,6 +179,7 @@ def run_replay(args: argparse.Namespace, spec: ModelSpec) -> int:
         "results": [
             {
                 "policy": r.policy,
+                "tier": r.tier,
                 "cache_fraction": r.cache_fraction,
                 "rows": r.rows,
                 "bytes": sum(r.rows.values()) * row_bytes,
@@ -191,7 +206,7 @@ def run_replay(args: argparse.Namespace, spec: ModelSpec) -> int:
         )
         for r in shown:
             print(
-                f"    {r['policy']:>6}: {r['hit_rate']:.1%} of lookups hit; per {args.window_tokens:,} tokens: {curve(r['windows'])}"
+                f"    {r['policy']:>6} {r['tier']:>6}: {r['hit_rate']:.1%} of lookups hit; per {args.window_tokens:,} tokens: {curve(r['windows'])}"
             )
     if args.out and fit is not None:
         print(f"profile (fitted on --fit): {args.out}")
@@ -224,7 +239,7 @@ def draw_replay(report: dict[str, Any], path: str) -> None:
                 if w["lookups"]:
                     xs.append(at)
                     ys.append(100 * w["hits"] / w["lookups"])
-            axes.plot(xs, ys, label=f"{r['policy']}, {r['cache_fraction']:.2%} of rows")
+            axes.plot(xs, ys, label=f"{r['policy']} {r['tier']} tier, {r['cache_fraction']:.2%} of rows")
         axes.set_xlabel("tokens served")
         axes.set_ylabel(f"lookups that hit, % (per {report['window_tokens']:,} tokens)")
         axes.set_title(f"{report['preset']}: tiers of hot rows on your traffic")

@@ -19,6 +19,7 @@ from engram.ops import DEAD_ID, GatherCall
 from engram.runtime.checkpoints.files import check_regular
 from engram.runtime.checkpoints.loader import SafetensorsFile
 from engram.runtime.placement.storage import TableShard
+from engram.runtime.rowindex import RowIndex
 
 EMPTY_KEY = torch.iinfo(torch.int64).max  # an unused slot's id: above every row id, never looked up
 
@@ -27,16 +28,26 @@ EMPTY_KEY = torch.iinfo(torch.int64).max  # an unused slot's id: above every row
 class HotRows:
     """Cached rows of one shard: `ids` ascending global row ids (EMPTY_KEY past the ones held), `weight`
     (and `scale`) rows as stored; the row of ids[i] is weight[slots[i]], or weight[i] where `slots` is None.
-    A tier that learns rewrites all of these in place, so a captured graph reads its latest rows."""
+    A tier that learns rewrites all of these in place, so a captured graph reads its latest rows. A RAM
+    tier, which changes rows on every lookup, finds them through its `index` instead (ids None)."""
 
-    ids: torch.Tensor
+    ids: torch.Tensor | None
     weight: torch.Tensor
     scale: torch.Tensor | None
     slots: torch.Tensor | None = None
+    index: RowIndex | None = None
 
     def view(self, weight: torch.Tensor, scale: torch.Tensor | None) -> HotRows:
         """The same ids and slots over other views of the rows (their raw bytes, say)."""
-        return HotRows(self.ids, weight, scale, self.slots)
+        return replace(self, weight=weight, scale=scale)
+
+    def locate(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Whether each of `flat` (int64) is held, and its slot (meaningless where not)."""
+        if self.index is not None:
+            return self.index.find(flat)
+        assert self.ids is not None
+        position, hit = find(self.ids, flat)
+        return hit, position if self.slots is None else self.slots[position]
 
 
 class Profile(dict[str, torch.Tensor]):
@@ -89,6 +100,7 @@ def find(ids: torch.Tensor, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return position, ids[position] == flat
 
 
+HIT_CHUNK = 16384  # hits copied over the misses this many at a time: a few MB of transient rows, not a prefill's
 # What a tier's lookups add up, on the tier's device: hits, ids looked up, misses of rows the shard owns.
 COUNTS = 3
 
@@ -101,22 +113,22 @@ def cached_gather(
     [COUNTS] on the cache's device): hits, ids looked up and misses in the `owned` rows [start, stop) are
     added to it, on the device (no sync)."""
     flat = call.ids.reshape(-1).to(torch.int64)
-    position, hit = find(cache.ids, flat)
+    hit, slot = cache.locate(flat)
     if counts is not None:
         counts[0] += hit.sum()
         counts[1] += hit.numel()
         counts[2] += ((flat >= owned[0]) & (flat < owned[1]) & ~hit).sum()
     shape, dtype = call.ids.shape, call.out_dtype
-    slot = position if cache.slots is None else cache.slots[position]
     misses = torch.where(hit, DEAD_ID, flat).view(shape)  # an id outside the table never hits: the host path raises
     if not flat.is_cuda:  # the misses into the output, then the hits over them: no second full-size buffer
         rows = replace(call, ids=misses).run()  # (a prefill's transient copies would push a file's pages out)
         picked = hit.nonzero().squeeze(1)
-        if picked.numel():
-            hot = GatherCall(
-                cache.weight, cache.scale, slot[picked], 0, cache.weight.shape[0], dtype, table_scale=call.table_scale
+        flat_rows = rows.view(flat.numel(), -1)
+        for start in range(0, picked.numel(), HIT_CHUNK):
+            part = picked[start : start + HIT_CHUNK]
+            flat_rows[part] = GatherCall(
+                cache.weight, cache.scale, slot[part], 0, cache.weight.shape[0], dtype, table_scale=call.table_scale
             ).run()
-            rows[hit.view(shape)] = hot  # in place, in the mask's (row-major) order: picked's
         return rows
     slots = torch.where(hit, slot, DEAD_ID).view(shape)  # static shapes on a GPU: capturable
     from_cache = GatherCall(

@@ -53,17 +53,18 @@ class FrequencySketch:
         x = x ^ (x >> 23)
         return (x & (self.width - 1)) + self._row_base
 
-    def add(self, ids: torch.Tensor, counts: torch.Tensor | None = None) -> None:
+    def add(self, ids: torch.Tensor, counts: torch.Tensor | None = None) -> bool:
         """Count one look-up of each of `ids` (repeats count each time), or `counts` of each; halve every
-        counter each half_life additions, first. A conservative update: each distinct id raises its
-        counters only as far as its new estimate (its least counter plus its count), so collisions
-        inflate the estimates of rare ids far less than adding to every counter would. Counters
-        saturate at SATURATED, never overflow."""
+        counter each half_life additions, first, and say whether this one did. A conservative update:
+        each distinct id raises its counters only as far as its new estimate (its least counter plus its
+        count), so collisions inflate the estimates of rare ids far less than adding to every counter
+        would. Counters saturate at SATURATED, never overflow."""
         self.additions += 1
-        if self.half_life and self.additions % self.half_life == 0:
-            self.counts.bitwise_right_shift_(1)
+        halved = bool(self.half_life and self.additions % self.half_life == 0)
+        if halved:
+            self.halve()
         if not ids.numel():
-            return
+            return halved
         flat = ids.reshape(-1).to(torch.int64)
         if counts is None:
             distinct, step = torch.unique(flat, return_counts=True)
@@ -74,6 +75,11 @@ class FrequencySketch:
         target = (self.estimate(distinct).to(torch.int64) + step).clamp_(max=SATURATED).to(torch.int32)
         cells = self._cells(distinct)
         self.counts.view(-1).scatter_reduce_(0, cells.reshape(-1), target.expand(DEPTH, -1).reshape(-1), "amax")
+        return halved
+
+    def halve(self) -> None:
+        """Halve every counter: what was counted so far weighs half as much as what comes next."""
+        self.counts.bitwise_right_shift_(1)
 
     def estimate(self, ids: torch.Tensor) -> torch.Tensor:
         """int32 [n]: the estimated recent count of each id (at least its true count since the last halving)."""

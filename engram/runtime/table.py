@@ -26,6 +26,7 @@ from typing import Any, Literal
 import torch
 
 from engram.errors import EngramError
+from engram.memory.outputs import empty_cpu
 from engram.memory.registration import CudaRuntime
 from engram.ops import GatherCall, use_sorted
 from engram.ops.devices import ensure_kernels
@@ -59,6 +60,11 @@ __all__ = [
 ]
 
 log = logging.getLogger("engram")
+# Distinct rows of a file on disk read (or taken from its tier) per batch: their pages (about 8 MiB) and
+# rows fit beside a tier in a tight memory limit (bench_ram_tier: a prefill chunk asked for at once read
+# 2.7x its pages).
+READ_BATCH_ROWS = 2048
+BATCHED_IDS = 1 << 16  # a lookup of more ids than this (a prefill chunk) reads in batches even without a tier
 
 # The output kind of the stored bytes: each row's weight bytes, then its block scales' bytes (uint8).
 PACKED: Literal["packed"] = "packed"
@@ -128,6 +134,31 @@ def open_table(
     shard = open_shard(name, fmt, placement, **storage)
     table_rows = storage.get("table_rows") or fmt.rows
     return Table(shard, table_rows, out_dtype=out_dtype, budget=budget, group=storage.get("group"))
+
+
+class Spread:
+    """Rows gathered once per distinct id, written to every position of a lookup's ids that asked for
+    them: `inverse` (torch.unique's) maps each position to its distinct id. Into `out` when given, else a
+    new (recycled) output made on the first put, of the rows' width and dtype."""
+
+    def __init__(self, inverse: torch.Tensor, distinct: int, out: torch.Tensor | None) -> None:
+        self.order = torch.argsort(inverse, stable=True)  # positions, grouped by distinct id
+        self.counts = torch.bincount(inverse, minlength=distinct)
+        self.starts = self.counts.cumsum(0) - self.counts
+        self.rows = None if out is None else out.view(inverse.numel(), -1)
+
+    def put(self, at: torch.Tensor, got: torch.Tensor) -> None:
+        """`got[i]` is the row of distinct id `at[i]`."""
+        if self.rows is None:
+            self.rows = empty_cpu((self.order.numel(), *got.shape[1:]), got.dtype)
+        counts = self.counts[at]
+        local = torch.repeat_interleave(torch.arange(at.numel()), counts)
+        offsets = torch.arange(local.numel()) - torch.repeat_interleave(counts.cumsum(0) - counts, counts)
+        self.rows[self.order[self.starts[at][local] + offsets]] = got[local]
+
+    def result(self, shape: torch.Size, out: torch.Tensor | None) -> torch.Tensor:
+        assert self.rows is not None
+        return out if out is not None else self.rows.view(*shape, *self.rows.shape[1:])
 
 
 @dataclass(frozen=True)
@@ -246,11 +277,74 @@ class Table:
             self.tier.record(ids)
         if not self.shard.files:
             return self._lookup(ids, out, kind, check)
+        eager = self.tier is not None and self.tier.eager
+        if self.shard.readahead and not ids.is_cuda and check is None and (eager or ids.numel() > BATCHED_IDS):
+            return self._read_in_batches(ids, out, kind)
+        return self._read(ids, out, kind, check)
+
+    def _read(
+        self,
+        ids: torch.Tensor,
+        out: torch.Tensor | None,
+        kind: Output,
+        check: torch.Tensor | None,
+        *,
+        part: bool = False,
+    ) -> torch.Tensor:
+        """A lookup of a file-backed table: the pages of the rows to read (less the tier's) asked for at
+        once, then gathered, and the rows missed admitted to the tier while their pages are in the page
+        cache; `part`: these ids are a later batch of one lookup (_read_in_batches)."""
         wanted = ids if check is None else check
         if self.tier is not None and not wanted.is_cuda:  # what the tier holds is not read from the file
             wanted = wanted.reshape(-1)[~self.tier.admission.hits(wanted)]
         with self._disk_reads(), reading(self.shard, wanted, self.budget):
-            return self._lookup(ids, out, kind, check)
+            rows = self._lookup(ids, out, kind, check)
+            if self.tier is not None:
+                self.tier.admit(ids, same_lookup=part)
+            return rows
+
+    def _read_in_batches(self, ids: torch.Tensor, out: torch.Tensor | None, kind: Output) -> torch.Tensor:
+        """A lookup of a file on disk from host ids: each distinct row read once, the tier's from its slots,
+        the others READ_BATCH_ROWS at a time in address order (their pages asked for, gathered, and
+        admitted to the tier while resident), each batch's rows written straight to every id that asked
+        for them. Batches, because a prefill chunk's pages can be more than the memory left for the page
+        cache: asked for all at once, they push each other out before the gather reaches them, and are
+        read twice."""
+        flat = ids.reshape(-1)
+        if not flat.numel():
+            return self._read(ids, out, kind, None)
+        distinct, inverse = torch.unique(flat, return_inverse=True)
+        spread = Spread(inverse, distinct.numel(), out)
+        tier = self.tier
+        reads = torch.arange(distinct.numel())
+        if tier is not None:
+            hit, slot = tier.rows.locate(distinct)
+            estimate = tier.observe(distinct, hit, slot, inverse)
+            held = hit.nonzero().squeeze(1)
+            for start in range(0, held.numel(), READ_BATCH_ROWS):  # before any admission below moves a slot
+                at = held[start : start + READ_BATCH_ROWS]
+                spread.put(at, self._gather(slot[at], kind, from_tier=True))
+            reads = reads[~hit]
+        for start in range(0, reads.numel(), READ_BATCH_ROWS):
+            at = reads[start : start + READ_BATCH_ROWS]
+            with self._disk_reads(), reading(self.shard, distinct[at], self.budget):
+                spread.put(at, self._gather(distinct[at], kind))
+                if tier is not None:
+                    tier.admit_read(distinct[at], estimate[at])
+        return spread.result(ids.shape, out)
+
+    def _gather(self, ids: torch.Tensor, kind: Output, *, from_tier: bool = False) -> torch.Tensor:
+        """Rows of `ids` in `kind` read from the table alone, or (`from_tier`) the tier's rows in slots `ids`."""
+        parts = []
+        for call in self._calls(ids, kind, None):
+            if from_tier:
+                assert self.tier is not None
+                hot = self._hot(self.tier.rows, call)
+                call = GatherCall(
+                    hot.weight, hot.scale, ids, 0, hot.weight.shape[0], call.out_dtype, table_scale=call.table_scale
+                )
+            parts.append(call.run())
+        return torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
 
     @contextlib.contextmanager
     def _disk_reads(self) -> Iterator[None]:
@@ -288,18 +382,23 @@ class Table:
         return rows if out is None else out.copy_(rows)
 
     def _rows(self, ids: torch.Tensor, kind: Output, check: torch.Tensor | None) -> torch.Tensor:
-        if kind != PACKED:
-            call = self._call(ids, kind, check)
-            return call.run() if self.tier is None else self._cached(call, counted=True)
-        parts: list[torch.Tensor] = []
-        for part in (self.shard.weight, self.shard.scale):
-            if part is not None:
-                raw = part.view(torch.uint8)
-                call = GatherCall(
-                    raw, None, ids, self.row_start, self.table_rows, torch.uint8, self._sorted(ids), check
-                )
-                parts.append(call.run() if self.tier is None else self._cached(call, counted=not parts))
+        parts = [
+            call.run() if self.tier is None else self._cached(call, counted=not i)  # a packed lookup counts once
+            for i, call in enumerate(self._calls(ids, kind, check))
+        ]
         return torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
+
+    def _calls(self, ids: torch.Tensor, kind: Output, check: torch.Tensor | None) -> list[GatherCall]:
+        """The gathers of `ids` in `kind` from the table: one, or for PACKED one per stored part (the
+        weight's bytes, then the scales')."""
+        if kind != PACKED:
+            return [self._call(ids, kind, check)]
+        sort = self._sorted(ids)
+        return [
+            GatherCall(part.view(torch.uint8), None, ids, self.row_start, self.table_rows, torch.uint8, sort, check)
+            for part in (self.shard.weight, self.shard.scale)
+            if part is not None
+        ]
 
     def _call(self, ids: torch.Tensor, out: torch.Tensor | torch.dtype, check: torch.Tensor | None) -> GatherCall:
         shard = self.shard
@@ -358,7 +457,9 @@ class Table:
         if policy == "static" and hot is None:
             raise EngramError(f"{self.name}: a static tier keeps a profile's rows; give it one (engram profile --out)")
         window = tuning.get("window_ids", WINDOW_IDS)
-        capacity = capacity_for(budget_bytes, self.shard.format.row_bytes, self.shard.rows, window, policy)
+        capacity = capacity_for(
+            budget_bytes, self.shard.format.row_bytes, self.shard.rows, window, policy, eager=self.shard.readahead
+        )
         if capacity == 0:
             self.tier = None
             return 0

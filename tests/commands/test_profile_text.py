@@ -19,8 +19,13 @@ from engram.apps.presets import get_preset
 from engram.apps.replay import STEP_TOKENS
 from engram.cli import main
 from engram.ngram.vocab import deepseek_v4_tokenizer
+from engram.runtime import table as table_module
+from engram.runtime.checkpoints.loader import Checkpoint
+from engram.runtime.checkpoints.writer import write_checkpoint
+from engram.runtime.plan import table_shards
 from engram.runtime.table import Table, read_profile
-from engram.runtime.tier import WINDOW_IDS, Tier
+from engram.runtime.tables import open_tables
+from engram.runtime.tier import WINDOW_IDS, Tier, state_bytes
 from tests.runtime.conftest import random_shard
 
 TINY = get_preset("tiny")
@@ -69,7 +74,10 @@ def test_replay_of_plain_text_and_json_lines(capsys: pytest.CaptureFixture[str],
         {"path": str(d / "chat.jsonl"), "tokens": texts["prose"]},
     ]
     total = texts["code"] + texts["prose"]
-    assert [(r["policy"], r["cache_fraction"]) for r in report["results"]] == [("online", 0.05), ("static", 0.05)]
+    assert [(r["policy"], r["tier"], r["cache_fraction"]) for r in report["results"]] == [
+        ("online", "device", 0.05),
+        ("static", "device", 0.05),
+    ]
     columns = TINY.layout.columns * len(TINY.layout.table_of_layer)
     for result in report["results"]:
         windows = result["windows"]
@@ -107,6 +115,41 @@ def test_replay_of_plain_text_and_json_lines(capsys: pytest.CaptureFixture[str],
         assert hits == served_hits
 
 
+def test_the_ram_tier_replay_hits_what_a_file_backed_table_serves(
+    capsys: pytest.CaptureFixture[str], texts: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--tier ram replays the RAM tier (admitting after every lookup): its hits equal those of the
+    runtime's own RAM tier over the tables mapped from a checkpoint on disk, fed the same steps (each
+    read in one batch) and warmed from the same rows."""
+    d = texts["dir"]
+    report = run_json(
+        capsys, "--text", str(d / "chat.jsonl"), "--fit", str(d / "fit.py"), "--cache-fraction", "0.02",
+        "--tier", "device", "ram", "--policy", "online",
+    )  # fmt: skip
+    assert [(r["policy"], r["tier"]) for r in report["results"]] == [("online", "device"), ("online", "ram")]
+    ram = report["results"][1]
+    tokenizer = deepseek_v4_tokenizer()
+    served = torch.tensor([i for t in texts["prose_texts"] for i in tokenizer.encode(t, add_special_tokens=False).ids])
+    fit = torch.tensor(tokenizer.encode((d / "fit.py").read_text(), add_special_tokens=False).ids)
+    write_checkpoint(TINY, tmp_path, seed=3)
+    monkeypatch.setattr(table_module, "READ_BATCH_ROWS", 1 << 20)
+    tables = open_tables(TINY, Checkpoint(tmp_path), "file", plans=table_shards(TINY, 0, 1), progress=False)
+    served_hits = 0
+    for table, (shard, stream, fitted) in enumerate(zip(tables, hashed(served), hashed(fit), strict=True)):
+        rows = ram["rows"][TINY.table_names()[table]]
+        ranked = sorted(Counter(fitted.reshape(-1).tolist()).items(), key=lambda kv: (-kv[1], kv[0]))[:rows]
+        runtime = Table(shard, shard.rows)
+        budget = rows * shard.format.row_bytes + state_bytes(rows, shard.rows, 0, "online", eager=True)
+        hot, counts = torch.tensor([r for r, _ in ranked]), torch.tensor([c for _, c in ranked])
+        assert runtime.keep_hot(budget, "cpu", "ram", hot=hot, hot_counts=counts) == rows
+        for step in torch.split(stream, STEP_TOKENS):
+            runtime.lookup(step)
+        assert runtime.tier is not None and runtime.tier.eager
+        served_hits += runtime.tier.stats().hits
+        runtime.release()
+    assert sum(w["hits"] for w in ram["windows"]) == served_hits > 0
+
+
 def test_profile_text_output_plot_and_profile(
     capsys: pytest.CaptureFixture[str], texts: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -116,14 +159,14 @@ def test_profile_text_output_plot_and_profile(
     assert main(["profile", "--preset", "tiny", *args, "--fit", str(d / "fit.py")]) == 0
     printed = capsys.readouterr().out
     assert f"tiny: {texts['prose']:,} tokens of 1 file(s) replayed in order" in printed
-    assert "online: " in printed and "static: " in printed
+    assert "online device: " in printed and "static device: " in printed
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     hot = read_profile(out)  # the fit text's hottest rows, as `engram profile --out` writes them
     assert sorted(hot) == sorted(TINY.table_names())
     assert all(hot[n].numel() == int(0.1 * r) for n, r in zip(TINY.table_names(), TINY.layout.table_rows, strict=True))
     assert main(["profile", "--preset", "tiny", "--text", str(d / "chat.jsonl"), "--cache-fraction", "0.1", "0.3"]) == 0
     printed = capsys.readouterr().out
-    assert "static" not in printed and printed.count("online: ") == 2  # no --fit: online only, per budget
+    assert "static" not in printed and printed.count("online device: ") == 2  # no --fit: online only, per budget
     assert "tiers of 10.00% of each table's rows" in printed and "tiers of 30.00% of each table's rows" in printed
 
 

@@ -45,6 +45,26 @@ def test_anything_that_can_still_read_an_output_keeps_it_out_of_reuse(holder: st
     assert kept is not None
 
 
+def test_outputs_of_changing_sizes_share_the_kept_memory() -> None:
+    """A serving loop whose output size changes every step (prefill chunks, a tier's hits) keeps about
+    its largest output, not one block per size: a smaller output lies in the kept one, a larger one
+    replaces it."""
+    rows = [262144, 200000, 131073, 262144, 300000, 150000, 299999, 280000]
+    addresses = []
+    for count in rows:
+        out = outputs.empty_cpu((count, 128), torch.bfloat16)
+        addresses.append(out.data_ptr())
+        assert out.shape == (count, 128) and out.is_contiguous()
+        out.fill_(1.0)  # every byte of it is ours to write
+        del out
+    kept = [t.untyped_storage().nbytes() for t in outputs._kept.values()]
+    assert kept == [300000 * 128 * 2]  # the largest size asked, once
+    assert len(set(addresses[:4])) == 1 and len(set(addresses[4:])) == 1  # each grown once, then reused
+    held = outputs.empty_cpu((150000, 128), torch.bfloat16)
+    other = outputs.empty_cpu((150000, 128), torch.bfloat16)  # the kept one is held: a new one
+    assert other.data_ptr() != held.data_ptr() and len(outputs._kept) == 2
+
+
 def test_the_pool_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(outputs, "RECYCLED_BYTES", 3 * 64 << 20)
     held = [outputs.empty_cpu(SHAPE, torch.bfloat16) for _ in range(5)]

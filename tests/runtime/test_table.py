@@ -146,7 +146,7 @@ def test_every_placement_format_and_row_range_reads_the_checkpoints_rows(
             assert cached == 10 and tier is not None and tier.rows == 10, case
             assert_equal(lookups(table, ids), want, f"{case}, cached")
             assert table.tier is not None
-            tier, hits = table.stats().tier, int(torch.isin(ids, table.tier.rows.ids).sum())
+            tier, hits = table.stats().tier, int(torch.isin(ids, table.tier.admission.held_rows()).sum())
             assert tier is not None and hits > 0, case
             assert (tier.hits, tier.misses, tier.lookups) == (6 * hits, 6 * (ids.numel() - hits), 6 * ids.numel()), case
             table.release()

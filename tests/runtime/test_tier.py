@@ -1,27 +1,30 @@
 """Tiers of hot rows that learn from the traffic: the sketch's bounds, the admission's choice against
 its definition, rows in the slots bit-equal to the table's own bytes, lookups bit-equal to the uncached
 ones across refreshes, the tier's state rewritten in place, counters reconciling with counts made
-outside the code under test, and a RAM tier over a file-backed table reading only its misses."""
+outside the code under test, and a RAM tier over a file-backed table that admits after every lookup:
+its choice against its definition, its rows bit-equal across prefill- and decode-sized lookups, and the
+file read only for its misses."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
 import torch
 
 from engram.errors import EngramError
-from engram.memory.mapping import PAGE, madvise
-from engram.ops import gather
+from engram.memory.mapping import madvise
+from engram.ops import DEAD_ID, gather
+from engram.runtime import table as table_module
 from engram.runtime.cache import EMPTY_KEY
 from engram.runtime.checkpoints.loader import Checkpoint
-from engram.runtime.placement.filemap import resident_rows
-from engram.runtime.placement.residency import MADV_DONTNEED, drop_file_cache, page_resident, resident_bytes
+from engram.runtime.placement.residency import MADV_DONTNEED, drop_file_cache, resident_bytes
 from engram.runtime.plan import table_shards
 from engram.runtime.sketch import DEPTH, SATURATED, FrequencySketch
-from engram.runtime.table import Table
+from engram.runtime.table import PACKED, Table
 from engram.runtime.tables import open_tables
-from engram.runtime.tier import Admission, capacity_for
+from engram.runtime.tier import LOOKUP_HALF_LIFE, Admission, EagerAdmission, capacity_for, state_bytes
 from tests.runtime.conftest import SMALL, random_shard
 from tests.runtime.reference import same_bits
 
@@ -178,80 +181,165 @@ def test_online_admission_follows_a_switch_of_domain() -> None:
     assert float(static.hits(tail).float().mean()) < 0.5 * best
 
 
-def test_a_ram_tier_over_a_file_backed_table(small_checkpoint: Path) -> None:
-    """Hot rows of a file-backed table in RAM: lookups equal the loaded table's, the file is read only
-    for the misses (with its page cache dropped, a lookup of held rows brings in no page), and the
-    tier's bytes are exact."""
+def file_tables(checkpoint: Path) -> tuple[Table, Table, int]:
+    """Layer 1's table mapped from the checkpoint (a file on disk) and loaded in memory, and its rows."""
     plans = table_shards(SMALL, 0, 1)
-    mapped = open_tables(SMALL, Checkpoint(small_checkpoint), "file", plans=plans, progress=False)[0]
-    loaded = open_tables(SMALL, Checkpoint(small_checkpoint), "host", plans=plans, progress=False)[0]
-    table, plain = Table(mapped, plans[0].table_rows), Table(loaded, plans[0].table_rows)
-    budget = 500 * (mapped.format.row_bytes + 16) + 4000 * 16 + 4 * 4 * 16384  # 500 rows, the ring, the sketch
-    assert table.keep_hot(budget, "cpu", "ram", window_ids=4000) == 500
-    generator = torch.Generator().manual_seed(5)
-    for _ in range(12):
-        ids = zipf_ids(generator, plans[0].table_rows, 1024).view(128, 8)
-        assert same_bits(table.lookup(ids), plain.lookup(ids))
-    stats = table.stats().tier
-    assert stats is not None and stats.tier == "ram" and stats.rows == 500 and stats.hits > 0
+    mapped = open_tables(SMALL, Checkpoint(checkpoint), "file", plans=plans, progress=False)[0]
+    loaded = open_tables(SMALL, Checkpoint(checkpoint), "host", plans=plans, progress=False)[0]
+    rows = plans[0].table_rows
+    return Table(mapped, rows), Table(loaded, rows), rows
+
+
+def check_eager_state(admission: EagerAdmission) -> None:
+    """Slots and rows in one-to-one correspondence: the index maps each held row to the slot that says it
+    holds that row, every row held is distinct and ours, and nothing past `used` is held."""
+    held = admission.held_rows()
+    assert held.numel() == admission.used == admission.index.held
+    found, slot = admission.index.find(held)
+    assert bool(found.all()) and torch.equal(torch.sort(slot).values, torch.arange(admission.used))
+    assert torch.equal(admission.row_of_slot[slot], held)
+    assert bool((held >= admission.rows[0]).all()) and bool((held < admission.rows[1]).all())
+    assert bool((admission.row_of_slot[admission.used :] == EMPTY_KEY).all())
+
+
+def test_eager_admission_against_its_definition() -> None:
+    """Each lookup counts its distinct rows once; while slots are free every missed row of ours gets
+    one; then a missed row takes a held row's slot only when its estimate beats that row's score, a held
+    row's score being its estimate when last looked up (halved every LOOKUP_HALF_LIFE lookups)."""
+    generator = torch.Generator().manual_seed(6)
+    admission = EagerAdmission(400, (1000, 9000))
+    assert admission.sketch is not None
+    change = admission.admit(torch.tensor([1500, 1500, 1500, 2000, 12, -1, 9000]))  # repeats; others' rows
+    assert sorted(change.admitted.tolist()) == [1500, 2000] and change.evicted == 0
+    assert admission.sketch.estimate(torch.tensor([1500, 2000])).tolist() == [1, 1]  # once per lookup
+    for step in range(3 * LOOKUP_HALF_LIFE):
+        ids = zipf_ids(generator, 10_000, 600, shift=0 if step < LOOKUP_HALF_LIFE else 4321)
+        held_before = set(admission.held_rows().tolist())
+        score_before = admission.score.clone()
+        free_before = admission.capacity - admission.used
+        distinct = torch.unique(ids)
+        ours = distinct[(distinct >= 1000) & (distinct < 9000)]
+        change = admission.admit(ids)
+        check_eager_state(admission)
+        halved = (step + 2) % LOOKUP_HALF_LIFE == 0  # the second lookup of the test was the first here
+        estimate = dict(zip(ours.tolist(), admission.sketch.estimate(ours).tolist(), strict=True))
+        missed = [r for r in ours.tolist() if r not in held_before]
+        admitted = change.admitted.tolist()
+        assert set(admitted) <= set(missed) and len(set(change.slots.tolist())) == len(admitted)
+        assert len(admitted) - change.evicted == min(free_before, len(missed))
+        for row, slot in zip(
+            admitted[min(free_before, len(missed)) :],
+            change.slots.tolist()[len(admitted) - change.evicted :],
+            strict=True,
+        ):
+            before = int(score_before[slot]) >> (1 if halved else 0)
+            assert estimate[row] > before  # it beat the row it evicted
+        held = set(admission.held_rows().tolist())
+        evicted = held_before - held
+        assert len(evicted) == change.evicted and held == (held_before - evicted) | set(admitted)
+        for row in held & set(ours.tolist()):  # looked up now: score = estimate
+            slot = int(admission.index.find(torch.tensor([row]))[1][0])
+            assert int(admission.score[slot]) == estimate[row]
+    static = EagerAdmission(4, (0, 100), policy="static")
+    static.warm(torch.tensor([5, 7]))
+    assert static.admit(torch.tensor([1, 2, 3])).admitted.numel() == 0 and static.held_rows().tolist() == [5, 7]
+
+
+@pytest.mark.parametrize("output", ["bf16", "packed", "out"])
+def test_a_ram_tier_serves_rows_bit_equal_to_the_loaded_table(
+    small_checkpoint: Path, monkeypatch: pytest.MonkeyPatch, output: str
+) -> None:
+    """Decode- and prefill-sized lookups (the latter read in many small batches) through a RAM tier that
+    fills, then evicts: every row equals the loaded table's, the counters equal counts made outside, the
+    tier's slots hold the file's bytes, and its bytes are exactly its budget's formula."""
+    monkeypatch.setattr(table_module, "READ_BATCH_ROWS", 300)
+    table, plain, rows = file_tables(small_checkpoint)
+    row_bytes = table.shard.format.row_bytes
+    budget = 2000 * row_bytes + state_bytes(2000, rows, 0, "online", eager=True)
+    assert table.keep_hot(budget, "cpu", "ram") == 2000 == capacity_for(budget, row_bytes, rows, eager=True)
     tier = table.tier
-    assert tier is not None
-    table.refresh()  # now, not in the lookups below (a refresh reads the rows it admits from the file)
-    for mapping in mapped.files:  # the file's pages out of the page cache
-        madvise(mapping.addr, mapping.length, MADV_DONTNEED)
-        assert mapping.path is not None and drop_file_cache(mapping.path, file_id=mapping.file_id)
-    assert resident_bytes(mapped.files) == 0
-    held = tier.rows.ids[: tier.admission.used].view(50, 10)
-    assert same_bits(table.lookup(held), plain.lookup(held))
-    assert resident_bytes(mapped.files) == 0  # all hits: not a page of the file was read
-    misses = torch.tensor([[r for r in range(plans[0].table_rows) if r not in set(held.flatten().tolist())][:8]])
-    read_before = table.stats().disk_bytes_read
-    assert same_bits(table.lookup(misses), plain.lookup(misses)) and resident_bytes(mapped.files) > 0
-    read = table.stats().disk_bytes_read - read_before  # /proc/self/io, against the pages now resident
-    assert abs(read - resident_bytes(mapped.files)) <= 0.01 * resident_bytes(mapped.files), read
-    rows_bytes = tier.rows.weight.numel() + (0 if tier.rows.scale is None else tier.rows.scale.numel())
-    assert rows_bytes == 500 * mapped.format.row_bytes  # fp8 rows and ue8m0 scales: one byte each
-    assert stats.bytes == rows_bytes + 500 * 16 + 4000 * 16 + 4 * 4 * 16384 == budget
+    assert tier is not None and tier.eager and isinstance(tier.admission, EagerAdmission)
+    generator = torch.Generator().manual_seed(8)
+    hits = looked_up = owned_misses = 0
+    for step in range(14):
+        count = 4096 if step % 5 == 0 else 256
+        ids = zipf_ids(generator, rows, count * 8, shift=0 if step < 7 else 911).view(count, 8)
+        ids[0, :2] = torch.tensor([DEAD_ID, DEAD_ID])
+        held = tier.admission.held_rows()
+        hit = torch.isin(ids, held)
+        hits, looked_up, owned_misses = (
+            hits + int(hit.sum()),
+            looked_up + ids.numel(),
+            owned_misses + int((~hit & (ids >= 0)).sum()),
+        )
+        if output == "packed":
+            assert torch.equal(table.lookup(ids, output=PACKED), plain.lookup(ids, output=PACKED)), step
+        elif output == "out":
+            out = torch.full((count, 8, table.shard.format.dim), 7.0)
+            assert table.lookup(ids, out) is out and same_bits(out, plain.lookup(ids, output=torch.float32)), step
+        else:
+            assert same_bits(table.lookup(ids), plain.lookup(ids)), step
+        check_eager_state(tier.admission)
+        slots = tier.admission.index.find(tier.admission.held_rows())[1]
+        stored = table.shard.weight.view(torch.uint8)[tier.admission.held_rows() - table.row_start]
+        assert torch.equal(tier.rows.weight.view(torch.uint8)[slots], stored)
+    stats = tier.stats()
+    assert (stats.hits, stats.lookups, stats.misses) == (hits, looked_up, looked_up - hits) and hits > 0
+    assert stats.bytes_missed == owned_misses * row_bytes and stats.evictions > 0
+    assert stats.rows == stats.admissions - stats.evictions == 2000
+    assert stats.bytes == 2000 * row_bytes + state_bytes(2000, rows, 0, "online", eager=True) <= budget
+    assert table.refresh() == 0  # nothing is left for a refresh to do
     table.release()
     plain.release()
 
 
-def test_rows_not_admissible_now_wait_counted() -> None:
-    """A refresh admits only the rows `admissible` allows (a file's rows whose pages are resident); the
-    others keep their counts and come in on a later refresh that allows them."""
-    admission = Admission(8, (0, 100), window_ids=64)
-    window = torch.tensor([3, 4, 5, 6, 3, 4, 5, 6])
-    change = admission.refresh(window, lambda new: new % 2 == 0)
-    assert sorted(change.admitted.tolist()) == [4, 6] and admission.keys[: admission.used].tolist() == [4, 6]
-    change = admission.refresh(torch.tensor([7]), lambda new: torch.ones_like(new, dtype=torch.bool))
-    assert admission.keys[: admission.used].tolist() == [4, 6, 7]
-    change = admission.refresh(torch.tensor([3, 5]))
-    assert admission.keys[: admission.used].tolist() == [3, 4, 5, 6, 7]
-    assert admission.sketch is not None and admission.sketch.estimate(torch.tensor([3, 5])).tolist() == [3, 3]
-
-
-def test_resident_rows_follow_the_page_cache(small_checkpoint: Path) -> None:
-    """resident_rows against each row's pages probed one by one (page_resident), with the file's page
-    cache dropped and then some rows read back."""
-    plans = table_shards(SMALL, 0, 1)
-    shard = open_tables(SMALL, Checkpoint(small_checkpoint), "file", plans=plans, progress=False)[0]
-    for mapping in shard.files:
+def test_a_ram_tier_reads_only_its_misses_from_the_file(small_checkpoint: Path) -> None:
+    """With the file's page cache dropped, a lookup of rows the tier holds brings in no page, and a lookup
+    of rows it does not hold reads what mincore then sees resident (within 1%), counted in
+    disk_bytes_read."""
+    table, plain, rows = file_tables(small_checkpoint)
+    budget = 600 * table.shard.format.row_bytes + state_bytes(600, rows, 0, "online", eager=True)
+    assert table.keep_hot(budget, "cpu", "ram") == 600
+    tier = table.tier
+    assert tier is not None
+    for _ in range(4):
+        ids = zipf_ids(torch.Generator().manual_seed(9), rows, 1024).view(128, 8)
+        table.lookup(ids)
+    for mapping in table.shard.files:  # the file's pages out of the page cache
         madvise(mapping.addr, mapping.length, MADV_DONTNEED)
         assert mapping.path is not None and drop_file_cache(mapping.path, file_id=mapping.file_id)
-    rows = plans[0].table_rows
-    ids = torch.arange(rows)
-    assert not resident_rows(shard, ids).any()
-    Table(shard, rows).lookup(torch.tensor([[5, 6, 7, 2_000, 40_000]]))
+    assert resident_bytes(table.shard.files) == 0
+    held = tier.admission.held_rows()[:500].view(50, 10)
+    assert same_bits(table.lookup(held), plain.lookup(held))
+    assert resident_bytes(table.shard.files) == 0  # all hits: not a page of the file was read
+    misses = torch.tensor([[r for r in range(rows) if r not in set(tier.admission.held_rows().tolist())][:8]])
+    read_before = table.stats().disk_bytes_read
+    assert same_bits(table.lookup(misses), plain.lookup(misses)) and resident_bytes(table.shard.files) > 0
+    read = table.stats().disk_bytes_read - read_before  # /proc/self/io, against the pages now resident
+    assert abs(read - resident_bytes(table.shard.files)) <= 0.01 * resident_bytes(table.shard.files), read
+    table.release()
+    plain.release()
 
-    def pages_resident(row: int) -> bool:
-        for part in (shard.weight, shard.scale):
-            assert part is not None
-            row_bytes = part.shape[1] * part.element_size()
-            first, last = part.data_ptr() + row * row_bytes, part.data_ptr() + (row + 1) * row_bytes - 1
-            if not all(page_resident(page * PAGE) for page in range(first // PAGE, last // PAGE + 1)):
-                return False
-        return True
 
-    expected = [pages_resident(r) for r in range(rows)]
-    assert resident_rows(shard, ids).tolist() == expected
-    assert all(expected[r] for r in (5, 6, 7, 2_000, 40_000)) and not all(expected)
+def test_a_large_lookup_without_a_tier_reads_in_batches_bit_equal(
+    small_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lookup of more than BATCHED_IDS ids from a file on disk reads its distinct rows in address-ordered
+    batches (counted here), and every id gets the loaded table's row: repeats, DEAD_ID, and the two
+    ends of the table."""
+    monkeypatch.setattr(table_module, "READ_BATCH_ROWS", 1000)
+    monkeypatch.setattr(table_module, "BATCHED_IDS", 5000)
+    table, plain, rows = file_tables(small_checkpoint)
+    batches = []
+    real = table._gather
+    monkeypatch.setattr(table, "_gather", lambda ids, kind, **kw: batches.append(ids.clone()) or real(ids, kind, **kw))
+    ids = torch.randint(0, rows, (2000, 4), generator=torch.Generator().manual_seed(10))
+    ids[0] = torch.tensor([0, rows - 1, DEAD_ID, 0])
+    assert same_bits(table.lookup(ids), plain.lookup(ids))
+    distinct = torch.unique(ids)
+    assert torch.equal(torch.cat(batches), distinct) and max(b.numel() for b in batches) == 1000
+    assert all(int(a[-1]) < int(b[0]) for a, b in itertools.pairwise(batches))  # address order
+    with pytest.raises(EngramError, match="outside the table"):
+        table.lookup(torch.cat([ids.view(-1), torch.tensor([rows])]).view(-1, 1))
+    table.release()
+    plain.release()

@@ -36,7 +36,7 @@ from engram.memory.registration import ATTRIBUTE_READ_ONLY_REGISTER, CudaRuntime
 from engram.ops import cpu
 from engram.runtime.checkpoints.files import open_regular
 from engram.runtime.checkpoints.loader import Checkpoint, SafetensorsFile, expected_parts, table_scale_tensor
-from engram.runtime.placement.residency import RESIDENCY_PROBES, ResidentBudget, page_resident, resident_pages
+from engram.runtime.placement.residency import RESIDENCY_PROBES, ResidentBudget, page_resident
 from engram.runtime.placement.storage import TABLE_SCALE_DTYPE, ShardFormat, TableShard
 
 log = logging.getLogger("engram")
@@ -69,24 +69,6 @@ def all_resident(part: torch.Tensor, row_start: int, flat: torch.Tensor, probes:
         if 0 <= local < part.shape[0] and not page_resident((part.data_ptr() + local * row_bytes) // PAGE * PAGE):
             return False
     return True
-
-
-def resident_rows(shard: TableShard, ids: torch.Tensor) -> torch.Tensor:
-    """Whether every page holding each row of `ids` (global, the shard's own: its weight and its scales)
-    is in the page cache now; one mincore pass over each part's pages."""
-    local = ids.reshape(-1).to(torch.int64).cpu() - shard.row_start
-    resident = torch.ones(local.numel(), dtype=torch.bool)
-    for part in (shard.weight, shard.scale):
-        if part is None or not local.numel():
-            continue
-        row_bytes = part.shape[1] * part.element_size()
-        start = part.data_ptr() // PAGE * PAGE
-        offset = part.data_ptr() - start
-        pages = resident_pages(start, offset + part.shape[0] * row_bytes)
-        vector = torch.frombuffer(bytearray(pages), dtype=torch.uint8).bool()
-        first, last = (offset + local * row_bytes) // PAGE, (offset + (local + 1) * row_bytes - 1) // PAGE
-        resident &= vector[first] & vector[last]
-    return resident
 
 
 class Asked(NamedTuple):

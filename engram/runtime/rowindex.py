@@ -1,0 +1,124 @@
+"""Which rows a host tier holds and in which of its slots, for a tier that changes a few rows on every
+lookup (the RAM tier): a sorted array of rows and a small sorted array of the rows added since the large
+one was last rebuilt, both searched with torch.searchsorted. A removed row keeps its place in the large
+array with its slot set to FREE, so removing costs no copy; the large array is rebuilt from both once the
+small one is full or FREE entries pile up (every `spare` changes, about one in sixteen of the capacity), so
+a change costs O(spare) and the rebuild O(capacity) once per `spare` changes, where keeping one sorted
+array would cost O(capacity) on every lookup. Host memory only: searched, changed and rebuilt on the CPU."""
+
+from __future__ import annotations
+
+import torch
+
+from engram.errors import EngramError
+
+EMPTY = torch.iinfo(torch.int64).max  # an unused entry's row: above every row id, never looked up
+FREE = -1  # the slot of a removed row, whose entry stays until the next rebuild
+MIN_SPARE = 1024
+
+
+def spare_for(capacity: int) -> int:
+    """Entries of the small array (and FREE entries of the large one) between rebuilds."""
+    return max(MIN_SPARE, capacity // 16)
+
+
+class RowIndex:
+    """Rows held -> slots, for at most `capacity` rows (module docstring). Its memory is fixed: int64
+    rows and slots for capacity + spare entries."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity <= 0:
+            raise EngramError(f"a tier holds at least one row, not {capacity}")
+        self.capacity, self.spare = capacity, spare_for(capacity)
+        self.rows = torch.full((capacity,), EMPTY, dtype=torch.int64)  # ascending; FREE slots are removed rows
+        self.slots = torch.full((capacity,), FREE, dtype=torch.int64)
+        self.added = torch.full((self.spare,), EMPTY, dtype=torch.int64)  # ascending: rows added since
+        self.added_slots = torch.full((self.spare,), FREE, dtype=torch.int64)
+        self.filled = 0  # entries of `rows` in use, FREE ones included
+        self.count = 0  # entries of `added` in use
+        self.removed = 0  # FREE entries in rows[:filled]
+        self.held = 0
+
+    def clear(self) -> None:
+        """Hold nothing."""
+        self._rebuild()
+        self.rows[: self.filled], self.slots[: self.filled] = EMPTY, FREE
+        self.filled = self.held = 0
+
+    @property
+    def nbytes(self) -> int:
+        return (self.rows.numel() + self.slots.numel() + self.added.numel() + self.added_slots.numel()) * 8
+
+    def find(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Whether each of `ids` (int64, any shape, flattened) is held, and its slot (FREE where not)."""
+        flat = ids.reshape(-1)
+        slot = torch.full_like(flat, FREE)
+        for rows, slots, used in ((self.rows, self.slots, self.filled), (self.added, self.added_slots, self.count)):
+            if used:
+                at = torch.searchsorted(rows[:used], flat).clamp_(max=used - 1)
+                found = rows[at] == flat  # a removed row is found with its slot FREE
+                slot = torch.where(found, slots[at], slot)
+        return slot != FREE, slot
+
+    def held_rows(self) -> torch.Tensor:
+        """The rows held, ascending."""
+        live = self.rows[: self.filled][self.slots[: self.filled] != FREE]
+        return torch.sort(torch.cat([live, self.added[: self.count]])).values
+
+    def remove(self, rows: torch.Tensor) -> None:
+        """Let go of `rows` (each held, distinct)."""
+        if not rows.numel():
+            return
+        at = torch.searchsorted(self.rows[: self.filled], rows).clamp_(max=max(0, self.filled - 1))
+        in_large = (
+            (self.rows[at] == rows) & (self.slots[at] != FREE)
+            if self.filled
+            else torch.zeros_like(rows, dtype=torch.bool)
+        )
+        self.slots[at[in_large]] = FREE
+        self.removed += int(in_large.sum())
+        rest = rows[~in_large]
+        if rest.numel():
+            keep = ~torch.isin(self.added[: self.count], rest)
+            kept = int(keep.sum())
+            if self.count - kept != rest.numel():
+                raise EngramError(f"the tier's index lost {rest.numel() - (self.count - kept)} of the rows it removes")
+            self._set_added(self.added[: self.count][keep], self.added_slots[: self.count][keep])
+        self.held -= rows.numel()
+
+    def add(self, rows: torch.Tensor, slots: torch.Tensor) -> None:
+        """Hold `rows` (distinct, none held) in `slots`."""
+        if not rows.numel():
+            return
+        if self.held + rows.numel() > self.capacity:
+            raise EngramError(f"the tier's index holds {self.capacity:,} rows; {self.held + rows.numel():,} asked")
+        if self.count + rows.numel() > self.spare or self.removed + self.count >= self.spare:
+            self._rebuild()
+        if self.count + rows.numel() > self.spare:  # more than a rebuild's room at once: straight into the large array
+            self._rebuild(rows, slots)
+        else:
+            merged_rows = torch.cat([self.added[: self.count], rows])
+            order = torch.argsort(merged_rows)
+            self._set_added(merged_rows[order], torch.cat([self.added_slots[: self.count], slots])[order])
+        self.held += rows.numel()
+
+    def _set_added(self, rows: torch.Tensor, slots: torch.Tensor) -> None:
+        self.count = rows.numel()
+        self.added[: self.count], self.added_slots[: self.count] = rows, slots
+        self.added[self.count :], self.added_slots[self.count :] = EMPTY, FREE
+
+    def _rebuild(self, rows: torch.Tensor | None = None, slots: torch.Tensor | None = None) -> None:
+        """One sorted array of every row held (and `rows` in `slots`), the small one emptied."""
+        live = self.slots[: self.filled] != FREE
+        parts_rows = [self.rows[: self.filled][live], self.added[: self.count]]
+        parts_slots = [self.slots[: self.filled][live], self.added_slots[: self.count]]
+        if rows is not None and slots is not None:
+            parts_rows.append(rows)
+            parts_slots.append(slots)
+        all_rows, order = torch.sort(torch.cat(parts_rows))
+        all_slots = torch.cat(parts_slots)[order]
+        self.filled = all_rows.numel()
+        self.rows[: self.filled], self.slots[: self.filled] = all_rows, all_slots
+        self.rows[self.filled :], self.slots[self.filled :] = EMPTY, FREE
+        self.removed = 0
+        self._set_added(self.added[:0], self.added_slots[:0])
