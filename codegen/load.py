@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engram.errors import EngramError
+
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_PATH = ROOT / "schema" / "engram.schema.json"
 
@@ -20,7 +22,7 @@ class LoadedSchema:
     sha256: str
 
 
-class SchemaError(Exception):
+class SchemaError(EngramError):
     """The schema cannot be compiled; the message names the JSON pointer and what to change."""
 
 

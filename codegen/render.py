@@ -50,6 +50,7 @@ def environment() -> jinja2.Environment:
     env.filters["pyrepr"] = repr
     env.filters["docstring"] = docstring_text
     env.filters["snake"] = lambda name: re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+    env.filters["tuple_literal"] = lambda items: repr(tuple(items))
     return env
 
 
@@ -63,7 +64,7 @@ def render(schema: LoadedSchema, compiled: Compiled) -> dict[str, str]:
         "functions": compiled.functions,
         "imports": compiled.imports,
         "attr_rule_functions": list(compiled.attr_rule_functions.values()),
-        "attr_structs": list(compiled.attr_rule_functions),
+        "rule_structs": list(compiled.attr_rule_functions),
         "field_checks": compiled.field_checks,
         "rules": compiled.rules,
         "flags": compiled.flags,

@@ -46,7 +46,7 @@ def validator_source(schema: Any, resources: Resources | None = None) -> str:
             sha256=hashlib.sha256(json.dumps(schema, sort_keys=True).encode()).hexdigest(),
             imports=compiler.imports(),
             functions=[*compiler.source(), f"check_document = {root}"],
-            attr_structs=[],
+            rule_structs=[],
             attr_rule_functions=[],
             field_checks={},
         )

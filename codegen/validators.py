@@ -7,11 +7,15 @@ needs them, a variant takes a fourth argument, the set that collects evaluated p
 indices. `$dynamicRef` is resolved here: a variant carries the outermost `$dynamicAnchor` binding of
 each name in its dynamic scope, so every call has one fixed target.
 
-Names cannot collide by construction: functions are `_s<n>` and constants `_c<n>`, numbered in order,
-and every string from the schema reaches the code through repr()."""
+Names come from what they check, so that a change to one node of the schema renames nothing else:
+a function is `_s_<slug>_<digest>` (the slug readable from the end of its JSON pointer, the digest of the
+pointer and variant), a constant `_c_<digest>` of its expression. Slugs hold only [A-Za-z0-9_] and a
+clash of digests is refused, so names cannot collide, and every string from the schema reaches the code
+through repr()."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections import deque
 from dataclasses import dataclass
@@ -92,6 +96,26 @@ class Variant:
     bindings: tuple[tuple[str, str], ...]  # $dynamicAnchor name -> pointer, outermost first wins
 
 
+SLUG_CHARS = 40  # of the pointer's end, in a function's name: enough to tell a field at a glance
+
+
+def digest(text: str) -> str:
+    return hashlib.sha256(text.encode(errors="surrogatepass")).hexdigest()[:10]
+
+
+def function_name(key: Variant) -> str:
+    """A node function's name: the end of its pointer, readable, then a digest of the whole variant."""
+    slug = re.sub(r"[^0-9A-Za-z_]+", "_", unescape_slug(key.pointer)).strip("_")[-SLUG_CHARS:].strip("_")
+    variant = repr((key.pointer, key.annotate, key.bindings))
+    return f"_s_{slug}_{digest(variant)}" if slug else f"_s_{digest(variant)}"
+
+
+def unescape_slug(pointer: str) -> str:
+    """The pointer with its $defs/properties keywords left out: /$defs/EngramConfig/properties/use_thp
+    reads EngramConfig/use_thp."""
+    return "/".join(t for t in pointer.split("/") if t not in ("$defs", "properties", "definitions"))
+
+
 def is_rule(schema: Any) -> bool:
     """An engram rule: an if/then whose violation is reported with its own id, path and message."""
     return isinstance(schema, dict) and "if" in schema and "x-engram-rule" in schema
@@ -135,7 +159,7 @@ class ValidatorCompiler:
                     "$ref chain of that many links, or $dynamicRef binding scopes that each compile their own); "
                     "at most that many: shorten the chain or bind fewer $dynamicAnchors"
                 )
-            name = self._names[key] = f"_s{len(self._names)}"
+            name = self._names[key] = self._unique(function_name(key), key)
             self._pending.append((key, name))
         if self._current is None:
             self._drain()
@@ -162,8 +186,15 @@ class ValidatorCompiler:
 
     def constant(self, expression: str) -> str:
         if expression not in self.constants:
-            self.constants[expression] = f"_c{len(self.constants)}"
+            self.constants[expression] = self._unique(f"_c_{digest(expression)}", expression)
         return self.constants[expression]
+
+    def _unique(self, name: str, key: object) -> str:
+        """`name`, or a SchemaError where another node or constant already has it (a digest clash)."""
+        taken = set(self._names.values()) | set(self.constants.values())
+        if name in taken:
+            raise SchemaError(f"two schema nodes would share the generated name {name} (a digest clash); report it")
+        return name
 
     def source(self) -> list[str]:
         """Module-level constants, then the functions, each a top-level statement."""

@@ -4,37 +4,44 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import sys
 from collections.abc import Sequence
 
 from engram.commands import COMMANDS
-from engram.errors import ConfigError, EngramError
+from engram.errors import EngramError
 from engram.terminal import EscapingWriter, printable
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser: `command`'s in full (its module imported), the others by name and
+    summary alone (their modules, and what they import, are not)."""
     parser = argparse.ArgumentParser(
         prog="engram",
         description="Engram / PLE n-gram embedding tables for LLM serving: validate, plan, load, look up.",
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in COMMANDS:
-        command.register(subparsers)
+    wanted = set() if command is None else {COMMANDS[command][0]}
+    for module in dict.fromkeys(module for module, _ in COMMANDS.values()):
+        if module in wanted:
+            importlib.import_module(f"engram.commands.{module}").register(subparsers)
+    for name, (module, summary) in COMMANDS.items():
+        if module not in wanted:
+            subparsers.add_parser(name, help=summary)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    arguments = sys.argv[1:] if argv is None else list(argv)
+    named = next((a for a in arguments if not a.startswith("-")), None)
+    parser = build_parser(named if named in COMMANDS else None)
+    args = parser.parse_args(arguments)
     try:
         with contextlib.redirect_stdout(EscapingWriter(sys.stdout)):
             return int(args.run(args))
-    except ConfigError as exc:
-        for problem in exc.errors:
-            print(printable(f"error: {problem.path or '/'}: {problem.message} [{problem.rule}]"), file=sys.stderr)
-        return 2
     except EngramError as exc:
-        print(printable(f"error: {exc}"), file=sys.stderr)
+        for line in exc.lines():
+            print(printable(f"error: {line}"), file=sys.stderr)
         return 2
     except BrokenPipeError:
         return 0

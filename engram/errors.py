@@ -1,8 +1,25 @@
-"""The one error type for bad configuration, and the problem records it carries."""
+"""The error family: every mistake a user can make and fix (a configuration, a schema, a pattern, a
+checkpoint, ids, the environment) raises an EngramError, whose message says what to change. The
+command line catches this one type and prints its lines, one per problem; `engram` exports it.
+
+    EngramError
+      ConfigError (also a ValueError): a rejected configuration, every problem with its JSON pointer and rule
+      SchemaError (codegen): a schema the generator cannot compile
+      EcmaSyntaxError (also a ValueError): a pattern that is not ECMA-262
+      PatternTimeout: a pattern match that ran past its time budget"""
 
 from __future__ import annotations
 
 from typing import NamedTuple
+
+
+class EngramError(Exception):
+    """A mistake a user can fix; the message says what to change. The command line prints it on one line
+    and exits 2."""
+
+    def lines(self) -> list[str]:
+        """What the command line prints, a line each (without the leading 'error: ')."""
+        return [str(self)]
 
 
 class Problem(NamedTuple):
@@ -21,9 +38,10 @@ def _clip(text: str) -> str:
     return text if len(text) <= MAX_TEXT else f"{text[: MAX_TEXT - 100]}... ({len(text):,} characters in all)"
 
 
-class ConfigError(ValueError):
+class ConfigError(EngramError, ValueError):
     """A rejected configuration. `.errors` lists every problem found, not just the first (the first
-    MAX_PROBLEMS of them and a count of the rest, each path and message of bounded length)."""
+    MAX_PROBLEMS of them and a count of the rest, each path and message of bounded length). A ValueError
+    too, as vLLM's own config errors are."""
 
     def __init__(self, errors: list[Problem]) -> None:
         if not errors:
@@ -39,7 +57,5 @@ class ConfigError(ValueError):
         self.errors = kept
         super().__init__("; ".join(f"{p.path}: {p.message} [{p.rule}]" for p in self.errors))
 
-
-class EngramError(Exception):
-    """A mistake a user can fix (bad checkpoint, ids, environment); the message says what to change.
-    The command line prints it on one line and exits 2."""
+    def lines(self) -> list[str]:
+        return [f"{p.path or '/'}: {p.message} [{p.rule}]" for p in self.errors]

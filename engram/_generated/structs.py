@@ -5,20 +5,22 @@ reports every problem of a document; EngramConfig's own rules also run whenever 
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from engram.validation.behaviour import EngramConfigBehaviour
 from engram.validation.env import env_bool
 from engram._generated.validators import FIELD_CHECKS, check_document, check_EngramConfig_rules
 from engram.errors import ConfigError, Problem
 
+# The first name of each EngramConfig field renamed since (the name the seed's EngramConfig hashed).
+FIRST_NAMES: dict[str, str] = {"use_thp": "thp_packing"}
 
-class EngramConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+
+class EngramConfig(msgspec.Struct, EngramConfigBehaviour, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Configuration for Engram embedding storage and sharding."""
 
     cpu_offload: bool = True
@@ -81,85 +83,11 @@ class EngramConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         if problems:
             raise ConfigError(problems)
 
-    def hash_factors(self, *, older_names: bool = False) -> dict[str, Any]:
-        """Every field that affects execution (fields the schema opts out with a reason are left out), by
-        its name, or with `older_names` by the name it had first (as the seed's EngramConfig hashed it)."""
-        factors = {
-            "cpu_offload": self.cpu_offload,
-            "embedding_across_dp": self.embedding_across_dp,
-            "dp_shared_memory": self.dp_shared_memory,
-            "use_thp": self.use_thp,
-        }
-        if older_names:
-            factors = {FIRST_NAMES.get(name, name): value for name, value in factors.items()}
-        return factors
-
-    def compute_hash(self, *, older_names: bool = False) -> str:
-        """vLLM's digest: sha256 of json.dumps(hash_factors(), sort_keys=True); vLLM 0.33's for the same
-        settings, or with `older_names` the digest under the fields' first names."""
-        factors = json.dumps(self.hash_factors(older_names=older_names), sort_keys=True)
-        return hashlib.sha256(factors.encode()).hexdigest()
-
-    def verify_model_config(self, model: ModelConfig | None, platform: str | None = None) -> None:
-        """Reject a model without n-gram embeddings, or a platform without an Engram backend.
-        `platform=None` leaves the platform unchecked."""
-        if model is None:
-            raise ConfigError(
-                [
-                    Problem(
-                        "/model",
-                        "model-architecture",
-                        "EngramConfig requires a model with supported Engram embeddings and non-empty n-gram layer ids. No model config was given.",
-                    )
-                ]
-            )
-        parts: dict[str, Any] = {"model": msgspec.to_builtins(model)}
-        if platform is not None:
-            parts["platform"] = platform
-        self._verify(parts)
-
-    def verify_parallel_config(self, parallel: ParallelConfig) -> None:
-        """Reject parallel topologies this config cannot run on."""
-        self._verify({"parallel": msgspec.to_builtins(parallel)})
-
-    def verify_load_config(self, load: LoadConfig) -> None:
-        """Shared tables need a loader that calls each parameter's weight loader."""
-        self._verify({"load": msgspec.to_builtins(load)})
-
-    def get_parallel_size(self, parallel: ParallelConfig) -> int:
-        """Size of the embedding group: TP, times DP when tables are sharded across replicas."""
-        size = parallel.tensor_parallel_size
-        if self.embedding_across_dp and parallel.data_parallel_size > 1:
-            size *= parallel.data_parallel_size
-        return size
-
-    def resolve_dp_shared_memory(self, parallel: ParallelConfig) -> EngramConfig:
-        """This config with dp_shared_memory resolved as vLLM 0.33 resolves null: on exactly when
-        cpu_offload, not use_thp, data_parallel_size > 1 and no elastic EP (and, here, not file_backed, whose
-        pages are one copy per node already). An explicit value is kept."""
-        if self.dp_shared_memory is not None:
-            return self
-        shared = (
-            self.cpu_offload
-            and not self.use_thp
-            and not self.file_backed
-            and parallel.data_parallel_size > 1
-            and not parallel.enable_elastic_ep
-        )
-        return msgspec.structs.replace(self, dp_shared_memory=shared)
-
-    def verify_host_memory(self, table_bytes: int, parallel: ParallelConfig, limits: Any = None) -> None:
-        """Reject private host tables that would not fit in one node's memory (see engram.memory.host), with a
-        null dp_shared_memory resolved against `parallel` first."""
-        from engram.memory.host import verify_host_memory
-
-        verify_host_memory(self.resolve_dp_shared_memory(parallel), table_bytes, parallel, limits)
-
-    def _verify(self, parts: dict[str, Any]) -> None:
-        problems: list[Problem] = []
-        check_document({"engram": msgspec.to_builtins(self), **parts}, "", problems)
-        if problems:
-            raise ConfigError(problems)
+    # What EngramConfigBehaviour's methods read of the schema.
+    HASHED = ("cpu_offload", "embedding_across_dp", "dp_shared_memory", "use_thp")
+    FIRST_NAMES = FIRST_NAMES
+    NO_MODEL = "EngramConfig requires a model with supported Engram embeddings and non-empty n-gram layer ids. No model config was given."
+    check_document = staticmethod(check_document)
 
 
 class EngramConfigInput(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -346,9 +274,6 @@ ENV_DEFAULTS: dict[str, tuple[tuple[str, ...], bool]] = {
 
 # Older field names per section, still read: section -> older name -> the field's name now.
 OLDER_NAMES: dict[str, dict[str, str]] = {"engram": {"thp_packing": "use_thp"}}
-
-# The first name of each EngramConfig field renamed since (the name the seed's EngramConfig hashed).
-FIRST_NAMES: dict[str, str] = {"use_thp": "thp_packing"}
 
 # Integer fields per section: JSON Schema counts 2.0 as an integer, msgspec does not.
 INTEGER_FIELDS: dict[str, tuple[str, ...]] = {

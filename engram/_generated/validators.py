@@ -15,10 +15,10 @@ from engram.errors import Problem
 __all__ = ["FIELD_CHECKS", "check_document", "check_EngramConfig_rules"]
 
 
-_c0 = frozenset(("engram", "model", "parallel", "load", "platform"))
+_c_beceedf3e9 = frozenset(("engram", "model", "parallel", "load", "platform"))
 
 
-_c1 = frozenset(
+_c_387e2f01bf = frozenset(
     (
         "cpu_offload",
         "embedding_across_dp",
@@ -36,10 +36,10 @@ _c1 = frozenset(
 )
 
 
-_c2 = frozenset(("architecture", "hf_text_config"))
+_c_330472c2c8 = frozenset(("architecture", "hf_text_config"))
 
 
-_c3 = frozenset(
+_c_5120c224fc = frozenset(
     (
         "tensor_parallel_size",
         "data_parallel_size",
@@ -51,10 +51,10 @@ _c3 = frozenset(
 )
 
 
-_c4 = frozenset(("load_format",))
+_c_07daf331e1 = frozenset(("load_format",))
 
 
-def _s0(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_c88c519681(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /"
     ok = True
     if not (isinstance(v, dict)):
@@ -62,7 +62,7 @@ def _s0(v: Any, path: str, out: list[Problem] | None) -> bool:
             return False
         out.append(Problem(path, "type", "expected an object" + _got(v)))
         return False
-    for key in sorted(v.keys() - _c0):
+    for key in sorted(v.keys() - _c_beceedf3e9):
         if out is None:
             return False
         out.append(
@@ -74,32 +74,32 @@ def _s0(v: Any, path: str, out: list[Problem] | None) -> bool:
         )
         ok = False
     if "engram" in v:
-        if not _s1(v["engram"], path + "/engram", out):
+        if not _s_EngramConfig_c241db7686(v["engram"], path + "/engram", out):
             if out is None:
                 return False
             ok = False
     if "model" in v:
-        if not _s2(v["model"], path + "/model", out):
+        if not _s_ModelConfig_b4b6458753(v["model"], path + "/model", out):
             if out is None:
                 return False
             ok = False
     if "parallel" in v:
-        if not _s3(v["parallel"], path + "/parallel", out):
+        if not _s_ParallelConfig_fd7e12d761(v["parallel"], path + "/parallel", out):
             if out is None:
                 return False
             ok = False
     if "load" in v:
-        if not _s4(v["load"], path + "/load", out):
+        if not _s_LoadConfig_dd2aaae09a(v["load"], path + "/load", out):
             if out is None:
                 return False
             ok = False
     if "platform" in v:
-        if not _s5(v["platform"], path + "/platform", out):
+        if not _s_platform_b7e55f8893(v["platform"], path + "/platform", out):
             if out is None:
                 return False
             ok = False
     # rule 'dp-shared-memory-needs-dp'
-    if _s6(v, path, None) and not _s7(v, path, None):
+    if _s_allOf_0_if_dcb6819338(v, path, None) and not _s_allOf_0_then_e40a185867(v, path, None):
         if out is None:
             return False
         out.append(
@@ -111,7 +111,7 @@ def _s0(v: Any, path: str, out: list[Problem] | None) -> bool:
         )
         ok = False
     # rule 'dp-shared-memory-no-elastic-ep'
-    if _s8(v, path, None) and not _s9(v, path, None):
+    if _s_allOf_1_if_c0023f19ac(v, path, None) and not _s_allOf_1_then_88e12d33f0(v, path, None):
         if out is None:
             return False
         out.append(
@@ -123,7 +123,7 @@ def _s0(v: Any, path: str, out: list[Problem] | None) -> bool:
         )
         ok = False
     # rule 'embedding-across-dp-no-elastic-ep'
-    if _s10(v, path, None) and not _s11(v, path, None):
+    if _s_allOf_2_if_41c14fc9b8(v, path, None) and not _s_allOf_2_then_2fa1827a92(v, path, None):
         if out is None:
             return False
         out.append(
@@ -135,7 +135,7 @@ def _s0(v: Any, path: str, out: list[Problem] | None) -> bool:
         )
         ok = False
     # rule 'dp-shared-memory-needs-weight-loader'
-    if _s12(v, path, None) and not _s13(v, path, None):
+    if _s_allOf_3_if_efa9f0d3f9(v, path, None) and not _s_allOf_3_then_c6e2081351(v, path, None):
         if out is None:
             return False
         out.append(
@@ -149,7 +149,7 @@ def _s0(v: Any, path: str, out: list[Problem] | None) -> bool:
         )
         ok = False
     # rule 'model-layer-ids'
-    if _s15(v, path, None) and not _s16(v, path, None):
+    if _s_allOf_4_if_6d3de3f4fc(v, path, None) and not _s_allOf_4_then_ccc0bafe03(v, path, None):
         if out is None:
             return False
         out.append(
@@ -158,13 +158,13 @@ def _s0(v: Any, path: str, out: list[Problem] | None) -> bool:
                 "model-layer-ids",
                 "EngramConfig requires a model with supported Engram embeddings and non-empty n-gram layer ids. DeepseekV41ForCausalLM needs hf_text_config.engram_layer_ids, a non-empty list of at most 4096 distinct layer ids from 0 to 1000000; got {value!r}: {problems}.".format(
                     value=_shown(_at(v, ("model", "hf_text_config", "engram_layer_ids"))),
-                    problems=_details(_s14, _at(v, ("model", "hf_text_config", "engram_layer_ids"))),
+                    problems=_details(_s_LayerIds_9aa3c072a9, _at(v, ("model", "hf_text_config", "engram_layer_ids"))),
                 ),
             )
         )
         ok = False
     # rule 'model-ngram-fields'
-    if _s18(v, path, None) and not _s19(v, path, None):
+    if _s_allOf_5_if_d389deab5d(v, path, None) and not _s_allOf_5_then_4bfe2e91ec(v, path, None):
         if out is None:
             return False
         out.append(
@@ -172,13 +172,13 @@ def _s0(v: Any, path: str, out: list[Problem] | None) -> bool:
                 path + "/model/hf_text_config",
                 "model-ngram-fields",
                 "DeepseekV41ForCausalLM's n-gram fields in hf_text_config are off ({problems}); where given they must be integers: engram_max_ngram_size >= 2; engram_n_heads, engram_head_dim and engram_compressed_vocab_size >= 1; engram_pad_token_id (or engram_pad_id) and engram_seed >= 0; engram_vocab_size >= 2, or a list of such, one per order.".format(
-                    problems=_details(_s17, _at(v, ("model", "hf_text_config")))
+                    problems=_details(_s_DeepseekNgramFields_b1de039732, _at(v, ("model", "hf_text_config")))
                 ),
             )
         )
         ok = False
     # rule 'model-layer-ids'
-    if _s20(v, path, None) and not _s21(v, path, None):
+    if _s_allOf_6_if_12e249b3b3(v, path, None) and not _s_allOf_6_then_09a085e377(v, path, None):
         if out is None:
             return False
         out.append(
@@ -187,13 +187,13 @@ def _s0(v: Any, path: str, out: list[Problem] | None) -> bool:
                 "model-layer-ids",
                 "EngramConfig requires a model with supported Engram embeddings and non-empty n-gram layer ids. Qwen4Exp models need hf_text_config.ple_layer_ids, a non-empty list of at most 4096 distinct layer ids from 0 to 1000000; got {value!r}: {problems}.".format(
                     value=_shown(_at(v, ("model", "hf_text_config", "ple_layer_ids"))),
-                    problems=_details(_s14, _at(v, ("model", "hf_text_config", "ple_layer_ids"))),
+                    problems=_details(_s_LayerIds_9aa3c072a9, _at(v, ("model", "hf_text_config", "ple_layer_ids"))),
                 ),
             )
         )
         ok = False
     # rule 'model-ngram-fields'
-    if _s23(v, path, None) and not _s24(v, path, None):
+    if _s_allOf_7_if_2ce018968b(v, path, None) and not _s_allOf_7_then_480ede336d(v, path, None):
         if out is None:
             return False
         out.append(
@@ -201,13 +201,13 @@ def _s0(v: Any, path: str, out: list[Problem] | None) -> bool:
                 path + "/model/hf_text_config",
                 "model-ngram-fields",
                 "Qwen4Exp's n-gram fields in hf_text_config are off ({problems}); where given they must be integers: ngram_size >= 2; heads_per_ngram, ple_embed_dim, vocab_size, make_ngram_vocab_size_divisible_by and split_ngram_parts >= 1; ngram_vocab_size_base >= 2; seed (or its older name ngram_seed) and eos_token_id >= 0; ple_layer_ids are 1-based decoder indices (>= 1).".format(
-                    problems=_details(_s22, _at(v, ("model", "hf_text_config")))
+                    problems=_details(_s_QwenNgramFields_df4f5b4f2d, _at(v, ("model", "hf_text_config")))
                 ),
             )
         )
         ok = False
     # rule 'deepseek-engram-no-ubatching'
-    if _s25(v, path, None) and not _s26(v, path, None):
+    if _s_allOf_8_if_8edfd518b2(v, path, None) and not _s_allOf_8_then_50f8ca3ca6(v, path, None):
         if out is None:
             return False
         out.append(
@@ -221,7 +221,7 @@ def _s0(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s1(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_c241db7686(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig"
     ok = True
     if not (isinstance(v, dict)):
@@ -229,7 +229,7 @@ def _s1(v: Any, path: str, out: list[Problem] | None) -> bool:
             return False
         out.append(Problem(path, "type", "expected an object" + _got(v)))
         return False
-    for key in sorted(v.keys() - _c1):
+    for key in sorted(v.keys() - _c_387e2f01bf):
         if out is None:
             return False
         out.append(
@@ -243,67 +243,75 @@ def _s1(v: Any, path: str, out: list[Problem] | None) -> bool:
         )
         ok = False
     if "cpu_offload" in v:
-        if not _s27(v["cpu_offload"], path + "/cpu_offload", out):
+        if not _s_EngramConfig_cpu_offload_f2238ca7f9(v["cpu_offload"], path + "/cpu_offload", out):
             if out is None:
                 return False
             ok = False
     if "embedding_across_dp" in v:
-        if not _s28(v["embedding_across_dp"], path + "/embedding_across_dp", out):
+        if not _s_EngramConfig_embedding_across_dp_6e0b56e32d(
+            v["embedding_across_dp"], path + "/embedding_across_dp", out
+        ):
             if out is None:
                 return False
             ok = False
     if "dp_shared_memory" in v:
-        if not _s29(v["dp_shared_memory"], path + "/dp_shared_memory", out):
+        if not _s_EngramConfig_dp_shared_memory_47060a51bd(v["dp_shared_memory"], path + "/dp_shared_memory", out):
             if out is None:
                 return False
             ok = False
     if "use_thp" in v:
-        if not _s30(v["use_thp"], path + "/use_thp", out):
+        if not _s_EngramConfig_use_thp_93ff996d39(v["use_thp"], path + "/use_thp", out):
             if out is None:
                 return False
             ok = False
     if "file_backed" in v:
-        if not _s31(v["file_backed"], path + "/file_backed", out):
+        if not _s_EngramConfig_file_backed_0d01971d57(v["file_backed"], path + "/file_backed", out):
             if out is None:
                 return False
             ok = False
     if "file_cache_bytes" in v:
-        if not _s32(v["file_cache_bytes"], path + "/file_cache_bytes", out):
+        if not _s_EngramConfig_file_cache_bytes_916ee6a4cf(v["file_cache_bytes"], path + "/file_cache_bytes", out):
             if out is None:
                 return False
             ok = False
     if "device_cache_bytes" in v:
-        if not _s33(v["device_cache_bytes"], path + "/device_cache_bytes", out):
+        if not _s_EngramConfig_device_cache_bytes_042f1cdeee(
+            v["device_cache_bytes"], path + "/device_cache_bytes", out
+        ):
             if out is None:
                 return False
             ok = False
     if "device_cache_profile" in v:
-        if not _s34(v["device_cache_profile"], path + "/device_cache_profile", out):
+        if not _s_EngramConfig_device_cache_profile_5e78856fae(
+            v["device_cache_profile"], path + "/device_cache_profile", out
+        ):
             if out is None:
                 return False
             ok = False
     if "cache_admission" in v:
-        if not _s35(v["cache_admission"], path + "/cache_admission", out):
+        if not _s_EngramConfig_cache_admission_2496748e63(v["cache_admission"], path + "/cache_admission", out):
             if out is None:
                 return False
             ok = False
     if "ram_cache_bytes" in v:
-        if not _s36(v["ram_cache_bytes"], path + "/ram_cache_bytes", out):
+        if not _s_EngramConfig_ram_cache_bytes_2ae0330d0c(v["ram_cache_bytes"], path + "/ram_cache_bytes", out):
             if out is None:
                 return False
             ok = False
     if "node_sharing" in v:
-        if not _s37(v["node_sharing"], path + "/node_sharing", out):
+        if not _s_EngramConfig_node_sharing_8cb27fc944(v["node_sharing"], path + "/node_sharing", out):
             if out is None:
                 return False
             ok = False
     if "shard_layout" in v:
-        if not _s38(v["shard_layout"], path + "/shard_layout", out):
+        if not _s_EngramConfig_shard_layout_4f89095bee(v["shard_layout"], path + "/shard_layout", out):
             if out is None:
                 return False
             ok = False
     # rule 'dp-shared-memory-needs-cpu-offload'
-    if _s39(v, path, None) and not _s40(v, path, None):
+    if _s_EngramConfig_allOf_0_if_3ea06df136(v, path, None) and not _s_EngramConfig_allOf_0_then_bf3f9124e9(
+        v, path, None
+    ):
         if out is None:
             return False
         out.append(
@@ -315,7 +323,9 @@ def _s1(v: Any, path: str, out: list[Problem] | None) -> bool:
         )
         ok = False
     # rule 'use-thp-needs-private-offload'
-    if _s41(v, path, None) and not _s42(v, path, None):
+    if _s_EngramConfig_allOf_1_if_4d50108f42(v, path, None) and not _s_EngramConfig_allOf_1_then_32bb9034d7(
+        v, path, None
+    ):
         if out is None:
             return False
         out.append(
@@ -327,7 +337,9 @@ def _s1(v: Any, path: str, out: list[Problem] | None) -> bool:
         )
         ok = False
     # rule 'device-cache-needs-cpu-offload'
-    if _s43(v, path, None) and not _s44(v, path, None):
+    if _s_EngramConfig_allOf_2_if_2de19c3f59(v, path, None) and not _s_EngramConfig_allOf_2_then_8604a373c8(
+        v, path, None
+    ):
         if out is None:
             return False
         out.append(
@@ -339,7 +351,9 @@ def _s1(v: Any, path: str, out: list[Problem] | None) -> bool:
         )
         ok = False
     # rule 'file-backed-needs-cpu-offload'
-    if _s45(v, path, None) and not _s46(v, path, None):
+    if _s_EngramConfig_allOf_3_if_0bf0bd6093(v, path, None) and not _s_EngramConfig_allOf_3_then_9fc8e6f3e6(
+        v, path, None
+    ):
         if out is None:
             return False
         out.append(
@@ -351,7 +365,9 @@ def _s1(v: Any, path: str, out: list[Problem] | None) -> bool:
         )
         ok = False
     # rule 'file-backed-not-with-dp-shared-memory'
-    if _s47(v, path, None) and not _s48(v, path, None):
+    if _s_EngramConfig_allOf_4_if_feda66af69(v, path, None) and not _s_EngramConfig_allOf_4_then_11690fe061(
+        v, path, None
+    ):
         if out is None:
             return False
         out.append(
@@ -363,7 +379,9 @@ def _s1(v: Any, path: str, out: list[Problem] | None) -> bool:
         )
         ok = False
     # rule 'file-backed-not-with-use-thp'
-    if _s49(v, path, None) and not _s50(v, path, None):
+    if _s_EngramConfig_allOf_5_if_cd171e753d(v, path, None) and not _s_EngramConfig_allOf_5_then_7a9303f78b(
+        v, path, None
+    ):
         if out is None:
             return False
         out.append(
@@ -375,7 +393,9 @@ def _s1(v: Any, path: str, out: list[Problem] | None) -> bool:
         )
         ok = False
     # rule 'file-cache-needs-file-backed'
-    if _s51(v, path, None) and not _s52(v, path, None):
+    if _s_EngramConfig_allOf_6_if_571789a03b(v, path, None) and not _s_EngramConfig_allOf_6_then_a9a8b54800(
+        v, path, None
+    ):
         if out is None:
             return False
         out.append(
@@ -387,7 +407,9 @@ def _s1(v: Any, path: str, out: list[Problem] | None) -> bool:
         )
         ok = False
     # rule 'ram-cache-needs-file-backed'
-    if _s53(v, path, None) and not _s54(v, path, None):
+    if _s_EngramConfig_allOf_7_if_f5c5ceafc9(v, path, None) and not _s_EngramConfig_allOf_7_then_58fdda6b57(
+        v, path, None
+    ):
         if out is None:
             return False
         out.append(
@@ -399,7 +421,9 @@ def _s1(v: Any, path: str, out: list[Problem] | None) -> bool:
         )
         ok = False
     # rule 'node-sharing-not-file-backed'
-    if _s55(v, path, None) and not _s56(v, path, None):
+    if _s_EngramConfig_allOf_8_if_24192127fd(v, path, None) and not _s_EngramConfig_allOf_8_then_42f20e358b(
+        v, path, None
+    ):
         if out is None:
             return False
         out.append(
@@ -411,7 +435,9 @@ def _s1(v: Any, path: str, out: list[Problem] | None) -> bool:
         )
         ok = False
     # rule 'node-sharing-needs-cpu-offload'
-    if _s57(v, path, None) and not _s58(v, path, None):
+    if _s_EngramConfig_allOf_9_if_c94e07eeec(v, path, None) and not _s_EngramConfig_allOf_9_then_b88f59b7ef(
+        v, path, None
+    ):
         if out is None:
             return False
         out.append(
@@ -425,7 +451,7 @@ def _s1(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s2(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_ModelConfig_b4b6458753(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/ModelConfig"
     ok = True
     if not (isinstance(v, dict)):
@@ -438,7 +464,7 @@ def _s2(v: Any, path: str, out: list[Problem] | None) -> bool:
             return False
         out.append(Problem(path + "/architecture", "required", "missing required field architecture"))
         ok = False
-    for key in sorted(v.keys() - _c2):
+    for key in sorted(v.keys() - _c_330472c2c8):
         if out is None:
             return False
         out.append(
@@ -450,19 +476,19 @@ def _s2(v: Any, path: str, out: list[Problem] | None) -> bool:
         )
         ok = False
     if "architecture" in v:
-        if not _s59(v["architecture"], path + "/architecture", out):
+        if not _s_ModelConfig_architecture_63f2c42851(v["architecture"], path + "/architecture", out):
             if out is None:
                 return False
             ok = False
     if "hf_text_config" in v:
-        if not _s60(v["hf_text_config"], path + "/hf_text_config", out):
+        if not _s_ModelConfig_hf_text_config_b72d25b224(v["hf_text_config"], path + "/hf_text_config", out):
             if out is None:
                 return False
             ok = False
     return ok
 
 
-def _s3(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_ParallelConfig_fd7e12d761(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/ParallelConfig"
     ok = True
     if not (isinstance(v, dict)):
@@ -470,7 +496,7 @@ def _s3(v: Any, path: str, out: list[Problem] | None) -> bool:
             return False
         out.append(Problem(path, "type", "expected an object" + _got(v)))
         return False
-    for key in sorted(v.keys() - _c3):
+    for key in sorted(v.keys() - _c_5120c224fc):
         if out is None:
             return False
         out.append(
@@ -484,39 +510,45 @@ def _s3(v: Any, path: str, out: list[Problem] | None) -> bool:
         )
         ok = False
     if "tensor_parallel_size" in v:
-        if not _s61(v["tensor_parallel_size"], path + "/tensor_parallel_size", out):
+        if not _s_ParallelConfig_tensor_parallel_size_8a63df44da(
+            v["tensor_parallel_size"], path + "/tensor_parallel_size", out
+        ):
             if out is None:
                 return False
             ok = False
     if "data_parallel_size" in v:
-        if not _s62(v["data_parallel_size"], path + "/data_parallel_size", out):
+        if not _s_ParallelConfig_data_parallel_size_1c832410b8(
+            v["data_parallel_size"], path + "/data_parallel_size", out
+        ):
             if out is None:
                 return False
             ok = False
     if "data_parallel_size_local" in v:
-        if not _s63(v["data_parallel_size_local"], path + "/data_parallel_size_local", out):
+        if not _s_ParallelConfig_data_parallel_size_local_92b05a1f6d(
+            v["data_parallel_size_local"], path + "/data_parallel_size_local", out
+        ):
             if out is None:
                 return False
             ok = False
     if "enable_elastic_ep" in v:
-        if not _s64(v["enable_elastic_ep"], path + "/enable_elastic_ep", out):
+        if not _s_ParallelConfig_enable_elastic_ep_9f6f9ef99d(v["enable_elastic_ep"], path + "/enable_elastic_ep", out):
             if out is None:
                 return False
             ok = False
     if "enable_dbo" in v:
-        if not _s65(v["enable_dbo"], path + "/enable_dbo", out):
+        if not _s_ParallelConfig_enable_dbo_33ef1762e2(v["enable_dbo"], path + "/enable_dbo", out):
             if out is None:
                 return False
             ok = False
     if "ubatch_size" in v:
-        if not _s66(v["ubatch_size"], path + "/ubatch_size", out):
+        if not _s_ParallelConfig_ubatch_size_a59d54804b(v["ubatch_size"], path + "/ubatch_size", out):
             if out is None:
                 return False
             ok = False
     return ok
 
 
-def _s4(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_LoadConfig_dd2aaae09a(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/LoadConfig"
     ok = True
     if not (isinstance(v, dict)):
@@ -524,7 +556,7 @@ def _s4(v: Any, path: str, out: list[Problem] | None) -> bool:
             return False
         out.append(Problem(path, "type", "expected an object" + _got(v)))
         return False
-    for key in sorted(v.keys() - _c4):
+    for key in sorted(v.keys() - _c_07daf331e1):
         if out is None:
             return False
         out.append(
@@ -536,14 +568,14 @@ def _s4(v: Any, path: str, out: list[Problem] | None) -> bool:
         )
         ok = False
     if "load_format" in v:
-        if not _s67(v["load_format"], path + "/load_format", out):
+        if not _s_LoadConfig_load_format_f2795e6ea3(v["load_format"], path + "/load_format", out):
             if out is None:
                 return False
             ok = False
     return ok
 
 
-def _s5(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_platform_b7e55f8893(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /properties/platform"
     ok = True
     if not (isinstance(v, str)):
@@ -575,7 +607,7 @@ def _s5(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s6(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_0_if_dcb6819338(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/0/if"
     ok = True
     if isinstance(v, dict):
@@ -590,26 +622,26 @@ def _s6(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/parallel", "required", "missing required field parallel"))
             ok = False
         if "engram" in v:
-            if not _s68(v["engram"], path + "/engram", out):
+            if not _s_allOf_0_if_engram_c956cedd1a(v["engram"], path + "/engram", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s7(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_0_then_e40a185867(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/0/then"
     ok = True
     if isinstance(v, dict):
         if "parallel" in v:
-            if not _s69(v["parallel"], path + "/parallel", out):
+            if not _s_allOf_0_then_parallel_98d9ec7941(v["parallel"], path + "/parallel", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s8(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_1_if_c0023f19ac(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/1/if"
     ok = True
     if isinstance(v, dict):
@@ -624,26 +656,26 @@ def _s8(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/parallel", "required", "missing required field parallel"))
             ok = False
         if "engram" in v:
-            if not _s70(v["engram"], path + "/engram", out):
+            if not _s_allOf_1_if_engram_56a3e4eb77(v["engram"], path + "/engram", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s9(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_1_then_88e12d33f0(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/1/then"
     ok = True
     if isinstance(v, dict):
         if "parallel" in v:
-            if not _s71(v["parallel"], path + "/parallel", out):
+            if not _s_allOf_1_then_parallel_38c64b0584(v["parallel"], path + "/parallel", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s10(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_2_if_41c14fc9b8(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/2/if"
     ok = True
     if isinstance(v, dict):
@@ -658,31 +690,31 @@ def _s10(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/parallel", "required", "missing required field parallel"))
             ok = False
         if "engram" in v:
-            if not _s72(v["engram"], path + "/engram", out):
+            if not _s_allOf_2_if_engram_dcb8cd0349(v["engram"], path + "/engram", out):
                 if out is None:
                     return False
                 ok = False
         if "parallel" in v:
-            if not _s73(v["parallel"], path + "/parallel", out):
+            if not _s_allOf_2_if_parallel_c7ac9b13a0(v["parallel"], path + "/parallel", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s11(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_2_then_2fa1827a92(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/2/then"
     ok = True
     if isinstance(v, dict):
         if "parallel" in v:
-            if not _s74(v["parallel"], path + "/parallel", out):
+            if not _s_allOf_2_then_parallel_9c6bba01b1(v["parallel"], path + "/parallel", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s12(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_3_if_efa9f0d3f9(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/3/if"
     ok = True
     if isinstance(v, dict):
@@ -697,26 +729,26 @@ def _s12(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/load", "required", "missing required field load"))
             ok = False
         if "engram" in v:
-            if not _s75(v["engram"], path + "/engram", out):
+            if not _s_allOf_3_if_engram_5bb93da5f2(v["engram"], path + "/engram", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s13(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_3_then_c6e2081351(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/3/then"
     ok = True
     if isinstance(v, dict):
         if "load" in v:
-            if not _s76(v["load"], path + "/load", out):
+            if not _s_allOf_3_then_load_0f201a95f1(v["load"], path + "/load", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s14(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_LayerIds_9aa3c072a9(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/LayerIds"
     ok = True
     if not (isinstance(v, list)):
@@ -740,14 +772,14 @@ def _s14(v: Any, path: str, out: list[Problem] | None) -> bool:
         out.append(Problem(path, "unique-items", "expected distinct items" + _got(v)))
         ok = False
     for n in range(0, len(v)):
-        if not _s77(v[n], f"{path}/{n}", out):
+        if not _s_LayerIds_items_b51bf89fff(v[n], f"{path}/{n}", out):
             if out is None:
                 return False
             ok = False
     return ok
 
 
-def _s15(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_4_if_6d3de3f4fc(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/4/if"
     ok = True
     if isinstance(v, dict):
@@ -757,26 +789,26 @@ def _s15(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/model", "required", "missing required field model"))
             ok = False
         if "model" in v:
-            if not _s78(v["model"], path + "/model", out):
+            if not _s_allOf_4_if_model_0b9996b442(v["model"], path + "/model", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s16(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_4_then_ccc0bafe03(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/4/then"
     ok = True
     if isinstance(v, dict):
         if "model" in v:
-            if not _s79(v["model"], path + "/model", out):
+            if not _s_allOf_4_then_model_3379aa81dc(v["model"], path + "/model", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s17(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_DeepseekNgramFields_b1de039732(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/DeepseekNgramFields"
     ok = True
     if not (isinstance(v, dict)):
@@ -785,49 +817,57 @@ def _s17(v: Any, path: str, out: list[Problem] | None) -> bool:
         out.append(Problem(path, "type", "expected an object" + _got(v)))
         return False
     if "engram_max_ngram_size" in v:
-        if not _s80(v["engram_max_ngram_size"], path + "/engram_max_ngram_size", out):
+        if not _s_eepseekNgramFields_engram_max_ngram_size_f9c22f491d(
+            v["engram_max_ngram_size"], path + "/engram_max_ngram_size", out
+        ):
             if out is None:
                 return False
             ok = False
     if "engram_n_heads" in v:
-        if not _s81(v["engram_n_heads"], path + "/engram_n_heads", out):
+        if not _s_DeepseekNgramFields_engram_n_heads_7fc495f696(v["engram_n_heads"], path + "/engram_n_heads", out):
             if out is None:
                 return False
             ok = False
     if "engram_head_dim" in v:
-        if not _s82(v["engram_head_dim"], path + "/engram_head_dim", out):
+        if not _s_DeepseekNgramFields_engram_head_dim_ed9d2095ee(v["engram_head_dim"], path + "/engram_head_dim", out):
             if out is None:
                 return False
             ok = False
     if "engram_compressed_vocab_size" in v:
-        if not _s83(v["engram_compressed_vocab_size"], path + "/engram_compressed_vocab_size", out):
+        if not _s_NgramFields_engram_compressed_vocab_size_0fae30304a(
+            v["engram_compressed_vocab_size"], path + "/engram_compressed_vocab_size", out
+        ):
             if out is None:
                 return False
             ok = False
     if "engram_pad_token_id" in v:
-        if not _s84(v["engram_pad_token_id"], path + "/engram_pad_token_id", out):
+        if not _s_DeepseekNgramFields_engram_pad_token_id_097c3e289d(
+            v["engram_pad_token_id"], path + "/engram_pad_token_id", out
+        ):
             if out is None:
                 return False
             ok = False
     if "engram_pad_id" in v:
-        if not _s85(v["engram_pad_id"], path + "/engram_pad_id", out):
+        if not _s_DeepseekNgramFields_engram_pad_id_6f382ed89c(v["engram_pad_id"], path + "/engram_pad_id", out):
             if out is None:
                 return False
             ok = False
     if "engram_seed" in v:
-        if not _s86(v["engram_seed"], path + "/engram_seed", out):
+        if not _s_DeepseekNgramFields_engram_seed_593cedeeaa(v["engram_seed"], path + "/engram_seed", out):
             if out is None:
                 return False
             ok = False
     if "engram_vocab_size" in v:
-        if not _s87(v["engram_vocab_size"], path + "/engram_vocab_size", out):
+        if not _s_DeepseekNgramFields_engram_vocab_size_f83bd4fc92(
+            v["engram_vocab_size"], path + "/engram_vocab_size", out
+        ):
             if out is None:
                 return False
             ok = False
     return ok
 
 
-def _s18(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_5_if_d389deab5d(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/5/if"
     ok = True
     if isinstance(v, dict):
@@ -837,26 +877,26 @@ def _s18(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/model", "required", "missing required field model"))
             ok = False
         if "model" in v:
-            if not _s88(v["model"], path + "/model", out):
+            if not _s_allOf_5_if_model_208d6657ba(v["model"], path + "/model", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s19(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_5_then_4bfe2e91ec(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/5/then"
     ok = True
     if isinstance(v, dict):
         if "model" in v:
-            if not _s89(v["model"], path + "/model", out):
+            if not _s_allOf_5_then_model_a2b47a7c24(v["model"], path + "/model", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s20(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_6_if_12e249b3b3(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/6/if"
     ok = True
     if isinstance(v, dict):
@@ -866,26 +906,26 @@ def _s20(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/model", "required", "missing required field model"))
             ok = False
         if "model" in v:
-            if not _s90(v["model"], path + "/model", out):
+            if not _s_allOf_6_if_model_757a38e02f(v["model"], path + "/model", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s21(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_6_then_09a085e377(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/6/then"
     ok = True
     if isinstance(v, dict):
         if "model" in v:
-            if not _s91(v["model"], path + "/model", out):
+            if not _s_allOf_6_then_model_b5fa76ff5a(v["model"], path + "/model", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s22(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_QwenNgramFields_df4f5b4f2d(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/QwenNgramFields"
     ok = True
     if not (isinstance(v, dict)):
@@ -894,64 +934,70 @@ def _s22(v: Any, path: str, out: list[Problem] | None) -> bool:
         out.append(Problem(path, "type", "expected an object" + _got(v)))
         return False
     if "ngram_size" in v:
-        if not _s92(v["ngram_size"], path + "/ngram_size", out):
+        if not _s_QwenNgramFields_ngram_size_2975bef037(v["ngram_size"], path + "/ngram_size", out):
             if out is None:
                 return False
             ok = False
     if "heads_per_ngram" in v:
-        if not _s93(v["heads_per_ngram"], path + "/heads_per_ngram", out):
+        if not _s_QwenNgramFields_heads_per_ngram_2d971a0ad3(v["heads_per_ngram"], path + "/heads_per_ngram", out):
             if out is None:
                 return False
             ok = False
     if "ple_embed_dim" in v:
-        if not _s94(v["ple_embed_dim"], path + "/ple_embed_dim", out):
+        if not _s_QwenNgramFields_ple_embed_dim_4bfbe39028(v["ple_embed_dim"], path + "/ple_embed_dim", out):
             if out is None:
                 return False
             ok = False
     if "vocab_size" in v:
-        if not _s95(v["vocab_size"], path + "/vocab_size", out):
+        if not _s_QwenNgramFields_vocab_size_e1b5701da4(v["vocab_size"], path + "/vocab_size", out):
             if out is None:
                 return False
             ok = False
     if "make_ngram_vocab_size_divisible_by" in v:
-        if not _s96(v["make_ngram_vocab_size_divisible_by"], path + "/make_ngram_vocab_size_divisible_by", out):
+        if not _s_ields_make_ngram_vocab_size_divisible_by_80c0ba7c1c(
+            v["make_ngram_vocab_size_divisible_by"], path + "/make_ngram_vocab_size_divisible_by", out
+        ):
             if out is None:
                 return False
             ok = False
     if "ngram_vocab_size_base" in v:
-        if not _s97(v["ngram_vocab_size_base"], path + "/ngram_vocab_size_base", out):
+        if not _s_QwenNgramFields_ngram_vocab_size_base_fc05fd65b4(
+            v["ngram_vocab_size_base"], path + "/ngram_vocab_size_base", out
+        ):
             if out is None:
                 return False
             ok = False
     if "seed" in v:
-        if not _s98(v["seed"], path + "/seed", out):
+        if not _s_QwenNgramFields_seed_43ca5e4179(v["seed"], path + "/seed", out):
             if out is None:
                 return False
             ok = False
     if "ngram_seed" in v:
-        if not _s99(v["ngram_seed"], path + "/ngram_seed", out):
+        if not _s_QwenNgramFields_ngram_seed_488bd095d2(v["ngram_seed"], path + "/ngram_seed", out):
             if out is None:
                 return False
             ok = False
     if "eos_token_id" in v:
-        if not _s100(v["eos_token_id"], path + "/eos_token_id", out):
+        if not _s_QwenNgramFields_eos_token_id_7c0f2986b7(v["eos_token_id"], path + "/eos_token_id", out):
             if out is None:
                 return False
             ok = False
     if "ple_layer_ids" in v:
-        if not _s101(v["ple_layer_ids"], path + "/ple_layer_ids", out):
+        if not _s_QwenNgramFields_ple_layer_ids_5d7727ae47(v["ple_layer_ids"], path + "/ple_layer_ids", out):
             if out is None:
                 return False
             ok = False
     if "split_ngram_parts" in v:
-        if not _s102(v["split_ngram_parts"], path + "/split_ngram_parts", out):
+        if not _s_QwenNgramFields_split_ngram_parts_080a05bf4e(
+            v["split_ngram_parts"], path + "/split_ngram_parts", out
+        ):
             if out is None:
                 return False
             ok = False
     return ok
 
 
-def _s23(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_7_if_2ce018968b(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/7/if"
     ok = True
     if isinstance(v, dict):
@@ -961,26 +1007,26 @@ def _s23(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/model", "required", "missing required field model"))
             ok = False
         if "model" in v:
-            if not _s103(v["model"], path + "/model", out):
+            if not _s_allOf_7_if_model_5a2363160d(v["model"], path + "/model", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s24(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_7_then_480ede336d(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/7/then"
     ok = True
     if isinstance(v, dict):
         if "model" in v:
-            if not _s104(v["model"], path + "/model", out):
+            if not _s_allOf_7_then_model_21a018df8d(v["model"], path + "/model", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s25(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_8_if_8edfd518b2(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/8/if"
     ok = True
     if isinstance(v, dict):
@@ -995,19 +1041,19 @@ def _s25(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/parallel", "required", "missing required field parallel"))
             ok = False
         if "model" in v:
-            if not _s105(v["model"], path + "/model", out):
+            if not _s_allOf_8_if_model_feb08f0ea3(v["model"], path + "/model", out):
                 if out is None:
                     return False
                 ok = False
         if "parallel" in v:
-            if not _s106(v["parallel"], path + "/parallel", out):
+            if not _s_allOf_8_if_parallel_358e18e584(v["parallel"], path + "/parallel", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s26(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_8_then_50f8ca3ca6(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/8/then"
     if out is None:
         return False
@@ -1015,7 +1061,7 @@ def _s26(v: Any, path: str, out: list[Problem] | None) -> bool:
     return False
 
 
-def _s27(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_cpu_offload_f2238ca7f9(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/properties/cpu_offload"
     ok = True
     if not (isinstance(v, bool)):
@@ -1026,7 +1072,7 @@ def _s27(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s28(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_embedding_across_dp_6e0b56e32d(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/properties/embedding_across_dp"
     ok = True
     if not (isinstance(v, bool)):
@@ -1037,7 +1083,7 @@ def _s28(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s29(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_dp_shared_memory_47060a51bd(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/properties/dp_shared_memory"
     ok = True
     if not (isinstance(v, bool) or v is None):
@@ -1048,7 +1094,7 @@ def _s29(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s30(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_use_thp_93ff996d39(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/properties/use_thp"
     ok = True
     if not (isinstance(v, bool)):
@@ -1059,7 +1105,7 @@ def _s30(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s31(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_file_backed_0d01971d57(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/properties/file_backed"
     ok = True
     if not (isinstance(v, bool)):
@@ -1070,7 +1116,7 @@ def _s31(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s32(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_file_cache_bytes_916ee6a4cf(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/properties/file_cache_bytes"
     ok = True
     if not (_is_integer(v)):
@@ -1091,7 +1137,7 @@ def _s32(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s33(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_device_cache_bytes_042f1cdeee(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/properties/device_cache_bytes"
     ok = True
     if not (_is_integer(v)):
@@ -1112,7 +1158,7 @@ def _s33(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s34(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_device_cache_profile_5e78856fae(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/properties/device_cache_profile"
     ok = True
     if not (isinstance(v, str) or v is None):
@@ -1148,7 +1194,7 @@ def _s34(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s35(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_cache_admission_2496748e63(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/properties/cache_admission"
     ok = True
     if not (isinstance(v, str)):
@@ -1164,7 +1210,7 @@ def _s35(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s36(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_ram_cache_bytes_2ae0330d0c(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/properties/ram_cache_bytes"
     ok = True
     if not (_is_integer(v)):
@@ -1185,7 +1231,7 @@ def _s36(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s37(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_node_sharing_8cb27fc944(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/properties/node_sharing"
     ok = True
     if not (isinstance(v, str)):
@@ -1201,7 +1247,7 @@ def _s37(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s38(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_shard_layout_4f89095bee(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/properties/shard_layout"
     ok = True
     if not (isinstance(v, str)):
@@ -1217,7 +1263,7 @@ def _s38(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s39(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_allOf_0_if_3ea06df136(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/0/if"
     ok = True
     if isinstance(v, dict):
@@ -1227,26 +1273,28 @@ def _s39(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/dp_shared_memory", "required", "missing required field dp_shared_memory"))
             ok = False
         if "dp_shared_memory" in v:
-            if not _s107(v["dp_shared_memory"], path + "/dp_shared_memory", out):
+            if not _s_EngramConfig_allOf_0_if_dp_shared_memory_a9a45c2e7f(
+                v["dp_shared_memory"], path + "/dp_shared_memory", out
+            ):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s40(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_allOf_0_then_bf3f9124e9(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/0/then"
     ok = True
     if isinstance(v, dict):
         if "cpu_offload" in v:
-            if not _s108(v["cpu_offload"], path + "/cpu_offload", out):
+            if not _s_EngramConfig_allOf_0_then_cpu_offload_b5b4341757(v["cpu_offload"], path + "/cpu_offload", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s41(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_allOf_1_if_4d50108f42(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/1/if"
     ok = True
     if isinstance(v, dict):
@@ -1256,31 +1304,33 @@ def _s41(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/use_thp", "required", "missing required field use_thp"))
             ok = False
         if "use_thp" in v:
-            if not _s109(v["use_thp"], path + "/use_thp", out):
+            if not _s_EngramConfig_allOf_1_if_use_thp_f06f5f6989(v["use_thp"], path + "/use_thp", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s42(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_allOf_1_then_32bb9034d7(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/1/then"
     ok = True
     if isinstance(v, dict):
         if "cpu_offload" in v:
-            if not _s110(v["cpu_offload"], path + "/cpu_offload", out):
+            if not _s_EngramConfig_allOf_1_then_cpu_offload_15eb36d84e(v["cpu_offload"], path + "/cpu_offload", out):
                 if out is None:
                     return False
                 ok = False
         if "dp_shared_memory" in v:
-            if not _s111(v["dp_shared_memory"], path + "/dp_shared_memory", out):
+            if not _s_gramConfig_allOf_1_then_dp_shared_memory_18a98d2a56(
+                v["dp_shared_memory"], path + "/dp_shared_memory", out
+            ):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s43(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_allOf_2_if_2de19c3f59(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/2/if"
     ok = True
     if isinstance(v, dict):
@@ -1290,26 +1340,28 @@ def _s43(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/device_cache_bytes", "required", "missing required field device_cache_bytes"))
             ok = False
         if "device_cache_bytes" in v:
-            if not _s112(v["device_cache_bytes"], path + "/device_cache_bytes", out):
+            if not _s_gramConfig_allOf_2_if_device_cache_bytes_9b5d3c2075(
+                v["device_cache_bytes"], path + "/device_cache_bytes", out
+            ):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s44(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_allOf_2_then_8604a373c8(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/2/then"
     ok = True
     if isinstance(v, dict):
         if "cpu_offload" in v:
-            if not _s113(v["cpu_offload"], path + "/cpu_offload", out):
+            if not _s_EngramConfig_allOf_2_then_cpu_offload_5f6ad5a0c4(v["cpu_offload"], path + "/cpu_offload", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s45(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_allOf_3_if_0bf0bd6093(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/3/if"
     ok = True
     if isinstance(v, dict):
@@ -1319,26 +1371,26 @@ def _s45(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/file_backed", "required", "missing required field file_backed"))
             ok = False
         if "file_backed" in v:
-            if not _s114(v["file_backed"], path + "/file_backed", out):
+            if not _s_EngramConfig_allOf_3_if_file_backed_ead1c673b9(v["file_backed"], path + "/file_backed", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s46(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_allOf_3_then_9fc8e6f3e6(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/3/then"
     ok = True
     if isinstance(v, dict):
         if "cpu_offload" in v:
-            if not _s115(v["cpu_offload"], path + "/cpu_offload", out):
+            if not _s_EngramConfig_allOf_3_then_cpu_offload_7ed4c3c211(v["cpu_offload"], path + "/cpu_offload", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s47(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_allOf_4_if_feda66af69(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/4/if"
     ok = True
     if isinstance(v, dict):
@@ -1348,26 +1400,28 @@ def _s47(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/file_backed", "required", "missing required field file_backed"))
             ok = False
         if "file_backed" in v:
-            if not _s116(v["file_backed"], path + "/file_backed", out):
+            if not _s_EngramConfig_allOf_4_if_file_backed_1c67840f76(v["file_backed"], path + "/file_backed", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s48(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_allOf_4_then_11690fe061(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/4/then"
     ok = True
     if isinstance(v, dict):
         if "dp_shared_memory" in v:
-            if not _s117(v["dp_shared_memory"], path + "/dp_shared_memory", out):
+            if not _s_gramConfig_allOf_4_then_dp_shared_memory_84ce4dc3b6(
+                v["dp_shared_memory"], path + "/dp_shared_memory", out
+            ):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s49(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_allOf_5_if_cd171e753d(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/5/if"
     ok = True
     if isinstance(v, dict):
@@ -1377,26 +1431,26 @@ def _s49(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/file_backed", "required", "missing required field file_backed"))
             ok = False
         if "file_backed" in v:
-            if not _s118(v["file_backed"], path + "/file_backed", out):
+            if not _s_EngramConfig_allOf_5_if_file_backed_36279e4887(v["file_backed"], path + "/file_backed", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s50(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_allOf_5_then_7a9303f78b(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/5/then"
     ok = True
     if isinstance(v, dict):
         if "use_thp" in v:
-            if not _s119(v["use_thp"], path + "/use_thp", out):
+            if not _s_EngramConfig_allOf_5_then_use_thp_9a2b9993e6(v["use_thp"], path + "/use_thp", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s51(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_allOf_6_if_571789a03b(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/6/if"
     ok = True
     if isinstance(v, dict):
@@ -1406,14 +1460,16 @@ def _s51(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/file_cache_bytes", "required", "missing required field file_cache_bytes"))
             ok = False
         if "file_cache_bytes" in v:
-            if not _s120(v["file_cache_bytes"], path + "/file_cache_bytes", out):
+            if not _s_EngramConfig_allOf_6_if_file_cache_bytes_ddecfdd114(
+                v["file_cache_bytes"], path + "/file_cache_bytes", out
+            ):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s52(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_allOf_6_then_a9a8b54800(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/6/then"
     ok = True
     if isinstance(v, dict):
@@ -1423,14 +1479,14 @@ def _s52(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/file_backed", "required", "missing required field file_backed"))
             ok = False
         if "file_backed" in v:
-            if not _s121(v["file_backed"], path + "/file_backed", out):
+            if not _s_EngramConfig_allOf_6_then_file_backed_8e9a86a238(v["file_backed"], path + "/file_backed", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s53(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_allOf_7_if_f5c5ceafc9(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/7/if"
     ok = True
     if isinstance(v, dict):
@@ -1440,14 +1496,16 @@ def _s53(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/ram_cache_bytes", "required", "missing required field ram_cache_bytes"))
             ok = False
         if "ram_cache_bytes" in v:
-            if not _s122(v["ram_cache_bytes"], path + "/ram_cache_bytes", out):
+            if not _s_EngramConfig_allOf_7_if_ram_cache_bytes_7d6c097f17(
+                v["ram_cache_bytes"], path + "/ram_cache_bytes", out
+            ):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s54(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_allOf_7_then_58fdda6b57(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/7/then"
     ok = True
     if isinstance(v, dict):
@@ -1457,14 +1515,14 @@ def _s54(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/file_backed", "required", "missing required field file_backed"))
             ok = False
         if "file_backed" in v:
-            if not _s123(v["file_backed"], path + "/file_backed", out):
+            if not _s_EngramConfig_allOf_7_then_file_backed_83c43a04fd(v["file_backed"], path + "/file_backed", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s55(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_allOf_8_if_24192127fd(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/8/if"
     ok = True
     if isinstance(v, dict):
@@ -1474,26 +1532,26 @@ def _s55(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/node_sharing", "required", "missing required field node_sharing"))
             ok = False
         if "node_sharing" in v:
-            if not _s124(v["node_sharing"], path + "/node_sharing", out):
+            if not _s_EngramConfig_allOf_8_if_node_sharing_ab116bde1d(v["node_sharing"], path + "/node_sharing", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s56(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_allOf_8_then_42f20e358b(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/8/then"
     ok = True
     if isinstance(v, dict):
         if "file_backed" in v:
-            if not _s125(v["file_backed"], path + "/file_backed", out):
+            if not _s_EngramConfig_allOf_8_then_file_backed_44ab0c81a5(v["file_backed"], path + "/file_backed", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s57(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_allOf_9_if_c94e07eeec(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/9/if"
     ok = True
     if isinstance(v, dict):
@@ -1503,26 +1561,26 @@ def _s57(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/node_sharing", "required", "missing required field node_sharing"))
             ok = False
         if "node_sharing" in v:
-            if not _s126(v["node_sharing"], path + "/node_sharing", out):
+            if not _s_EngramConfig_allOf_9_if_node_sharing_32cace2176(v["node_sharing"], path + "/node_sharing", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s58(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_allOf_9_then_b88f59b7ef(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/9/then"
     ok = True
     if isinstance(v, dict):
         if "cpu_offload" in v:
-            if not _s127(v["cpu_offload"], path + "/cpu_offload", out):
+            if not _s_EngramConfig_allOf_9_then_cpu_offload_c13607eed2(v["cpu_offload"], path + "/cpu_offload", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s59(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_ModelConfig_architecture_63f2c42851(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/ModelConfig/properties/architecture"
     ok = True
     if not (isinstance(v, str)):
@@ -1554,7 +1612,7 @@ def _s59(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s60(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_ModelConfig_hf_text_config_b72d25b224(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/ModelConfig/properties/hf_text_config"
     ok = True
     if not (isinstance(v, dict)):
@@ -1565,7 +1623,7 @@ def _s60(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s61(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_ParallelConfig_tensor_parallel_size_8a63df44da(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/ParallelConfig/properties/tensor_parallel_size"
     ok = True
     if not (_is_integer(v)):
@@ -1586,7 +1644,7 @@ def _s61(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s62(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_ParallelConfig_data_parallel_size_1c832410b8(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/ParallelConfig/properties/data_parallel_size"
     ok = True
     if not (_is_integer(v)):
@@ -1607,7 +1665,7 @@ def _s62(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s63(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_ParallelConfig_data_parallel_size_local_92b05a1f6d(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/ParallelConfig/properties/data_parallel_size_local"
     ok = True
     if not (_is_integer(v)):
@@ -1628,7 +1686,7 @@ def _s63(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s64(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_ParallelConfig_enable_elastic_ep_9f6f9ef99d(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/ParallelConfig/properties/enable_elastic_ep"
     ok = True
     if not (isinstance(v, bool)):
@@ -1639,7 +1697,7 @@ def _s64(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s65(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_ParallelConfig_enable_dbo_33ef1762e2(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/ParallelConfig/properties/enable_dbo"
     ok = True
     if not (isinstance(v, bool)):
@@ -1650,7 +1708,7 @@ def _s65(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s66(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_ParallelConfig_ubatch_size_a59d54804b(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/ParallelConfig/properties/ubatch_size"
     ok = True
     if not (_is_integer(v)):
@@ -1671,7 +1729,7 @@ def _s66(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s67(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_LoadConfig_load_format_f2795e6ea3(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/LoadConfig/properties/load_format"
     ok = True
     if not (isinstance(v, str)):
@@ -1682,7 +1740,7 @@ def _s67(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s68(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_0_if_engram_c956cedd1a(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/0/if/properties/engram"
     ok = True
     if isinstance(v, dict):
@@ -1692,14 +1750,16 @@ def _s68(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/dp_shared_memory", "required", "missing required field dp_shared_memory"))
             ok = False
         if "dp_shared_memory" in v:
-            if not _s128(v["dp_shared_memory"], path + "/dp_shared_memory", out):
+            if not _s_allOf_0_if_engram_dp_shared_memory_aca3f1b057(
+                v["dp_shared_memory"], path + "/dp_shared_memory", out
+            ):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s69(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_0_then_parallel_98d9ec7941(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/0/then/properties/parallel"
     ok = True
     if isinstance(v, dict):
@@ -1709,14 +1769,16 @@ def _s69(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/data_parallel_size", "required", "missing required field data_parallel_size"))
             ok = False
         if "data_parallel_size" in v:
-            if not _s129(v["data_parallel_size"], path + "/data_parallel_size", out):
+            if not _s_allOf_0_then_parallel_data_parallel_size_c3f3afd245(
+                v["data_parallel_size"], path + "/data_parallel_size", out
+            ):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s70(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_1_if_engram_56a3e4eb77(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/1/if/properties/engram"
     ok = True
     if isinstance(v, dict):
@@ -1726,26 +1788,30 @@ def _s70(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/dp_shared_memory", "required", "missing required field dp_shared_memory"))
             ok = False
         if "dp_shared_memory" in v:
-            if not _s130(v["dp_shared_memory"], path + "/dp_shared_memory", out):
+            if not _s_allOf_1_if_engram_dp_shared_memory_386acfdb9c(
+                v["dp_shared_memory"], path + "/dp_shared_memory", out
+            ):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s71(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_1_then_parallel_38c64b0584(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/1/then/properties/parallel"
     ok = True
     if isinstance(v, dict):
         if "enable_elastic_ep" in v:
-            if not _s131(v["enable_elastic_ep"], path + "/enable_elastic_ep", out):
+            if not _s_allOf_1_then_parallel_enable_elastic_ep_34381c79bf(
+                v["enable_elastic_ep"], path + "/enable_elastic_ep", out
+            ):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s72(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_2_if_engram_dcb8cd0349(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/2/if/properties/engram"
     ok = True
     if isinstance(v, dict):
@@ -1755,14 +1821,16 @@ def _s72(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/embedding_across_dp", "required", "missing required field embedding_across_dp"))
             ok = False
         if "embedding_across_dp" in v:
-            if not _s132(v["embedding_across_dp"], path + "/embedding_across_dp", out):
+            if not _s_allOf_2_if_engram_embedding_across_dp_06882a5fa0(
+                v["embedding_across_dp"], path + "/embedding_across_dp", out
+            ):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s73(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_2_if_parallel_c7ac9b13a0(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/2/if/properties/parallel"
     ok = True
     if isinstance(v, dict):
@@ -1772,26 +1840,30 @@ def _s73(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/data_parallel_size", "required", "missing required field data_parallel_size"))
             ok = False
         if "data_parallel_size" in v:
-            if not _s133(v["data_parallel_size"], path + "/data_parallel_size", out):
+            if not _s_allOf_2_if_parallel_data_parallel_size_87a5bb907c(
+                v["data_parallel_size"], path + "/data_parallel_size", out
+            ):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s74(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_2_then_parallel_9c6bba01b1(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/2/then/properties/parallel"
     ok = True
     if isinstance(v, dict):
         if "enable_elastic_ep" in v:
-            if not _s134(v["enable_elastic_ep"], path + "/enable_elastic_ep", out):
+            if not _s_allOf_2_then_parallel_enable_elastic_ep_c88fef4e9e(
+                v["enable_elastic_ep"], path + "/enable_elastic_ep", out
+            ):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s75(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_3_if_engram_5bb93da5f2(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/3/if/properties/engram"
     ok = True
     if isinstance(v, dict):
@@ -1801,26 +1873,28 @@ def _s75(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/dp_shared_memory", "required", "missing required field dp_shared_memory"))
             ok = False
         if "dp_shared_memory" in v:
-            if not _s135(v["dp_shared_memory"], path + "/dp_shared_memory", out):
+            if not _s_allOf_3_if_engram_dp_shared_memory_a5e1577c7a(
+                v["dp_shared_memory"], path + "/dp_shared_memory", out
+            ):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s76(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_3_then_load_0f201a95f1(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/3/then/properties/load"
     ok = True
     if isinstance(v, dict):
         if "load_format" in v:
-            if not _s136(v["load_format"], path + "/load_format", out):
+            if not _s_allOf_3_then_load_load_format_706cb0d26a(v["load_format"], path + "/load_format", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s77(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_LayerIds_items_b51bf89fff(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/LayerIds/items"
     ok = True
     if not (_is_integer(v)):
@@ -1841,7 +1915,7 @@ def _s77(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s78(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_4_if_model_0b9996b442(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/4/if/properties/model"
     ok = True
     if isinstance(v, dict):
@@ -1851,14 +1925,14 @@ def _s78(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/architecture", "required", "missing required field architecture"))
             ok = False
         if "architecture" in v:
-            if not _s137(v["architecture"], path + "/architecture", out):
+            if not _s_allOf_4_if_model_architecture_2b62765ca3(v["architecture"], path + "/architecture", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s79(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_4_then_model_3379aa81dc(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/4/then/properties/model"
     ok = True
     if isinstance(v, dict):
@@ -1868,14 +1942,14 @@ def _s79(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/hf_text_config", "required", "missing required field hf_text_config"))
             ok = False
         if "hf_text_config" in v:
-            if not _s138(v["hf_text_config"], path + "/hf_text_config", out):
+            if not _s_allOf_4_then_model_hf_text_config_0b359260a4(v["hf_text_config"], path + "/hf_text_config", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s80(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_eepseekNgramFields_engram_max_ngram_size_f9c22f491d(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/DeepseekNgramFields/properties/engram_max_ngram_size"
     ok = True
     if not (_is_integer(v)):
@@ -1896,7 +1970,7 @@ def _s80(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s81(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_DeepseekNgramFields_engram_n_heads_7fc495f696(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/DeepseekNgramFields/properties/engram_n_heads"
     ok = True
     if not (_is_integer(v)):
@@ -1917,7 +1991,7 @@ def _s81(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s82(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_DeepseekNgramFields_engram_head_dim_ed9d2095ee(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/DeepseekNgramFields/properties/engram_head_dim"
     ok = True
     if not (_is_integer(v)):
@@ -1938,7 +2012,7 @@ def _s82(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s83(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_NgramFields_engram_compressed_vocab_size_0fae30304a(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/DeepseekNgramFields/properties/engram_compressed_vocab_size"
     ok = True
     if not (_is_integer(v)):
@@ -1959,7 +2033,7 @@ def _s83(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s84(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_DeepseekNgramFields_engram_pad_token_id_097c3e289d(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/DeepseekNgramFields/properties/engram_pad_token_id"
     ok = True
     if not (_is_integer(v)):
@@ -1975,7 +2049,7 @@ def _s84(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s85(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_DeepseekNgramFields_engram_pad_id_6f382ed89c(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/DeepseekNgramFields/properties/engram_pad_id"
     ok = True
     if not (_is_integer(v)):
@@ -1991,7 +2065,7 @@ def _s85(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s86(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_DeepseekNgramFields_engram_seed_593cedeeaa(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/DeepseekNgramFields/properties/engram_seed"
     ok = True
     if not (_is_integer(v)):
@@ -2007,10 +2081,13 @@ def _s86(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s87(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_DeepseekNgramFields_engram_vocab_size_f83bd4fc92(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/DeepseekNgramFields/properties/engram_vocab_size"
     ok = True
-    if not (_s139(v, path, None) or _s140(v, path, None)):
+    if not (
+        _s_eekNgramFields_engram_vocab_size_anyOf_0_71f1da76d0(v, path, None)
+        or _s_eekNgramFields_engram_vocab_size_anyOf_1_b845e8de82(v, path, None)
+    ):
         if out is None:
             return False
         out.append(Problem(path, "any-of", "expected one of the allowed forms" + _got(v)))
@@ -2018,7 +2095,7 @@ def _s87(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s88(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_5_if_model_208d6657ba(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/5/if/properties/model"
     ok = True
     if isinstance(v, dict):
@@ -2028,26 +2105,26 @@ def _s88(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/architecture", "required", "missing required field architecture"))
             ok = False
         if "architecture" in v:
-            if not _s141(v["architecture"], path + "/architecture", out):
+            if not _s_allOf_5_if_model_architecture_453079739b(v["architecture"], path + "/architecture", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s89(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_5_then_model_a2b47a7c24(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/5/then/properties/model"
     ok = True
     if isinstance(v, dict):
         if "hf_text_config" in v:
-            if not _s17(v["hf_text_config"], path + "/hf_text_config", out):
+            if not _s_DeepseekNgramFields_b1de039732(v["hf_text_config"], path + "/hf_text_config", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s90(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_6_if_model_757a38e02f(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/6/if/properties/model"
     ok = True
     if isinstance(v, dict):
@@ -2057,14 +2134,14 @@ def _s90(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/architecture", "required", "missing required field architecture"))
             ok = False
         if "architecture" in v:
-            if not _s142(v["architecture"], path + "/architecture", out):
+            if not _s_allOf_6_if_model_architecture_6b3ef82b03(v["architecture"], path + "/architecture", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s91(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_6_then_model_b5fa76ff5a(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/6/then/properties/model"
     ok = True
     if isinstance(v, dict):
@@ -2074,14 +2151,14 @@ def _s91(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/hf_text_config", "required", "missing required field hf_text_config"))
             ok = False
         if "hf_text_config" in v:
-            if not _s143(v["hf_text_config"], path + "/hf_text_config", out):
+            if not _s_allOf_6_then_model_hf_text_config_d6e3207f4a(v["hf_text_config"], path + "/hf_text_config", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s92(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_QwenNgramFields_ngram_size_2975bef037(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/QwenNgramFields/properties/ngram_size"
     ok = True
     if not (_is_integer(v)):
@@ -2102,7 +2179,7 @@ def _s92(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s93(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_QwenNgramFields_heads_per_ngram_2d971a0ad3(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/QwenNgramFields/properties/heads_per_ngram"
     ok = True
     if not (_is_integer(v)):
@@ -2123,7 +2200,7 @@ def _s93(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s94(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_QwenNgramFields_ple_embed_dim_4bfbe39028(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/QwenNgramFields/properties/ple_embed_dim"
     ok = True
     if not (_is_integer(v)):
@@ -2144,7 +2221,7 @@ def _s94(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s95(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_QwenNgramFields_vocab_size_e1b5701da4(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/QwenNgramFields/properties/vocab_size"
     ok = True
     if not (_is_integer(v)):
@@ -2165,7 +2242,7 @@ def _s95(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s96(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_ields_make_ngram_vocab_size_divisible_by_80c0ba7c1c(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/QwenNgramFields/properties/make_ngram_vocab_size_divisible_by"
     ok = True
     if not (_is_integer(v)):
@@ -2186,7 +2263,7 @@ def _s96(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s97(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_QwenNgramFields_ngram_vocab_size_base_fc05fd65b4(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/QwenNgramFields/properties/ngram_vocab_size_base"
     ok = True
     if not (_is_integer(v)):
@@ -2207,7 +2284,7 @@ def _s97(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s98(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_QwenNgramFields_seed_43ca5e4179(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/QwenNgramFields/properties/seed"
     ok = True
     if not (_is_integer(v)):
@@ -2223,7 +2300,7 @@ def _s98(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s99(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_QwenNgramFields_ngram_seed_488bd095d2(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/QwenNgramFields/properties/ngram_seed"
     ok = True
     if not (_is_integer(v)):
@@ -2239,7 +2316,7 @@ def _s99(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s100(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_QwenNgramFields_eos_token_id_7c0f2986b7(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/QwenNgramFields/properties/eos_token_id"
     ok = True
     if not (_is_integer(v)):
@@ -2255,7 +2332,7 @@ def _s100(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s101(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_QwenNgramFields_ple_layer_ids_5d7727ae47(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/QwenNgramFields/properties/ple_layer_ids"
     ok = True
     if not (isinstance(v, list)):
@@ -2264,14 +2341,14 @@ def _s101(v: Any, path: str, out: list[Problem] | None) -> bool:
         out.append(Problem(path, "type", "expected an array" + _got(v)))
         return False
     for n in range(0, len(v)):
-        if not _s144(v[n], f"{path}/{n}", out):
+        if not _s_QwenNgramFields_ple_layer_ids_items_7f7839a054(v[n], f"{path}/{n}", out):
             if out is None:
                 return False
             ok = False
     return ok
 
 
-def _s102(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_QwenNgramFields_split_ngram_parts_080a05bf4e(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/QwenNgramFields/properties/split_ngram_parts"
     ok = True
     if not (_is_integer(v)):
@@ -2292,7 +2369,7 @@ def _s102(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s103(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_7_if_model_5a2363160d(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/7/if/properties/model"
     ok = True
     if isinstance(v, dict):
@@ -2302,26 +2379,26 @@ def _s103(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/architecture", "required", "missing required field architecture"))
             ok = False
         if "architecture" in v:
-            if not _s145(v["architecture"], path + "/architecture", out):
+            if not _s_allOf_7_if_model_architecture_997bcff98f(v["architecture"], path + "/architecture", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s104(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_7_then_model_21a018df8d(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/7/then/properties/model"
     ok = True
     if isinstance(v, dict):
         if "hf_text_config" in v:
-            if not _s22(v["hf_text_config"], path + "/hf_text_config", out):
+            if not _s_QwenNgramFields_df4f5b4f2d(v["hf_text_config"], path + "/hf_text_config", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s105(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_8_if_model_feb08f0ea3(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/8/if/properties/model"
     ok = True
     if isinstance(v, dict):
@@ -2336,22 +2413,25 @@ def _s105(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/hf_text_config", "required", "missing required field hf_text_config"))
             ok = False
         if "architecture" in v:
-            if not _s146(v["architecture"], path + "/architecture", out):
+            if not _s_allOf_8_if_model_architecture_61679e50e7(v["architecture"], path + "/architecture", out):
                 if out is None:
                     return False
                 ok = False
         if "hf_text_config" in v:
-            if not _s147(v["hf_text_config"], path + "/hf_text_config", out):
+            if not _s_allOf_8_if_model_hf_text_config_466681d99a(v["hf_text_config"], path + "/hf_text_config", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s106(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_8_if_parallel_358e18e584(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/8/if/properties/parallel"
     ok = True
-    if not (_s148(v, path, None) or _s149(v, path, None)):
+    if not (
+        _s_allOf_8_if_parallel_anyOf_0_0d0dac9a0b(v, path, None)
+        or _s_allOf_8_if_parallel_anyOf_1_0fec4b0980(v, path, None)
+    ):
         if out is None:
             return False
         out.append(Problem(path, "any-of", "expected one of the allowed forms" + _got(v)))
@@ -2359,7 +2439,7 @@ def _s106(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s107(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_allOf_0_if_dp_shared_memory_a9a45c2e7f(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/0/if/properties/dp_shared_memory"
     ok = True
     if not (v is True):
@@ -2370,7 +2450,7 @@ def _s107(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s108(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_allOf_0_then_cpu_offload_b5b4341757(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/0/then/properties/cpu_offload"
     ok = True
     if not (v is True):
@@ -2381,7 +2461,7 @@ def _s108(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s109(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_allOf_1_if_use_thp_f06f5f6989(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/1/if/properties/use_thp"
     ok = True
     if not (v is True):
@@ -2392,7 +2472,7 @@ def _s109(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s110(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_allOf_1_then_cpu_offload_15eb36d84e(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/1/then/properties/cpu_offload"
     ok = True
     if not (v is True):
@@ -2403,7 +2483,7 @@ def _s110(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s111(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_gramConfig_allOf_1_then_dp_shared_memory_18a98d2a56(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/1/then/properties/dp_shared_memory"
     ok = True
     if not (v is False or v is None):
@@ -2414,7 +2494,7 @@ def _s111(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s112(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_gramConfig_allOf_2_if_device_cache_bytes_9b5d3c2075(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/2/if/properties/device_cache_bytes"
     ok = True
     if _is_number(v):
@@ -2426,7 +2506,7 @@ def _s112(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s113(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_allOf_2_then_cpu_offload_5f6ad5a0c4(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/2/then/properties/cpu_offload"
     ok = True
     if not (v is True):
@@ -2437,7 +2517,7 @@ def _s113(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s114(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_allOf_3_if_file_backed_ead1c673b9(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/3/if/properties/file_backed"
     ok = True
     if not (v is True):
@@ -2448,7 +2528,7 @@ def _s114(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s115(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_allOf_3_then_cpu_offload_7ed4c3c211(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/3/then/properties/cpu_offload"
     ok = True
     if not (v is True):
@@ -2459,7 +2539,7 @@ def _s115(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s116(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_allOf_4_if_file_backed_1c67840f76(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/4/if/properties/file_backed"
     ok = True
     if not (v is True):
@@ -2470,7 +2550,7 @@ def _s116(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s117(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_gramConfig_allOf_4_then_dp_shared_memory_84ce4dc3b6(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/4/then/properties/dp_shared_memory"
     ok = True
     if not (v is False or v is None):
@@ -2481,7 +2561,7 @@ def _s117(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s118(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_allOf_5_if_file_backed_36279e4887(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/5/if/properties/file_backed"
     ok = True
     if not (v is True):
@@ -2492,7 +2572,7 @@ def _s118(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s119(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_allOf_5_then_use_thp_9a2b9993e6(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/5/then/properties/use_thp"
     ok = True
     if not (v is False):
@@ -2503,7 +2583,7 @@ def _s119(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s120(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_allOf_6_if_file_cache_bytes_ddecfdd114(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/6/if/properties/file_cache_bytes"
     ok = True
     if _is_number(v):
@@ -2515,7 +2595,7 @@ def _s120(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s121(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_allOf_6_then_file_backed_8e9a86a238(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/6/then/properties/file_backed"
     ok = True
     if not (v is True):
@@ -2526,7 +2606,7 @@ def _s121(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s122(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_allOf_7_if_ram_cache_bytes_7d6c097f17(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/7/if/properties/ram_cache_bytes"
     ok = True
     if _is_number(v):
@@ -2538,7 +2618,7 @@ def _s122(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s123(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_allOf_7_then_file_backed_83c43a04fd(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/7/then/properties/file_backed"
     ok = True
     if not (v is True):
@@ -2549,7 +2629,7 @@ def _s123(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s124(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_allOf_8_if_node_sharing_ab116bde1d(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/8/if/properties/node_sharing"
     ok = True
     if not (v == "node" or v == "numa"):
@@ -2560,7 +2640,7 @@ def _s124(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s125(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_allOf_8_then_file_backed_44ab0c81a5(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/8/then/properties/file_backed"
     ok = True
     if not (v is False):
@@ -2571,7 +2651,7 @@ def _s125(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s126(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_allOf_9_if_node_sharing_32cace2176(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/9/if/properties/node_sharing"
     ok = True
     if not (v == "node" or v == "numa"):
@@ -2582,7 +2662,7 @@ def _s126(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s127(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_EngramConfig_allOf_9_then_cpu_offload_c13607eed2(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/EngramConfig/allOf/9/then/properties/cpu_offload"
     ok = True
     if not (v is True):
@@ -2593,7 +2673,7 @@ def _s127(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s128(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_0_if_engram_dp_shared_memory_aca3f1b057(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/0/if/properties/engram/properties/dp_shared_memory"
     ok = True
     if not (v is True):
@@ -2604,7 +2684,7 @@ def _s128(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s129(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_0_then_parallel_data_parallel_size_c3f3afd245(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/0/then/properties/parallel/properties/data_parallel_size"
     ok = True
     if _is_number(v):
@@ -2616,7 +2696,7 @@ def _s129(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s130(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_1_if_engram_dp_shared_memory_386acfdb9c(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/1/if/properties/engram/properties/dp_shared_memory"
     ok = True
     if not (v is True):
@@ -2627,7 +2707,7 @@ def _s130(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s131(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_1_then_parallel_enable_elastic_ep_34381c79bf(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/1/then/properties/parallel/properties/enable_elastic_ep"
     ok = True
     if not (v is False):
@@ -2638,7 +2718,7 @@ def _s131(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s132(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_2_if_engram_embedding_across_dp_06882a5fa0(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/2/if/properties/engram/properties/embedding_across_dp"
     ok = True
     if not (v is True):
@@ -2649,7 +2729,7 @@ def _s132(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s133(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_2_if_parallel_data_parallel_size_87a5bb907c(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/2/if/properties/parallel/properties/data_parallel_size"
     ok = True
     if _is_number(v):
@@ -2661,7 +2741,7 @@ def _s133(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s134(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_2_then_parallel_enable_elastic_ep_c88fef4e9e(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/2/then/properties/parallel/properties/enable_elastic_ep"
     ok = True
     if not (v is False):
@@ -2672,7 +2752,7 @@ def _s134(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s135(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_3_if_engram_dp_shared_memory_a5e1577c7a(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/3/if/properties/engram/properties/dp_shared_memory"
     ok = True
     if not (v is True):
@@ -2683,7 +2763,7 @@ def _s135(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s136(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_3_then_load_load_format_706cb0d26a(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/3/then/properties/load/properties/load_format"
     ok = True
     if not (v == "auto" or v == "safetensors" or v == "pt"):
@@ -2694,7 +2774,7 @@ def _s136(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s137(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_4_if_model_architecture_2b62765ca3(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/4/if/properties/model/properties/architecture"
     ok = True
     if not (v == "DeepseekV41ForCausalLM"):
@@ -2705,7 +2785,7 @@ def _s137(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s138(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_4_then_model_hf_text_config_0b359260a4(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/4/then/properties/model/properties/hf_text_config"
     ok = True
     if isinstance(v, dict):
@@ -2715,14 +2795,14 @@ def _s138(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/engram_layer_ids", "required", "missing required field engram_layer_ids"))
             ok = False
         if "engram_layer_ids" in v:
-            if not _s14(v["engram_layer_ids"], path + "/engram_layer_ids", out):
+            if not _s_LayerIds_9aa3c072a9(v["engram_layer_ids"], path + "/engram_layer_ids", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s139(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_eekNgramFields_engram_vocab_size_anyOf_0_71f1da76d0(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/DeepseekNgramFields/properties/engram_vocab_size/anyOf/0"
     ok = True
     if not (_is_integer(v)):
@@ -2743,7 +2823,7 @@ def _s139(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s140(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_eekNgramFields_engram_vocab_size_anyOf_1_b845e8de82(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/DeepseekNgramFields/properties/engram_vocab_size/anyOf/1"
     ok = True
     if not (isinstance(v, list)):
@@ -2762,14 +2842,14 @@ def _s140(v: Any, path: str, out: list[Problem] | None) -> bool:
         out.append(Problem(path, "max-items", "expected at most 64 item(s)" + _got(v)))
         ok = False
     for n in range(0, len(v)):
-        if not _s150(v[n], f"{path}/{n}", out):
+        if not _s_amFields_engram_vocab_size_anyOf_1_items_09112ff65f(v[n], f"{path}/{n}", out):
             if out is None:
                 return False
             ok = False
     return ok
 
 
-def _s141(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_5_if_model_architecture_453079739b(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/5/if/properties/model/properties/architecture"
     ok = True
     if not (v == "DeepseekV41ForCausalLM"):
@@ -2780,7 +2860,7 @@ def _s141(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s142(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_6_if_model_architecture_6b3ef82b03(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/6/if/properties/model/properties/architecture"
     ok = True
     if not (v == "Qwen4ExpForCausalLM" or v == "Qwen4ExpForConditionalGeneration"):
@@ -2793,7 +2873,7 @@ def _s142(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s143(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_6_then_model_hf_text_config_d6e3207f4a(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/6/then/properties/model/properties/hf_text_config"
     ok = True
     if isinstance(v, dict):
@@ -2803,14 +2883,14 @@ def _s143(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/ple_layer_ids", "required", "missing required field ple_layer_ids"))
             ok = False
         if "ple_layer_ids" in v:
-            if not _s14(v["ple_layer_ids"], path + "/ple_layer_ids", out):
+            if not _s_LayerIds_9aa3c072a9(v["ple_layer_ids"], path + "/ple_layer_ids", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s144(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_QwenNgramFields_ple_layer_ids_items_7f7839a054(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/QwenNgramFields/properties/ple_layer_ids/items"
     ok = True
     if not (_is_integer(v)):
@@ -2826,7 +2906,7 @@ def _s144(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s145(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_7_if_model_architecture_997bcff98f(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/7/if/properties/model/properties/architecture"
     ok = True
     if not (v == "Qwen4ExpForCausalLM" or v == "Qwen4ExpForConditionalGeneration"):
@@ -2839,7 +2919,7 @@ def _s145(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s146(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_8_if_model_architecture_61679e50e7(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/8/if/properties/model/properties/architecture"
     ok = True
     if not (v == "DeepseekV41ForCausalLM"):
@@ -2850,7 +2930,7 @@ def _s146(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s147(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_8_if_model_hf_text_config_466681d99a(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/8/if/properties/model/properties/hf_text_config"
     ok = True
     if isinstance(v, dict):
@@ -2860,14 +2940,14 @@ def _s147(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/engram_layer_ids", "required", "missing required field engram_layer_ids"))
             ok = False
         if "engram_layer_ids" in v:
-            if not _s14(v["engram_layer_ids"], path + "/engram_layer_ids", out):
+            if not _s_LayerIds_9aa3c072a9(v["engram_layer_ids"], path + "/engram_layer_ids", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s148(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_8_if_parallel_anyOf_0_0d0dac9a0b(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/8/if/properties/parallel/anyOf/0"
     ok = True
     if isinstance(v, dict):
@@ -2877,14 +2957,14 @@ def _s148(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/enable_dbo", "required", "missing required field enable_dbo"))
             ok = False
         if "enable_dbo" in v:
-            if not _s151(v["enable_dbo"], path + "/enable_dbo", out):
+            if not _s_allOf_8_if_parallel_anyOf_0_enable_dbo_1fa1a40ec4(v["enable_dbo"], path + "/enable_dbo", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s149(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_8_if_parallel_anyOf_1_0fec4b0980(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/8/if/properties/parallel/anyOf/1"
     ok = True
     if isinstance(v, dict):
@@ -2894,14 +2974,14 @@ def _s149(v: Any, path: str, out: list[Problem] | None) -> bool:
             out.append(Problem(path + "/ubatch_size", "required", "missing required field ubatch_size"))
             ok = False
         if "ubatch_size" in v:
-            if not _s152(v["ubatch_size"], path + "/ubatch_size", out):
+            if not _s_allOf_8_if_parallel_anyOf_1_ubatch_size_453295962d(v["ubatch_size"], path + "/ubatch_size", out):
                 if out is None:
                     return False
                 ok = False
     return ok
 
 
-def _s150(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_amFields_engram_vocab_size_anyOf_1_items_09112ff65f(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /$defs/DeepseekNgramFields/properties/engram_vocab_size/anyOf/1/items"
     ok = True
     if not (_is_integer(v)):
@@ -2922,7 +3002,7 @@ def _s150(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s151(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_8_if_parallel_anyOf_0_enable_dbo_1fa1a40ec4(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/8/if/properties/parallel/anyOf/0/properties/enable_dbo"
     ok = True
     if not (v is True):
@@ -2933,7 +3013,7 @@ def _s151(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-def _s152(v: Any, path: str, out: list[Problem] | None) -> bool:
+def _s_allOf_8_if_parallel_anyOf_1_ubatch_size_453295962d(v: Any, path: str, out: list[Problem] | None) -> bool:
     "Schema node /allOf/8/if/properties/parallel/anyOf/1/properties/ubatch_size"
     ok = True
     if _is_number(v):
@@ -2945,7 +3025,7 @@ def _s152(v: Any, path: str, out: list[Problem] | None) -> bool:
     return ok
 
 
-check_document = _s0
+check_document = _s_c88c519681
 
 
 def check_EngramConfig_rules(c: Any, path: str, out: list[Problem]) -> None:
@@ -3037,32 +3117,32 @@ def check_EngramConfig_rules(c: Any, path: str, out: list[Problem]) -> None:
 # Each struct field's schema node, for the structs' constructors: struct -> field -> check.
 FIELD_CHECKS: dict[str, dict[str, Any]] = {
     "EngramConfig": {
-        "cpu_offload": _s27,
-        "embedding_across_dp": _s28,
-        "dp_shared_memory": _s29,
-        "use_thp": _s30,
-        "file_backed": _s31,
-        "file_cache_bytes": _s32,
-        "device_cache_bytes": _s33,
-        "device_cache_profile": _s34,
-        "cache_admission": _s35,
-        "ram_cache_bytes": _s36,
-        "node_sharing": _s37,
-        "shard_layout": _s38,
+        "cpu_offload": _s_EngramConfig_cpu_offload_f2238ca7f9,
+        "embedding_across_dp": _s_EngramConfig_embedding_across_dp_6e0b56e32d,
+        "dp_shared_memory": _s_EngramConfig_dp_shared_memory_47060a51bd,
+        "use_thp": _s_EngramConfig_use_thp_93ff996d39,
+        "file_backed": _s_EngramConfig_file_backed_0d01971d57,
+        "file_cache_bytes": _s_EngramConfig_file_cache_bytes_916ee6a4cf,
+        "device_cache_bytes": _s_EngramConfig_device_cache_bytes_042f1cdeee,
+        "device_cache_profile": _s_EngramConfig_device_cache_profile_5e78856fae,
+        "cache_admission": _s_EngramConfig_cache_admission_2496748e63,
+        "ram_cache_bytes": _s_EngramConfig_ram_cache_bytes_2ae0330d0c,
+        "node_sharing": _s_EngramConfig_node_sharing_8cb27fc944,
+        "shard_layout": _s_EngramConfig_shard_layout_4f89095bee,
     },
     "ModelConfig": {
-        "architecture": _s59,
-        "hf_text_config": _s60,
+        "architecture": _s_ModelConfig_architecture_63f2c42851,
+        "hf_text_config": _s_ModelConfig_hf_text_config_b72d25b224,
     },
     "ParallelConfig": {
-        "tensor_parallel_size": _s61,
-        "data_parallel_size": _s62,
-        "data_parallel_size_local": _s63,
-        "enable_elastic_ep": _s64,
-        "enable_dbo": _s65,
-        "ubatch_size": _s66,
+        "tensor_parallel_size": _s_ParallelConfig_tensor_parallel_size_8a63df44da,
+        "data_parallel_size": _s_ParallelConfig_data_parallel_size_1c832410b8,
+        "data_parallel_size_local": _s_ParallelConfig_data_parallel_size_local_92b05a1f6d,
+        "enable_elastic_ep": _s_ParallelConfig_enable_elastic_ep_9f6f9ef99d,
+        "enable_dbo": _s_ParallelConfig_enable_dbo_33ef1762e2,
+        "ubatch_size": _s_ParallelConfig_ubatch_size_a59d54804b,
     },
     "LoadConfig": {
-        "load_format": _s67,
+        "load_format": _s_LoadConfig_load_format_f2795e6ea3,
     },
 }

@@ -1,5 +1,31 @@
-"""Subcommands of `engram`. Each module has register(subparsers), which sets `run` on its parser."""
+"""Subcommands of `engram`. Each module's register(subparsers) adds its commands (add_command) and sets
+`run` on each. COMMANDS names every command's module and summary, so that the command line imports only
+the module of the command it runs: validate, hash, schema and docs start without torch."""
 
-from engram.commands import checkpoint, demo, doctor, ngram, plan, profile, schema_docs, validate
+from __future__ import annotations
 
-COMMANDS = (validate, schema_docs, ngram, checkpoint, plan, doctor, demo, profile)
+import argparse
+from typing import Any
+
+# command -> (module in engram.commands, one-line summary)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "validate": ("validate", "check a deployment document and flags against every Engram rule"),
+    "hash": ("validate", "print the EngramConfig digest (vLLM-compatible compute_hash)"),
+    "schema": ("schema_docs", "print the JSON Schema of a deployment document"),
+    "docs": ("schema_docs", "print the Markdown configuration reference"),
+    "ngram": ("ngram", "n-gram row ids of a text or of token ids"),
+    "layout": ("ngram", "rows, bytes, primes and offsets of a preset's tables"),
+    "check-checkpoint": ("checkpoint", "validate a checkpoint's files (headers, ranges, CRCs) without loading tables"),
+    "make-checkpoint": ("checkpoint", "write a synthetic checkpoint in the real tensor naming"),
+    "plan": ("plan", "bytes per rank and node, and collectives per step, of a deployment"),
+    "doctor": ("doctor", "check shm, huge pages, memlock, memory, CUDA and nvcc (against a plan with --preset)"),
+    "demo": ("demo", "replicas sharing one copy of the tables, lookups checked against a reference"),
+    "profile": ("profile", "Zipf profile of a preset's n-gram ids on real text, and cache hit rates"),
+}
+
+
+def add_command(subparsers: Any, name: str) -> argparse.ArgumentParser:
+    """The parser of command `name`, with its summary from COMMANDS."""
+    summary = COMMANDS[name][1]
+    parser: argparse.ArgumentParser = subparsers.add_parser(name, help=summary, description=summary)
+    return parser

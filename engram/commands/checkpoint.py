@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from engram.apps.presets import PRESETS, get_preset
+from engram.commands import add_command
 from engram.errors import EngramError
 from engram.ops.formats import FORMATS
 from engram.runtime.checkpoints.loader import Checkpoint
@@ -15,15 +16,13 @@ from engram.terminal import printable
 
 
 def register(subparsers: Any) -> None:
-    check = subparsers.add_parser(
-        "check-checkpoint", help="validate a checkpoint's files (headers, ranges, CRCs) without loading tables"
-    )
+    check = add_command(subparsers, "check-checkpoint")
     check.add_argument("path", type=Path, help="checkpoint directory or file")
     check.add_argument(
         "--verify", action="store_true", help="also check every file's sha256 against the SHA256SUMS beside it"
     )
     check.set_defaults(run=run_check)
-    parser = subparsers.add_parser("make-checkpoint", help="write a synthetic checkpoint in the real tensor naming")
+    parser = add_command(subparsers, "make-checkpoint")
     parser.add_argument("--preset", required=True, choices=sorted(PRESETS))
     parser.add_argument(
         "--out",

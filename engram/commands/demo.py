@@ -10,15 +10,14 @@ import msgspec
 
 from engram.apps.demo import default_device, run_demo
 from engram.apps.presets import PRESETS, get_preset
+from engram.commands import add_command
 from engram.config import add_engram_args, document_from_args, validate_deployment
 
 MIB = 1 << 20
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "demo", help="replicas sharing one copy of the tables, lookups checked against a reference"
-    )
+    parser = add_command(subparsers, "demo")
     parser.add_argument("--preset", default="demo", choices=sorted(PRESETS))
     parser.add_argument("--dp", type=int, default=2, help="data-parallel replicas (default 2)")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per replica (default 1)")

@@ -8,15 +8,14 @@ from typing import Any
 
 from engram.apps.doctor import run_checks
 from engram.apps.presets import PRESETS
+from engram.commands import add_command
 from engram.commands.plan import build_plan
 from engram.config import add_deployment_args, add_engram_args, document_from_args, validate_deployment
 from engram.runtime.placement.shm import reclaim_stale, shm_dir
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "doctor", help="check shm, huge pages, memlock, memory, CUDA and nvcc (against a plan with --preset)"
-    )
+    parser = add_command(subparsers, "doctor")
     parser.add_argument(
         "--preset", choices=sorted(PRESETS), help="check against the plan of this preset and the parallel flags"
     )

@@ -9,12 +9,13 @@ from typing import Any
 import torch
 
 from engram.apps.presets import PRESETS, get_preset
+from engram.commands import add_command
 from engram.errors import EngramError
 from engram.ngram.vocab import deepseek_v4_tokenizer
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("ngram", help="n-gram row ids of a text or of token ids")
+    parser = add_command(subparsers, "ngram")
     parser.add_argument("--preset", required=True, choices=sorted(PRESETS))
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--text", help="text to tokenize with the preset's tokenizer")
@@ -26,7 +27,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--json", action="store_true")
     parser.set_defaults(run=run_ngram)
 
-    layout = subparsers.add_parser("layout", help="rows, bytes, primes and offsets of a preset's tables")
+    layout = add_command(subparsers, "layout")
     layout.add_argument("--preset", required=True, choices=sorted(PRESETS))
     layout.add_argument("--json", action="store_true")
     layout.set_defaults(run=run_layout)

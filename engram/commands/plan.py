@@ -12,6 +12,7 @@ import msgspec
 from engram.apps.planning import host_bytes_by_dp, summary
 from engram.apps.plotting import check_plot_path, figure
 from engram.apps.presets import PRESETS, get_preset
+from engram.commands import add_command
 from engram.config import (
     add_deployment_args,
     add_engram_args,
@@ -26,7 +27,7 @@ GIB = 1 << 30
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("plan", help="bytes per rank and node, and collectives per step, of a deployment")
+    parser = add_command(subparsers, "plan")
     parser.add_argument("--preset", required=True, choices=sorted(PRESETS))
     parser.add_argument("--json", action="store_true")
     parser.add_argument(

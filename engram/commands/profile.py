@@ -16,6 +16,7 @@ from engram.apps.presets import PRESETS, get_preset
 from engram.apps.profile import profile_tables, summary, write_profile
 from engram.apps.replay import hottest, replay, table_ids
 from engram.apps.traffic import read_traffic, tokenizer_for
+from engram.commands import add_command
 from engram.errors import EngramError
 from engram.ngram.spec import ModelSpec
 from engram.runtime.table import ShardFormat
@@ -25,9 +26,7 @@ GIB = 1 << 30
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "profile", help="Zipf profile of a preset's n-gram ids on real text, and cache hit rates"
-    )
+    parser = add_command(subparsers, "profile")
     parser.add_argument("--preset", required=True, choices=sorted(PRESETS))
     parser.add_argument("--tokens", type=int, default=1_000_000, help="fit tokens from the corpus (default 1M)")
     parser.add_argument("--held-out-tokens", type=int, default=250_000, help="held-out tokens (default 250k)")

@@ -5,11 +5,13 @@ from __future__ import annotations
 from importlib import resources
 from typing import Any
 
+from engram.commands import add_command
+
 
 def register(subparsers: Any) -> None:
-    schema = subparsers.add_parser("schema", help="print the JSON Schema of a deployment document")
+    schema = add_command(subparsers, "schema")
     schema.set_defaults(run=lambda args: _print("engram.schema.json"))
-    docs = subparsers.add_parser("docs", help="print the Markdown configuration reference")
+    docs = add_command(subparsers, "docs")
     docs.set_defaults(run=lambda args: _print("config.md"))
 
 

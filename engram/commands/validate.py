@@ -9,6 +9,7 @@ from typing import Any
 
 import msgspec
 
+from engram.commands import add_command
 from engram.config import (
     PARTS,
     Deployment,
@@ -24,11 +25,8 @@ from engram.errors import ConfigError, EngramError, Problem
 
 
 def register(subparsers: Any) -> None:
-    for name, run, summary in (
-        ("validate", run_validate, "check a deployment document and flags against every Engram rule"),
-        ("hash", run_hash, "print the EngramConfig digest (vLLM-compatible compute_hash)"),
-    ):
-        parser = subparsers.add_parser(name, help=summary, description=summary)
+    for name, run in (("validate", run_validate), ("hash", run_hash)):
+        parser = add_command(subparsers, name)
         add_deployment_inputs(parser)
         if name == "validate":
             parser.add_argument("--json", action="store_true", help="print the verdict as JSON")

@@ -34,6 +34,7 @@ from engram._generated.structs import (
 from engram._generated.validators import check_document
 from engram.errors import ConfigError, Problem
 from engram.memory.host import HostLimits, verify_host_memory
+from engram.validation.behaviour import NULL_RESOLUTION
 from engram.validation.env import env_bool, parse_bool
 from engram.validation.json_values import _describe, _shown
 from engram.validation.patterns import PatternTimeout, pattern_budget
@@ -280,10 +281,7 @@ def dp_shared_memory_resolution(given: bool | None, resolved: bool | None) -> st
         return None
     if resolved is None:
         return "dp_shared_memory: null, resolved once the parallel sizes are known (give --data-parallel-size)"
-    return (
-        f"dp_shared_memory: null, resolved to {json.dumps(resolved)} (vLLM 0.33: on exactly when cpu_offload, "
-        "not use_thp, not file_backed, data_parallel_size > 1 and no elastic EP)"
-    )
+    return f"dp_shared_memory: null, resolved to {json.dumps(resolved)} (vLLM 0.33: {NULL_RESOLUTION})"
 
 
 def checked_parts(document: Mapping[str, Any]) -> list[str]:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engram.errors import EngramError
+
 SYNTAX = frozenset("^$\\.*+?()[]{}|")
 WHITE = [(0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A), (0x2028, 0x2029)]
 WHITE += [(0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000), (0xFEFF, 0xFEFF)]
@@ -27,7 +29,7 @@ BOUNDARY = f"(?:(?<={WORD_CLASS})(?!{WORD_CLASS})|(?<!{WORD_CLASS})(?={WORD_CLAS
 NOT_BOUNDARY = f"(?:(?<={WORD_CLASS})(?={WORD_CLASS})|(?<!{WORD_CLASS})(?!{WORD_CLASS}))"
 
 
-class EcmaSyntaxError(ValueError):
+class EcmaSyntaxError(EngramError, ValueError):
     """Not an ECMA-262 pattern under the grammar tried; the message says where and why."""
 
 

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 
 import regex
 
+from engram.errors import EngramError
 from engram.validation.ecma import translate, translate_strict
 
 MAX_PATTERN = 4096
@@ -26,7 +27,7 @@ MATCH_SECONDS = 1.0
 _REPEAT = regex.compile(r"\{(\d+)(?:,(\d*))?\}")
 
 
-class PatternTimeout(Exception):
+class PatternTimeout(EngramError):
     """A match ran past MATCH_SECONDS."""
 
 

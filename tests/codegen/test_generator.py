@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import copy
 import importlib.util
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -229,3 +231,38 @@ def test_problems_placeholder_needs_a_ref_at_the_path() -> None:
         SchemaError, match=r"/allOf/0: \{problems\} needs the rule's `then` to hold a \$ref at its x-engram-path"
     ):
         compile_schema(schema)
+
+
+def generated_names(document: dict[str, Any]) -> dict[str, str]:
+    """Each generated validator function and constant of `document`, by name: its source."""
+    out = {}
+    for source in compile_schema(document).functions:
+        match = re.match(r"def (\w+)|(\w+) = ", source)
+        assert match is not None, source[:80]
+        out[match.group(1) or match.group(2)] = source
+    return out
+
+
+def test_a_new_field_changes_only_what_is_about_it() -> None:
+    """Names come from the schema node they check (never from their position), so a new field adds its
+    own function and changes only its object's function and the constant listing the object's fields."""
+    before = generated_names(SCHEMA)
+    after = generated_names(
+        mutated(
+            lambda s: s["$defs"]["EngramConfig"]["properties"].update(
+                new_flag={"type": "boolean", "default": False, "description": "A new flag."}
+            )
+        )
+    )
+    removed, added = set(before) - set(after), set(after) - set(before)
+    changed = {name for name in set(before) & set(after) if before[name] != after[name]}
+    (function,) = (name for name in added if name.startswith("_s_"))
+    assert function.startswith("_s_EngramConfig_new_flag_")  # the field's own check
+    (old_constant,), (new_constant,) = removed, added - {function}  # the object's field list, as a constant
+
+    def fields(source: str) -> set[str]:
+        return set(ast.literal_eval(source.split("frozenset(", 1)[1].rsplit(")", 1)[0]))
+
+    assert fields(after[new_constant]) == fields(before[old_constant]) | {"new_flag"}
+    assert len(changed) == 1 and all(name.startswith("_s_EngramConfig_") for name in changed)  # the object itself
+    assert not any(re.fullmatch(r"_[sc]\d+", name) for name in after)  # no name from a position

@@ -12,7 +12,7 @@ import torch
 
 from engram.config import EngramConfig, load_config
 from engram.config.loading import read_json_object
-from engram.errors import ConfigError, EngramError
+from engram.errors import EngramError
 from engram.integrations.vllm import files
 from engram.runtime.table import Group, Placement, ShardFormat, Table, open_table, placement_for, uva_runtime
 from engram.validation.json_values import _describe
@@ -77,7 +77,7 @@ def install_check() -> None:
         theirs(vllm_config)
         try:
             engram_config(vllm_config)
-        except (ConfigError, EngramError) as exc:  # as a ValueError, pydantic shows it as vLLM's own config errors
+        except EngramError as exc:  # as a ValueError, pydantic shows it as vLLM's own config errors
             raise ValueError(f"engram: {exc}") from None
 
     resolve_and_verify.engram_checks = True  # type: ignore[attr-defined]

@@ -1,0 +1,120 @@
+"""What an EngramConfig does beyond the rules JSON Schema states, written once here and tested: its
+vLLM-compatible digest, the checks against the rest of a deployment that vLLM's EngramConfig makes as
+methods, the size of its embedding group, how a null dp_shared_memory resolves, and the host-memory
+check. The generated EngramConfig inherits it and supplies what the schema says as class attributes:
+the fields the digest covers and their first names, the document check, and the message for a missing
+model. No logic lives in a template."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from typing import Any, ClassVar, Protocol, Self
+
+import msgspec
+
+from engram.errors import ConfigError, Problem
+
+
+class Parallel(Protocol):
+    """The parallel part of a deployment, as far as these methods read it (the generated ParallelConfig)."""
+
+    @property
+    def tensor_parallel_size(self) -> int: ...
+    @property
+    def data_parallel_size(self) -> int: ...
+    @property
+    def enable_elastic_ep(self) -> bool: ...
+
+
+class EngramConfigBehaviour:
+    """The methods of the generated EngramConfig (module docstring)."""
+
+    __slots__ = ()
+
+    HASHED: ClassVar[tuple[str, ...]]  # the fields that affect execution, in schema order
+    FIRST_NAMES: ClassVar[dict[str, str]]  # field -> the name the seed's EngramConfig hashed it under
+    NO_MODEL: ClassVar[str]  # the message when no model config is given
+    check_document: ClassVar[Callable[..., bool]]  # (document, path, problems): the generated walk
+
+    cpu_offload: bool
+    embedding_across_dp: bool
+    dp_shared_memory: bool | None
+    use_thp: bool
+    file_backed: bool
+
+    def hash_factors(self, *, older_names: bool = False) -> dict[str, Any]:
+        """Every field that affects execution (fields the schema opts out with a reason are left out), by
+        its name, or with `older_names` by the name it had first (as the seed's EngramConfig hashed it)."""
+        factors = {name: getattr(self, name) for name in self.HASHED}
+        if older_names:
+            factors = {self.FIRST_NAMES.get(name, name): value for name, value in factors.items()}
+        return factors
+
+    def compute_hash(self, *, older_names: bool = False) -> str:
+        """vLLM's digest: sha256 of json.dumps(hash_factors(), sort_keys=True); vLLM 0.33's for the same
+        settings, or with `older_names` the digest under the fields' first names."""
+        factors = json.dumps(self.hash_factors(older_names=older_names), sort_keys=True)
+        return hashlib.sha256(factors.encode()).hexdigest()
+
+    def verify_model_config(self, model: msgspec.Struct | None, platform: str | None = None) -> None:
+        """Reject a model without n-gram embeddings, or a platform without an Engram backend.
+        `platform=None` leaves the platform unchecked."""
+        if model is None:
+            raise ConfigError([Problem("/model", "model-architecture", self.NO_MODEL)])
+        parts: dict[str, Any] = {"model": msgspec.to_builtins(model)}
+        if platform is not None:
+            parts["platform"] = platform
+        self._verify(parts)
+
+    def verify_parallel_config(self, parallel: msgspec.Struct) -> None:
+        """Reject parallel topologies this config cannot run on."""
+        self._verify({"parallel": msgspec.to_builtins(parallel)})
+
+    def verify_load_config(self, load: msgspec.Struct) -> None:
+        """Shared tables need a loader that calls each parameter's weight loader."""
+        self._verify({"load": msgspec.to_builtins(load)})
+
+    def get_parallel_size(self, parallel: Parallel) -> int:
+        """Size of the embedding group: TP, times DP when tables are sharded across replicas."""
+        size = parallel.tensor_parallel_size
+        if self.embedding_across_dp and parallel.data_parallel_size > 1:
+            size *= parallel.data_parallel_size
+        return size
+
+    def resolve_dp_shared_memory(self, parallel: Parallel) -> Self:
+        """This config with dp_shared_memory resolved as vLLM 0.33 resolves null: on exactly when
+        cpu_offload, not use_thp, data_parallel_size > 1 and no elastic EP (and, here, not file_backed,
+        whose pages are one copy per node already). An explicit value is kept."""
+        if self.dp_shared_memory is not None:
+            return self
+        resolved: Self = msgspec.structs.replace(self, dp_shared_memory=shares_host_memory(self, parallel))  # type: ignore[type-var]
+        return resolved
+
+    def verify_host_memory(self, table_bytes: int, parallel: Any, limits: Any = None) -> None:
+        """Reject private host tables that would not fit in one node's memory (engram.memory.host), with a
+        null dp_shared_memory resolved against `parallel` first."""
+        from engram.memory.host import verify_host_memory
+
+        verify_host_memory(self.resolve_dp_shared_memory(parallel), table_bytes, parallel, limits)
+
+    def _verify(self, parts: dict[str, Any]) -> None:
+        problems: list[Problem] = []
+        type(self).check_document({"engram": msgspec.to_builtins(self), **parts}, "", problems)
+        if problems:
+            raise ConfigError(problems)
+
+
+NULL_RESOLUTION = "on exactly when cpu_offload, not use_thp, not file_backed, data_parallel_size > 1 and no elastic EP"
+
+
+def shares_host_memory(config: EngramConfigBehaviour, parallel: Parallel) -> bool:
+    """What a null dp_shared_memory means on `parallel` (NULL_RESOLUTION: vLLM 0.33's, and not file_backed)."""
+    return bool(
+        config.cpu_offload
+        and not config.use_thp
+        and not config.file_backed
+        and parallel.data_parallel_size > 1
+        and not parallel.enable_elastic_ep
+    )
