@@ -35,9 +35,9 @@ def tiny_profile(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, An
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """The emulated kernels' child process starts at once when its test is to run: it takes the second
-    core while the suite runs on the first (tests/test_emulated_kernels.py)."""
+    core while the suite runs on the first (tests/emulated/run.py)."""
     if any(item.nodeid.endswith("test_the_cuda_kernels_run_emulated_and_bounds_checked") for item in session.items):
-        from tests.test_emulated_kernels import start_early
+        from tests.emulated.run import start_early
 
         start_early()
 
@@ -45,6 +45,6 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def pytest_sessionfinish(session: pytest.Session) -> None:
     import sys
 
-    module = sys.modules.get("tests.test_emulated_kernels")
+    module = sys.modules.get("tests.emulated.run")
     if module is not None:
         module.stop_unfinished()

@@ -5,69 +5,20 @@ ends (tests/conftest.py), so it runs beside the rest of the suite on the second 
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from tests.emulated.library import asan_runtime
-
-ROOT = Path(__file__).resolve().parents[1]
-TIMEOUT_S = 600
-
-
-class EmulatedRun:
-    """The child running tests/emulated/cases.py, its output in a file (a pipe nobody reads could fill)."""
-
-    def __init__(self, runtime: str) -> None:
-        env = {
-            **os.environ,
-            "LD_PRELOAD": runtime,
-            "ASAN_OPTIONS": "detect_leaks=0:halt_on_error=1:abort_on_error=0:exitcode=97",
-            "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1",
-        }
-        self.output = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in finish(), after the child
-        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", "--capture=sys",
-                   str(ROOT / "tests/emulated/cases.py")]  # fmt: skip
-        self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=self.output, stderr=subprocess.STDOUT)
-
-    def finish(self) -> tuple[int, str]:
-        try:
-            code = self.process.wait(timeout=TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            code = self.process.wait(timeout=60)
-        with self.output:
-            self.output.seek(0)
-            return code, self.output.read()
-
-
-_started: list[EmulatedRun] = []
-
-
-def start_early() -> None:
-    """Start the child now (tests/conftest.py calls this once collection has picked this test)."""
-    runtime = asan_runtime()
-    if runtime is not None and not _started:
-        _started.append(EmulatedRun(runtime))
-
-
-def stop_unfinished() -> None:
-    """At the session's end: a child whose test never ran (deselected after start, -x) is killed."""
-    while _started:
-        run = _started.pop()
-        run.process.kill()
-        run.finish()
+from tests.emulated.run import EmulatedRun, started
 
 
 def test_the_cuda_kernels_run_emulated_and_bounds_checked() -> None:
     runtime = asan_runtime()
     if runtime is None:
         pytest.skip("the emulated kernels need a C++ compiler with AddressSanitizer (g++)")
-    code, report = (_started.pop() if _started else EmulatedRun(runtime)).finish()
+    code, report = (started.pop() if started else EmulatedRun(runtime)).finish()
     found = [
         line
         for line in report.splitlines()

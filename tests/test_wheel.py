@@ -17,7 +17,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.runtime.reference import dequantise, pick, read_tensors, same_bits
+from tests.bits import same_bits
+from tests.runtime.reference import dequantise, pick, read_tensors
 
 ROOT = Path(__file__).resolve().parents[1]
 SKIP = shutil.ignore_patterns(".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis")

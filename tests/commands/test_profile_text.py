@@ -26,7 +26,7 @@ from engram.runtime.plan import table_shards
 from engram.runtime.table import Table, read_profile
 from engram.runtime.tables import open_tables
 from engram.runtime.tier import WINDOW_IDS, Tier, state_bytes
-from tests.runtime.conftest import random_shard
+from tests.runtime.shards import random_shard
 
 TINY = get_preset("tiny")
 STDLIB = Path(sysconfig.get_paths()["stdlib"])

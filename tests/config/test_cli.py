@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engram.cli import main
+from tests.config.fields import KNOWN_FIELDS, shown
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "schema" / "examples"
 
@@ -94,7 +95,7 @@ def test_text_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0 and err == ""
     assert out.splitlines() == [
         "valid: engram checked; not given, not checked: model, parallel, load, platform",
-        'engram: cpu_offload=true embedding_across_dp=false dp_shared_memory=null use_thp=true file_backed=false file_cache_bytes=0 device_cache_bytes=0 device_cache_profile=null cache_admission="online" ram_cache_bytes=0 node_sharing="off" shard_layout="vllm"',
+        shown(use_thp=True),
         "dp_shared_memory: null, resolved once the parallel sizes are known (give --data-parallel-size)",
         "hash: 4c517bbb9df857c329f5a6798d99bb46a18e83824656349b9d5c3580a9df2ae3",
     ]
@@ -269,6 +270,5 @@ def test_control_characters_from_the_input_are_printed_escaped(
     assert main(["validate", str(path)]) == 2
     assert capsys.readouterr().err == (
         "error: /engram/x\\x1b[2J\\nerror: all good\\u202e: unknown field 'x\\x1b[2J\\nerror: all good\\u202e'; "
-        "known fields: cpu_offload, embedding_across_dp, dp_shared_memory, use_thp, file_backed, "
-        "file_cache_bytes, device_cache_bytes, device_cache_profile, cache_admission, ram_cache_bytes, node_sharing, shard_layout [unknown-field]\n"
+        f"known fields: {KNOWN_FIELDS} [unknown-field]\n"
     )

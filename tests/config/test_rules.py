@@ -16,6 +16,7 @@ from engram.config import (
     load_config,
     load_deployment,
 )
+from tests.config.fields import KNOWN_FIELDS
 
 PREFIX = "EngramConfig requires a model with supported Engram embeddings and non-empty n-gram layer ids."
 
@@ -73,7 +74,7 @@ def test_structural_problems_all_reported() -> None:
         (
             "/engram/cpu_ofload",
             "unknown-field",
-            "unknown field 'cpu_ofload'; known fields: cpu_offload, embedding_across_dp, dp_shared_memory, use_thp, file_backed, file_cache_bytes, device_cache_bytes, device_cache_profile, cache_admission, ram_cache_bytes, node_sharing, shard_layout",
+            f"unknown field 'cpu_ofload'; known fields: {KNOWN_FIELDS}",
         ),
         ("/engram/cpu_offload", "type", "expected a boolean; got the string 'yes'"),
         ("/engram/dp_shared_memory", "type", "expected a boolean or null; got 1"),

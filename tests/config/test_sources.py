@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from engram.config import ConfigError, EngramConfig, load_config
+from tests.config.fields import KNOWN_FIELDS
 
 SHARED = EngramConfig(cpu_offload=True, embedding_across_dp=False, dp_shared_memory=True, use_thp=False)
 
@@ -40,7 +41,7 @@ def test_overrides_apply_in_order() -> None:
             (
                 "/engram/nope",
                 "unknown-field",
-                "override 'nope=1': unknown field 'nope'; known fields: cpu_offload, embedding_across_dp, dp_shared_memory, use_thp, file_backed, file_cache_bytes, device_cache_bytes, device_cache_profile, cache_admission, ram_cache_bytes, node_sharing, shard_layout",
+                f"override 'nope=1': unknown field 'nope'; known fields: {KNOWN_FIELDS}",
             ),
         ),
         (

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from engram.ops import DEAD_ID, SCALE_DTYPE, cpu, gather, gather_reference, kernel_ids, ngram_hash_reference
 from engram.ops.cuda import gather_cuda
+from tests.bits import same_bytes
 from tests.emulated.library import emulated
 
 GEN = torch.Generator().manual_seed(33)
@@ -56,12 +57,8 @@ def expected(weight: torch.Tensor, scale: torch.Tensor | None, ids: torch.Tensor
     clean = torch.where(bad, DEAD_ID, ids)
     twin = gather(weight, scale, clean, row_start, table_rows, out_dtype, False, None, table_scale)
     torch_rows = gather_reference(weight, scale, clean, row_start, table_rows, out_dtype, table_scale=table_scale)
-    assert same_bits(twin, torch_rows)
+    assert same_bytes(twin, torch_rows)
     return twin, int(bad.any())
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
 
 def run(weight: torch.Tensor, scale: torch.Tensor | None, ids: torch.Tensor, row_start: int, table_rows: int,
@@ -98,7 +95,7 @@ def test_every_format_equals_the_cpu_twin(fmt: str, dim: int, offset: int, sorte
     ids = torch.tensor([11, 12, DEAD_ID, 47, 48, 0, 59, 11, 11, 30, 47, 5, 60, 12, 12, 12, 40], dtype=torch.int64)
     want, raised = expected(weight, scale, ids, row_start, table_rows, out_dtype, table_scale)
     got, flag = run(weight, scale, ids, row_start, table_rows, out_dtype, table_scale, sorted_form=sorted_form)
-    assert same_bits(got, want) and (flag, raised) == (1, 1)
+    assert same_bytes(got, want) and (flag, raised) == (1, 1)
 
 
 @pytest.mark.parametrize("n", SIZES)
@@ -113,7 +110,7 @@ def test_sizes_around_every_unroll_and_capped_grids(n: int, max_blocks: int, fmt
         got, flag = run(
             weight, scale, ids, 0, rows, out_dtype, table_scale, sorted_form=sorted_form, max_blocks=max_blocks
         )
-        assert same_bits(got, want) and flag == 0
+        assert same_bytes(got, want) and flag == 0
 
 
 @settings(max_examples=25, deadline=None)
@@ -130,7 +127,7 @@ def test_raw_rows_of_any_shape(rows: int, row_bytes: int, n: int, start: int, of
     want, raised = expected(weight, None, ids, start, table_rows, torch.uint8, None)
     got, flag = run(weight, None, ids, start, table_rows, torch.uint8, None, sorted_form=sorted_form,
                     max_blocks=max_blocks, out_offset=out_offset)  # fmt: skip
-    assert same_bits(got.view(n, row_bytes), want) and flag == raised
+    assert same_bytes(got.view(n, row_bytes), want) and flag == raised
 
 
 @pytest.mark.parametrize("broken", ["order past n", "negative order", "leader ahead", "leader not a leader"])

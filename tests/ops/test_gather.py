@@ -15,6 +15,7 @@ from engram.ops import cpu, gather, gather_into, gather_reference
 from engram.runtime.embedding import EngramEmbedding
 from engram.runtime.placement.storage import ShardFormat, allocate
 from engram.runtime.plan import TableShardPlan
+from tests.bits import same_bits
 
 
 def native_gather(
@@ -50,12 +51,6 @@ def float64_reference(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor
     exponent = scale.view(torch.uint8).to(torch.float64)
     factor = torch.where(exponent == 255, torch.nan, torch.exp2(exponent - 127))
     return weight.to(torch.float64) * factor.repeat_interleave(32, dim=1)
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    nan = torch.isnan(a)
-    bits = {torch.bfloat16: torch.int16, torch.float32: torch.int32}[a.dtype]
-    return bool(torch.equal(nan, torch.isnan(b)) and torch.equal(a[~nan].view(bits), b[~nan].view(bits)))
 
 
 @pytest.mark.parametrize("path", ["native", "sorted", "torch"])

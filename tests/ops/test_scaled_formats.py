@@ -11,6 +11,7 @@ import torch
 from engram.errors import EngramError
 from engram.ops import cpu, gather, gather_into, gather_reference
 from engram.runtime.checkpoints.quantize import quantize_fp8_table, quantize_nvfp4
+from tests.bits import same_bits
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 PATHS = ["native", "sorted", "torch"]
@@ -25,12 +26,6 @@ def run(path: str, weight: torch.Tensor, scale: torch.Tensor | None, ids: torch.
     out = torch.full((*ids.shape, dim), 7, dtype=out_dtype)  # poisoned: every element must be written
     gather_into(weight, scale, ids, row_start, table_rows, out, path == "sorted", None, table_scale)
     return out
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    nan = torch.isnan(a)
-    bits = {torch.bfloat16: torch.int16, torch.float32: torch.int32}[a.dtype]
-    return bool(torch.equal(nan, torch.isnan(b)) and torch.equal(a[~nan].view(bits), b[~nan].view(bits)))
 
 
 def e4m3_float64(byte: int) -> float:

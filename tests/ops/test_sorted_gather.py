@@ -12,11 +12,8 @@ from hypothesis import strategies as st
 
 from engram.errors import EngramError
 from engram.ops import OUT_KINDS, cpu, gather, sort_ids
-from tests.runtime.conftest import random_shard
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+from tests.bits import same_bytes
+from tests.runtime.shards import random_shard
 
 
 @settings(max_examples=80, deadline=None)
@@ -37,7 +34,7 @@ def test_sorted_equals_plain(
     out_dtype = torch.bfloat16 if dtype == "fp8" else shard.weight.dtype
     plain = gather(shard.weight, shard.scale, folded, row_start, 80, out_dtype)
     sorted_rows = gather(shard.weight, shard.scale, folded, row_start, 80, out_dtype, True)
-    assert sorted_rows.shape == (len(ids), 1, 64) and same_bits(sorted_rows, plain)
+    assert sorted_rows.shape == (len(ids), 1, 64) and same_bytes(sorted_rows, plain)
 
 
 @pytest.mark.parametrize("value", [-1, 0, 17, 99])
@@ -45,7 +42,7 @@ def test_every_id_equal(value: int) -> None:
     shard = random_shard(50, "fp8", 3)
     ids = torch.full((1000,), value)
     sorted_rows = gather(shard.weight, shard.scale, ids, 50, 100, torch.float32, True)
-    assert same_bits(sorted_rows, gather(shard.weight, shard.scale, ids, 50, 100, torch.float32))
+    assert same_bytes(sorted_rows, gather(shard.weight, shard.scale, ids, 50, 100, torch.float32))
     bits = sorted_rows.view(torch.int32)
     assert bool((bits == bits[0]).all())  # one row read, copied everywhere (NaNs included)
 

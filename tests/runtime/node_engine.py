@@ -28,7 +28,7 @@ from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.engine import EngramTables
 from engram.runtime.plan import table_shards
 from engram.runtime.tables import open_tables, tables_pss
-from tests.runtime.conftest import SMALL
+from tests.runtime.specs import SMALL
 from tests.runtime.workers import shard_digest
 
 WAIT_S = 120.0

@@ -94,15 +94,6 @@ def expected_lookup(tables: dict[str, torch.Tensor], spec: ModelSpec, ids: torch
     return [pick(tables[names[table]], ids[:, layer]) for layer, table in enumerate(spec.layout.table_of_layer)]
 
 
-def same_bits(got: torch.Tensor, want: torch.Tensor) -> bool:
-    """Same dtype, shape and bits (so -0.0 is not +0.0), NaNs counted equal whatever their payload."""
-    if got.dtype != want.dtype or got.shape != want.shape:
-        return False
-    bits = INTEGERS[want.element_size()]
-    nan = torch.isnan(want)
-    return bool(torch.equal(nan, torch.isnan(got)) and torch.equal(got[~nan].view(bits), want[~nan].view(bits)))
-
-
 def plant_negative_zeros(checkpoint: str | Path, spec: ModelSpec, every: int = 5) -> int:
     """Rewrite the checkpoint's tables with every `every`-th stored element of each row a negative zero
     (staggered by row, so each row has some), through safetensors' own reader and writer. The table

@@ -19,7 +19,8 @@ from engram.ngram.spec import ModelSpec
 from engram.ops import DEAD_ID
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.engine import EngramTables
-from tests.runtime.reference import expected_lookup, expected_tables, same_bits
+from tests.bits import same_bits
+from tests.runtime.reference import expected_lookup, expected_tables
 from tests.runtime.specs import SPECS
 
 FIELDS = ("cpu_offload", "embedding_across_dp", "dp_shared_memory", "use_thp", "file_backed")

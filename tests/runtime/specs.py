@@ -1,10 +1,28 @@
-"""Small model specs for the sharding tests: uneven heads, more ranks than heads, and the Qwen family."""
+"""Small model specs for the runtime tests: SMALL (two fp8 tables of about 7 MB), and for the sharding
+tests uneven heads, more ranks than heads, and the Qwen family."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from engram.ngram.spec import ModelSpec
+
+# Two fp8 tables of about 7 MB each: large enough for page-level memory accounting, quick to load.
+SMALL = ModelSpec(
+    name="small",
+    architecture="DeepseekV41ForCausalLM",
+    hf_text_config={
+        "engram_layer_ids": [1, 3],
+        "engram_max_ngram_size": 3,
+        "engram_n_heads": 4,
+        "engram_head_dim": 128,
+        "engram_vocab_size": [6_000, 7_000],
+        "engram_compressed_vocab_size": 99_092,
+        "engram_pad_token_id": 2,
+    },
+    dtype="fp8",
+    tokenizer="deepseek-v4",
+)
 
 DS7 = ModelSpec(  # 7 heads: 2 ranks split them 4 + 3
     name="ds7",

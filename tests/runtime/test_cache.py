@@ -23,7 +23,7 @@ from engram.runtime.cache import cached_gather, read_profile
 from engram.runtime.launch import run_local, values
 from engram.runtime.tier import Tier
 from tests.runtime import sharding_workers
-from tests.runtime.conftest import random_shard
+from tests.runtime.shards import random_shard
 
 
 @settings(max_examples=60, deadline=None)

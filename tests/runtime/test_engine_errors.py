@@ -12,7 +12,7 @@ from engram.ops import cuda
 from engram.runtime.embedding import EngramEmbedding
 from engram.runtime.engine import EngramTables, RankGroups
 from engram.runtime.plan import TableShardPlan
-from tests.runtime.conftest import random_shard
+from tests.runtime.shards import random_shard
 
 COLUMNS = 4
 

@@ -24,7 +24,8 @@ from engram.runtime.placement.filemap import in_memory_fs
 from engram.runtime.placement.residency import drop_file_cache
 from engram.runtime.placement.storage import Placement
 from engram.runtime.table import PACKED, ShardFormat, Table, open_table
-from tests.runtime.reference import DEAD_ID, dequantise, same_bits
+from tests.bits import same_bits
+from tests.runtime.reference import DEAD_ID, dequantise
 
 TABLE_ROWS, SHARD_ROWS, DIM = 200, 100, 64
 ROW_STARTS = (0, 72)

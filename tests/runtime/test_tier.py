@@ -25,8 +25,9 @@ from engram.runtime.sketch import DEPTH, SATURATED, FrequencySketch
 from engram.runtime.table import PACKED, Table
 from engram.runtime.tables import open_tables
 from engram.runtime.tier import LOOKUP_HALF_LIFE, Admission, EagerAdmission, capacity_for, state_bytes
-from tests.runtime.conftest import SMALL, random_shard
-from tests.runtime.reference import same_bits
+from tests.bits import same_bits
+from tests.runtime.shards import random_shard
+from tests.runtime.specs import SMALL
 
 
 def zipf_ids(generator: torch.Generator, rows: int, count: int, shift: int = 0) -> torch.Tensor:

@@ -20,8 +20,7 @@ from engram.runtime.checkpoints.quantize import quantize_fp8
 from engram.runtime.checkpoints.writer import synthetic_table, write_checkpoint
 from engram.runtime.placement.storage import ShardFormat, allocate
 from engram.runtime.tables import open_tables
-from tests.runtime.conftest import SMALL
-from tests.runtime.specs import QWEN
+from tests.runtime.specs import QWEN, SMALL
 
 
 def shards_for(

@@ -33,11 +33,12 @@ from engram.runtime.placement.storage import ShardFormat, TableShard
 from engram.runtime.plan import TableShardPlan, table_shards
 from engram.runtime.tables import open_tables
 from engram.runtime.tier import Tier
-from tests.memory.test_registration import FakeRuntime
+from tests.bits import same_bits
+from tests.memory.fakes import FakeRuntime
 from tests.runtime import workers
-from tests.runtime.conftest import SMALL, checkpoint_digests
-from tests.runtime.reference import dequantise, pick, plant_negative_zeros, read_tensors, same_bits
-from tests.runtime.specs import DS3, DS7, QWEN
+from tests.runtime.reference import dequantise, pick, plant_negative_zeros, read_tensors
+from tests.runtime.shards import checkpoint_digests
+from tests.runtime.specs import DS3, DS7, QWEN, SMALL
 
 TABLE_BYTES = sum(ShardFormat(rows, SMALL.head_dim, SMALL.dtype).nbytes for rows in SMALL.layout.table_rows)
 
@@ -159,7 +160,7 @@ CHILD = textwrap.dedent(
     from engram.runtime.checkpoints.loader import Checkpoint
     from engram.runtime.plan import table_shards
     from engram.runtime.tables import open_tables
-    from tests.runtime.conftest import SMALL
+    from tests.runtime.specs import SMALL
 
     path, how = sys.argv[1], sys.argv[2]
     plans = table_shards(SMALL, 0, 1)

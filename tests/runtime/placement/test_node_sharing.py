@@ -22,7 +22,7 @@ from engram.runtime.node_tables import share_key
 from engram.runtime.placement.storage import ShardFormat
 from tests.other_user import OtherUser
 from tests.runtime import node_engine
-from tests.runtime.conftest import SMALL
+from tests.runtime.specs import SMALL
 
 WAIT_S = 120.0
 

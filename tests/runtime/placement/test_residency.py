@@ -18,7 +18,6 @@ from safetensors.torch import load_file, save_file
 
 from engram.memory.mapping import PAGE
 from engram.runtime.checkpoints.loader import Checkpoint
-from engram.runtime.embedding import EngramEmbedding
 from engram.runtime.placement import residency
 from engram.runtime.placement.filemap import READAHEAD_GAP, file_shard, in_memory_fs, read_ahead, watch_files
 from engram.runtime.placement.residency import (
@@ -31,30 +30,7 @@ from engram.runtime.placement.residency import (
     resident_pages,
 )
 from engram.runtime.placement.storage import ShardFormat
-from engram.runtime.plan import TableShardPlan
-
-ROWS, DIM, COLUMNS = 98_304, 512, 8  # a 96 MiB bf16 table
-BUDGET = 16 << 20
-CGROUP = Path("/sys/fs/cgroup/memory")
-
-
-def table(directory: Path) -> Path:
-    weight = torch.randn(ROWS, DIM, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
-    save_file({"t.weight": weight}, str(directory / "model.safetensors"))
-    fd = os.open(directory / "model.safetensors", os.O_RDONLY)
-    os.fsync(fd)  # written back: clean pages, which the page cache may drop (a checkpoint's always are)
-    os.close(fd)
-    return directory
-
-
-def open_table(directory: Path, budget: int) -> tuple[EngramEmbedding, ResidentBudget | None]:
-    shard = file_shard("t", ShardFormat(ROWS, DIM, "bf16"), 0, ROWS, Checkpoint(directory), None)
-    limit = None
-    if budget:  # as the engine does
-        limit = ResidentBudget(budget)
-        watch_files(limit, shard)
-    plan = TableShardPlan("t", ROWS, "row", 0, ROWS, 0, COLUMNS)
-    return EngramEmbedding(shard, plan, columns=COLUMNS, budget=limit), limit
+from tests.runtime.placement.budget_table import BUDGET, CGROUP, COLUMNS, DIM, ROWS, open_table, table
 
 
 def test_lookups_keep_the_page_cache_near_the_budget(tmp_path: Path) -> None:
@@ -168,7 +144,7 @@ with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
     f.write(str(os.getpid()))
 import torch
 sys.path.insert(0, {root!r})
-from tests.runtime.placement.test_residency import COLUMNS, ROWS, open_table
+from tests.runtime.placement.budget_table import COLUMNS, ROWS, open_table
 from pathlib import Path
 module, _ = open_table(Path(directory), budget)
 generator = torch.Generator().manual_seed(7)

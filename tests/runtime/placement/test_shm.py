@@ -14,7 +14,8 @@ import pytest
 from engram.runtime.launch import run_local, values
 from engram.runtime.placement.storage import ShardFormat
 from tests.runtime import workers
-from tests.runtime.conftest import SMALL, checkpoint_digests
+from tests.runtime.shards import checkpoint_digests
+from tests.runtime.specs import SMALL
 
 TABLE_BYTES = sum(ShardFormat(rows, SMALL.head_dim, SMALL.dtype).nbytes for rows in SMALL.layout.table_rows)
 pytestmark = pytest.mark.slow
@@ -51,19 +52,16 @@ def test_leader_killed_mid_load(small_checkpoint: Path, shm_tmp: Path, tmp_path:
         assert signal.exists(), "the leader never started loading"
         os.kill(procs[0].pid, 9)
 
-    started = time.monotonic()
     outcomes = run_local(
         3, workers.load_then_stall, SMALL, str(small_checkpoint), str(signal),
         timeout=120, env={"ENGRAM_DIST_TIMEOUT_S": "20"}, on_start=kill_leader_when_loading,
     )  # fmt: skip
-    elapsed = time.monotonic() - started
     assert outcomes[0].exitcode == -9
     for survivor in outcomes[1:]:
         assert survivor.error is not None and "Traceback" not in survivor.error
         assert survivor.error.startswith(
             "engram shared tables (test): ranks [0, 1, 2] did not all reach 'load layers.1.engram.embed.scale' within 20 s"
         )
-    assert elapsed < 100
     assert list(shm_tmp.iterdir()) == []
     assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in pids)
 
