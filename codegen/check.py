@@ -66,6 +66,7 @@ EXTENSIONS = frozenset(
         "x-engram-default-from",
         "x-engram-format-assertion",
         "x-engram-older-names",
+        "x-engram-vllm",
     }
 )
 # What engram's own keywords may hold: they reach generated code (as literals) and messages, so each has
@@ -251,6 +252,10 @@ def _check_node(node: dict[str, Any], pointer: str, dialects: frozenset[str] = f
         isinstance(older, list) and older and all(isinstance(n, str) and n.isidentifier() for n in older)
     ):
         raise SchemaError(f"{pointer}/x-engram-older-names: must be a non-empty list of field names (identifiers)")
+    if "x-engram-vllm" in node and node["x-engram-vllm"] is not True:
+        raise SchemaError(
+            f"{pointer}/x-engram-vllm: write true on a field vLLM's own EngramConfig has, or leave it out"
+        )
 
 
 def _check_rule(rule: dict[str, Any], pointer: str) -> None:

@@ -30,6 +30,7 @@ class FieldSpec:
     default_from: str | None
     older_names: tuple[str, ...] = ()  # names the field had before, still read (x-engram-older-names)
     nullable: bool = False  # its type is [kind, "null"]: null is a value of its own (dp_shared_memory: unresolved)
+    vllm: bool = False  # vLLM's own EngramConfig has it (x-engram-vllm)
 
 
 @dataclass(frozen=True)
@@ -196,6 +197,7 @@ def _struct(name: str, pointer: str, schema: dict[str, Any]) -> StructSpec:
                 default_from=default_from,
                 older_names=tuple(prop.get("x-engram-older-names", ())),
                 nullable=nullable,
+                vllm=prop.get("x-engram-vllm") is True,
             )
         )
     # Required fields first keeps the rendered struct readable; kw_only makes the order free.

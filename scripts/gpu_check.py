@@ -22,7 +22,7 @@
 The kernel build always runs first. Every stage is guarded: a failure is reported (ok/FAIL and the error)
 and the next stage still runs; with --json the report is rewritten after every stage, so a run cut short
 keeps what it measured. A GPU window is short (one command at most 10 minutes), so run it in two calls of
-under 4 minutes each (README, "On a GPU"):
+under 4 minutes each (docs/architecture.md, "On a GPU"):
     python scripts/gpu_check.py --only kernels hash placements file --json OUT/gpu-checks.json
     python scripts/gpu_check.py --only bench --json OUT/gpu-bench.json
 Exit 0 when every stage run passed, 1 when any failed, 2 without a CUDA device.

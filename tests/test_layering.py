@@ -1,5 +1,5 @@
 """The house by layers: every import of every engram module (at the top of a file or inside a function)
-points to its own layer or one below it, as ../shared/DESIGN.md draws them, and no modules import each
+points to its own layer or one below it, as docs/architecture.md draws them, and no modules import each
 other in a circle. The order is written once, here."""
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from engram._generated.structs import (
     INTEGER_FIELDS,
     OLDER_NAMES,
     SECTIONS,
+    VLLM_FIELDS,
     EngramConfig,
     EngramConfigInput,
     LoadConfig,
@@ -41,6 +42,7 @@ from engram.validation.patterns import PatternTimeout, pattern_budget
 
 __all__ = [
     "PARTS",
+    "VLLM_FIELDS",
     "ConfigError",
     "Deployment",
     "EngramConfig",

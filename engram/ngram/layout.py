@@ -1,5 +1,5 @@
 """Table layouts: bucket sizes (primes), offsets, rows per table, and the hash multipliers, for both
-families, exactly as spec/ngram-hashing.md defines them."""
+families, bit-exact with DeepSeek V4.1's Engram and vLLM 0.33's Qwen4Exp PLE."""
 
 from __future__ import annotations
 
@@ -126,9 +126,9 @@ def qwen_layout(
     """Global head g = i*H + h takes the (g+1)-th prime after base - 1, for the layer's dense index i.
 
     "per-layer" is how vLLM 0.33 runs Qwen4Exp: i is the layer's position among the sorted ids, and each
-    layer has its own table (offsets from 0, rows padded to `divisor`). "shared" is spec/ngram-hashing.md's
-    (and the seed's) layout: i is the position in the list, and one table holds every layer's buckets
-    (cumulative offsets, the total padded). With the ids sorted the two hash alike, up to each table's base."""
+    layer has its own table (offsets from 0, rows padded to `divisor`). "shared" keeps one
+    table for every PLE layer, as engram's first Qwen4Exp support did: i is the position in the list, and
+    the table holds every layer's buckets (cumulative offsets, the total padded). With the ids sorted the two hash alike, up to each table's base."""
     if tables == "per-layer":
         ranks = {layer_id: rank for rank, layer_id in enumerate(sorted(set(layer_ids)))}
         dense = tuple(ranks[layer_id] for layer_id in layer_ids)

@@ -1,6 +1,7 @@
 """The compressed vocabulary: raw token ids that read the same after normalisation share one id.
 
-Built from a HF `tokenizers` tokenizer exactly as spec/ngram-hashing.md says, then cached on disk by
+Built from a HF `tokenizers` tokenizer as DeepSeek's Engram builds it (decode each id alone; NFKC, NFD,
+strip accents, lowercase, collapse whitespace; keys numbered in first-seen order), then cached on disk by
 the tokenizer file's digest (building decodes every id: about a second for 129k ids)."""
 
 from __future__ import annotations

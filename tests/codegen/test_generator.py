@@ -54,6 +54,7 @@ def cpu_offload(schema: dict[str, Any]) -> dict[str, Any]:
         (lambda s: s["allOf"][0].pop("x-engram-rule"), "/allOf/0/x-engram-path: only an if/then rule"),
         (lambda s: s["allOf"][0].update(type="object"), "an if/then rule holds only if, then and its x-engram-* keys"),
         (lambda s: cpu_offload(s).update({"x-engram-hash": False}), 'write {"exclude": "<reason>"}'),
+        (lambda s: cpu_offload(s).update({"x-engram-vllm": "yes"}), "x-engram-vllm: write true on a field vLLM's own"),
         (
             lambda s: s["properties"]["engram"].update({"$ref": "other.json#/x"}),
             "/properties/engram/$ref: remote reference 'other.json#/x' (resolves to "

@@ -1,4 +1,5 @@
-"""Every rule of spec/engram-config.md with its exact message, through each public entry point."""
+"""Every rule of the Engram config (docs/config.md's list) with its exact message, through each public
+entry point."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A plain scalar n-gram hasher written straight from spec/ngram-hashing.md, with Python integers and a
+"""A plain scalar n-gram hasher written straight from the n-gram hashing contract (Engram's and vLLM 0.33's), with Python integers and a
 loop per token: the reference the vectorised hashers are tested against."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Every public constant of spec/ngram-hashing.md."""
+"""Every public constant of the two n-gram families: DeepSeek V4.1-Flash's and the Engram demo's primes
+and multipliers, Qwen4Exp's sizes and multipliers, and the toy case."""
 
 from __future__ import annotations
 

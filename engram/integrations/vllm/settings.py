@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from engram.config import EngramConfig, load_config
+from engram.config import VLLM_FIELDS, EngramConfig, load_config
 from engram.config.loading import read_json_object
 from engram.errors import EngramError
 from engram.integrations.vllm import files
@@ -20,7 +20,6 @@ from engram.validation.json_values import _describe
 log = logging.getLogger("engram")
 
 ENV = "ENGRAM_VLLM_CONFIG"
-VLLM_FIELDS = ("cpu_offload", "embedding_across_dp", "dp_shared_memory", "use_thp")
 
 
 def section(vllm_config: Any) -> dict[str, Any] | None:
