@@ -11,7 +11,7 @@ from typing import Any
 
 from codegen.index import SchemaIndex, escape, unescape
 from codegen.load import SchemaError
-from codegen.validators import ValidatorCompiler, equals, is_rule, message_expr
+from codegen.validators import ValidatorCompiler, is_rule, struct_rules
 
 PY_TYPES = {"boolean": "bool", "integer": "int", "number": "float", "string": "str"}
 
@@ -111,7 +111,7 @@ def compile_schema(document: dict[str, Any]) -> Compiled:
             out.structs.append(_struct(ref, f"/{key}", defs[ref]))
             out.flags.extend(_flags(defs[ref], (key,)))
             if defs[ref].get("allOf"):
-                out.attr_rule_functions[ref] = _attr_rules(ref, defs[ref])
+                out.attr_rule_functions[ref] = struct_rules(ref, defs[ref])
         elif isinstance(prop, dict):
             out.flags.extend(_flags({"properties": {key: prop}}, ()))
             if key == "platform":
@@ -269,55 +269,6 @@ def _flags(schema: dict[str, Any], prefix: tuple[str, ...]) -> list[FlagSpec]:
         for fname, prop in schema.get("properties", {}).items()
         if "x-engram-cli" in prop
     ]
-
-
-def _attr_rules(struct: str, schema: dict[str, Any]) -> str:
-    """Rules of one struct evaluated on its resolved instance: every field is present, so the
-    JSON presence tests fall away and each rule is a few attribute reads (the fast path)."""
-    lines = [
-        f"def check_{struct}_rules(c: Any, path: str, out: list[Problem]) -> None:",
-        f'    """The if/then rules of {struct}, on a resolved instance."""',
-    ]
-    for sub in schema["allOf"]:
-        if not is_rule(sub):
-            raise SchemaError(f"/$defs/{struct}/allOf: only if/then rules may sit beside a struct's fields")
-        rel = sub["x-engram-path"]
-        field_name = rel.removeprefix("/")
-        _known_field(field_name, schema, struct)
-        message = message_expr(sub["x-engram-message"], f"c.{field_name}")
-        lines += [
-            f"    if ({_attr_expr(sub['if'], schema, struct)}) and not ({_attr_expr(sub['then'], schema, struct)}):",
-            f"        out.append(Problem(path + {rel!r}, {sub['x-engram-rule']!r}, {message}))",
-        ]
-    return "\n".join(lines)
-
-
-def _known_field(name: str, struct_schema: dict[str, Any], struct: str) -> None:
-    if name not in struct_schema.get("properties", {}):
-        raise SchemaError(f"/$defs/{struct}/allOf: a struct rule may name only the struct's own fields, not {name!r}")
-
-
-def _attr_expr(schema: dict[str, Any], struct_schema: dict[str, Any], struct: str) -> str:
-    allowed = {"properties", "required"}
-    if set(schema) - allowed:
-        raise SchemaError(f"/$defs/{struct}: struct rules may use only properties and required, got {sorted(schema)}")
-    terms = []
-    for key, sub in schema.get("properties", {}).items():
-        _known_field(key, struct_schema, struct)
-        if not isinstance(sub, dict) or set(sub) - {"const", "enum", "minimum", "maximum"}:
-            raise SchemaError(
-                f"/$defs/{struct}: struct rules compare fields with const, enum, minimum or maximum only, got {sorted(sub)}"
-            )
-        # The instance is resolved (typed), so a bound compares the field directly.
-        if "minimum" in sub:
-            terms.append(f"c.{key} >= {sub['minimum']!r}")
-        if "maximum" in sub:
-            terms.append(f"c.{key} <= {sub['maximum']!r}")
-        if "const" in sub:
-            terms.append(equals(f"c.{key}", sub["const"]))
-        if "enum" in sub:
-            terms.append("(" + " or ".join(equals(f"c.{key}", e) for e in sub["enum"]) + ")")
-    return " and ".join(terms) or "True"
 
 
 def _doc_path(pointer: str) -> str:
