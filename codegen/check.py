@@ -67,6 +67,7 @@ EXTENSIONS = frozenset(
         "x-engram-format-assertion",
         "x-engram-older-names",
         "x-engram-vllm",
+        "x-engram-checks",
     }
 )
 # What engram's own keywords may hold: they reach generated code (as literals) and messages, so each has
@@ -84,6 +85,7 @@ GRAMMARS = {
     "x-engram-default-from": (re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}", re.ASCII), "a field name"),
 }
 MAX_MESSAGE = 4096
+POINTER = re.compile(r"(/[a-z_]{1,64}){1,4}", re.ASCII)  # a deployment field, as a check's problem names it
 # A message is filled at validation time with str.format: only these fields, no attribute or index
 # access, no format spec (a width would let a message grow without bound), and only the !r conversion.
 MESSAGE_FIELDS = frozenset({"value", "problems"})
@@ -138,6 +140,7 @@ def check_schema(
         raise SchemaError(f'the schema must declare "$schema": "{DRAFT}"')
     if "x-engram-format-assertion" in document and not isinstance(document["x-engram-format-assertion"], bool):
         raise SchemaError("/x-engram-format-assertion: must be true or false")
+    _check_runtime_checks(document.get("x-engram-checks", []))
     index = SchemaIndex(document, resources)
     for name, uri in index.origin.items():  # the local resources the document reaches
         dialect = index.bundled[name].get("$schema", DRAFT) if isinstance(index.bundled[name], dict) else DRAFT
@@ -174,6 +177,27 @@ def check_schema(
                     if target not in index.base:  # inside an unknown keyword: checked as a schema here
                         _check_subtree(index, target)
     return warnings
+
+
+CHECK_KEYS = frozenset({"rule", "path", "description"})
+
+
+def _check_runtime_checks(checks: Any) -> None:
+    """x-engram-checks: the rules code checks where JSON Schema cannot (they need the node, or the
+    tables' bytes), each a rule id, the pointer its problem names, and a description for the docs."""
+    if not isinstance(checks, list):
+        raise SchemaError("/x-engram-checks: must be a list of {rule, path, description} objects")
+    for i, check in enumerate(checks):
+        at = f"/x-engram-checks/{i}"
+        if not isinstance(check, dict) or set(check) != CHECK_KEYS:
+            raise SchemaError(f"{at}: must hold exactly rule, path and description")
+        rule, rule_what = GRAMMARS["x-engram-rule"]
+        if not isinstance(check["rule"], str) or not rule.fullmatch(check["rule"]):
+            raise SchemaError(f"{at}/rule: {str(check['rule'])[:80]!r} is not {rule_what}")
+        if not isinstance(check["path"], str) or not POINTER.fullmatch(check["path"]):
+            raise SchemaError(f"{at}/path: a JSON pointer into the deployment document, such as /engram/cpu_offload")
+        if not isinstance(check["description"], str) or not 0 < len(check["description"]) <= MAX_MESSAGE:
+            raise SchemaError(f"{at}/description: a description of at most {MAX_MESSAGE:,} characters")
 
 
 def _is_2020_12_dialect(meta: Any) -> bool:

@@ -87,6 +87,7 @@ class Compiled:
     sections: dict[str, str] = field(default_factory=dict)  # deployment key -> struct name
     field_checks: dict[str, dict[str, str]] = field(default_factory=dict)  # struct -> field -> its node's function
     platform: dict[str, Any] = field(default_factory=dict)
+    checks: dict[str, str] = field(default_factory=dict)  # x-engram-checks: rule id -> the pointer it names
 
     @property
     def engram(self) -> StructSpec:
@@ -99,6 +100,7 @@ def compile_schema(document: dict[str, Any]) -> Compiled:
     validators = ValidatorCompiler(document, index)
     root = validators.function("")
     out.rules = _rules(document, index)
+    out.checks = {check["rule"]: check["path"] for check in document.get("x-engram-checks", [])}
     defs = document.get("$defs", {})
     for key, prop in document.get("properties", {}).items():
         ref = prop.get("$ref", "").removeprefix("#/$defs/") if isinstance(prop, dict) else ""
@@ -150,6 +152,8 @@ def _rules(document: dict[str, Any], index: SchemaIndex) -> list[RuleSpec]:
             rules.append(RuleSpec(node["x-engram-rule"], node["x-engram-path"], node["x-engram-message"], scope))
         elif "x-engram-message" in node:
             rules.append(RuleSpec(node["x-engram-rule"], _doc_path(pointer), node["x-engram-message"], scope))
+    for check in document.get("x-engram-checks", []):  # checked by code, documented here
+        rules.append(RuleSpec(check["rule"], check["path"], check["description"], "deployment"))
     return rules
 
 

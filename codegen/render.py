@@ -71,6 +71,7 @@ def render(schema: LoadedSchema, compiled: Compiled) -> dict[str, str]:
         "platform": compiled.platform,
         "scope_pointers": {s.name: s.pointer for s in compiled.structs},
         "no_model_message": NO_MODEL,
+        "checks": compiled.checks,
     }
     outputs = {}
     for path, template in OUTPUTS.items():

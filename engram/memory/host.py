@@ -120,7 +120,7 @@ def check_pinned_bytes(needed: int, limits: HostLimits | None = None) -> None:
         [
             Problem(
                 "/engram/cpu_offload",
-                "host-memory",
+                "host-memory",  # declared in the schema's x-engram-checks (tests/config/test_hostmem.py holds them equal)
                 f"Engram tables need {needed:,} bytes ({needed / GIB:.1f} GiB) of pinned host memory per node, "
                 f"but the {limits.bound} leaves only {limits.available:,} bytes ({limits.available / GIB:.1f} GiB) "
                 f"({figures}). Keep the tables on the GPU with "

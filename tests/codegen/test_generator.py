@@ -55,6 +55,9 @@ def cpu_offload(schema: dict[str, Any]) -> dict[str, Any]:
         (lambda s: s["allOf"][0].update(type="object"), "an if/then rule holds only if, then and its x-engram-* keys"),
         (lambda s: cpu_offload(s).update({"x-engram-hash": False}), 'write {"exclude": "<reason>"}'),
         (lambda s: cpu_offload(s).update({"x-engram-vllm": "yes"}), "x-engram-vllm: write true on a field vLLM's own"),
+        (lambda s: s["x-engram-checks"][0].pop("path"), "/x-engram-checks/0: must hold exactly rule, path and"),
+        (lambda s: s["x-engram-checks"][0].update(rule="Host Memory"), "/x-engram-checks/0/rule: 'Host Memory' is not"),
+        (lambda s: s["x-engram-checks"][0].update(path="engram"), "/x-engram-checks/0/path: a JSON pointer"),
         (
             lambda s: s["properties"]["engram"].update({"$ref": "other.json#/x"}),
             "/properties/engram/$ref: remote reference 'other.json#/x' (resolves to "

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from engram._generated.structs import RUNTIME_CHECKS
 from engram.config import ConfigError, HostLimits, ParallelConfig, load_config
 from engram.memory.host import pinned_bytes_per_node, read_host_limits
 
@@ -35,6 +36,7 @@ def test_fits_and_does_not_fit() -> None:
         config.verify_host_memory(TABLE, parallel, HostLimits(2 * 1024 * GIB, cgroup_bytes=300 * GIB))
     (problem,) = exc.value.errors
     assert (problem.path, problem.rule) == ("/engram/cpu_offload", "host-memory")
+    assert RUNTIME_CHECKS[problem.rule] == problem.path  # the rule the schema declares (x-engram-checks)
     assert problem.message == (
         "Engram tables need 405,516,064,800 bytes (377.7 GiB) of pinned host memory per node, but the container "
         "memory limit leaves only 322,122,547,200 bytes (300.0 GiB) (physical RAM 2,199,023,255,552, container "
