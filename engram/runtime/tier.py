@@ -265,7 +265,7 @@ class EagerAdmission:
     def admit(self, ids: torch.Tensor, *, same_lookup: bool = False) -> Change:
         """Count a lookup's `ids` and admit the rows it missed (observe, then take); `same_lookup`: these
         ids are another part of the lookup the last call counted, not a lookup of their own."""
-        flat = torch.unique(ids.reshape(-1).to(torch.int64))
+        flat = torch.unique(ids.reshape(-1).to(device="cpu", dtype=torch.int64))  # a GPU engine's ids: the tier is RAM
         hit, slot = self.index.find(flat)
         estimate = self.observe(flat, hit, slot, same_lookup=same_lookup)
         return self.take(flat[~hit], estimate[~hit])
