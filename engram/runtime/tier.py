@@ -225,11 +225,15 @@ class EagerAdmission:
         self.index = RowIndex(capacity)
         self.row_of_slot = torch.full((capacity,), EMPTY_KEY, dtype=torch.int64)
         self.score = torch.zeros(capacity, dtype=torch.int32)
-        self.used = 0  # slots [0, used) hold a row; a row evicted hands its slot straight to the next
         width = width_for(capacity, capacity, rows[1] - rows[0])
         self.sketch = FrequencySketch(width) if policy == "online" else None
         self.half_life, self.lookups = half_life, 0
         self._victims = torch.Generator().manual_seed(seed)
+
+    @property
+    def used(self) -> int:
+        """Rows held: they fill slots [0, used), since a row evicted hands its slot straight to the next."""
+        return self.index.held
 
     @property
     def nbytes(self) -> int:
@@ -259,7 +263,6 @@ class EagerAdmission:
         if self.sketch is not None and owned_counts is not None:
             self.sketch.add(owned, owned_counts)
             self.score[slots] = self.sketch.estimate(owned)
-        self.used = owned.numel()
         return Change(owned, slots, evicted)
 
     def admit(self, ids: torch.Tensor, *, same_lookup: bool = False) -> Change:
@@ -303,7 +306,6 @@ class EagerAdmission:
         take = min(self.capacity - self.used, new.numel())
         slots = torch.arange(self.used, self.used + take)
         self._hold(new[:take], slots, new_estimate[:take])
-        self.used += take
         admitted, taken, evicted = [new[:take]], [slots], 0
         for start in range(take, new.numel(), CANDIDATE_CHUNK):  # bounded transients, even for a prefill chunk
             rows, rows_estimate = new[start : start + CANDIDATE_CHUNK], new_estimate[start : start + CANDIDATE_CHUNK]
