@@ -189,7 +189,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1200)
     parser.add_argument("--prefill-every", type=int, default=64)
     parser.add_argument("--warmup", type=int, default=200)
-    parser.add_argument("--tier-share", type=float, default=0.6, help="of the memory for rows, the RAM tier's")
+    parser.add_argument("--tier-share", type=float, default=0.7, help="of the memory for rows, the RAM tier's")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--group", help=argparse.SUPPRESS)

@@ -34,7 +34,7 @@ from engram.runtime.cache import HotRows, Profile, cached_gather, read_profile
 from engram.runtime.checkpoints.loader import Checkpoint, shard_weight_loader, table_scale_loader
 from engram.runtime.dist import Group, timeout_s
 from engram.runtime.node_tables import node_shard
-from engram.runtime.placement.filemap import file_shard, read_ahead, reading, watch_files
+from engram.runtime.placement.filemap import file_shard, in_files, private_scales, read_ahead, reading, watch_files
 from engram.runtime.placement.residency import ResidentBudget, storage_read_bytes
 from engram.runtime.placement.storage import Placement, ShardFormat, TableShard, allocate, placement_for
 from engram.runtime.tier import POLICIES, WINDOW_IDS, Tier, TierName, TierStats, capacity_for
@@ -65,6 +65,7 @@ log = logging.getLogger("engram")
 # 2.7x its pages).
 READ_BATCH_ROWS = 2048
 BATCHED_IDS = 1 << 16  # a lookup of more ids than this (a prefill chunk) reads in batches even without a tier
+SCALES_SHARE = 4  # a RAM tier keeps its file's block scales in private memory when they take at most 1/4 of it
 
 # The output kind of the stored bytes: each row's weight bytes, then its block scales' bytes (uint8).
 PACKED: Literal["packed"] = "packed"
@@ -288,19 +289,17 @@ class Table:
         out: torch.Tensor | None,
         kind: Output,
         check: torch.Tensor | None,
-        *,
-        part: bool = False,
     ) -> torch.Tensor:
         """A lookup of a file-backed table: the pages of the rows to read (less the tier's) asked for at
         once, then gathered, and the rows missed admitted to the tier while their pages are in the page
-        cache; `part`: these ids are a later batch of one lookup (_read_in_batches)."""
+        cache."""
         wanted = ids if check is None else check
         if self.tier is not None and not wanted.is_cuda:  # what the tier holds is not read from the file
             wanted = wanted.reshape(-1)[~self.tier.admission.hits(wanted)]
         with self._disk_reads(), reading(self.shard, wanted, self.budget):
             rows = self._lookup(ids, out, kind, check)
             if self.tier is not None:
-                self.tier.admit(ids, same_lookup=part)
+                self.tier.admit(ids)
             return rows
 
     def _read_in_batches(self, ids: torch.Tensor, out: torch.Tensor | None, kind: Output) -> torch.Tensor:
@@ -319,7 +318,7 @@ class Table:
         reads = torch.arange(distinct.numel())
         if tier is not None:
             hit, slot = tier.rows.locate(distinct)
-            estimate = tier.observe(distinct, hit, slot, inverse)
+            tier.observe(distinct, hit, slot, inverse)
             held = hit.nonzero().squeeze(1)
             for start in range(0, held.numel(), READ_BATCH_ROWS):  # before any admission below moves a slot
                 at = held[start : start + READ_BATCH_ROWS]
@@ -330,7 +329,7 @@ class Table:
             with self._disk_reads(), reading(self.shard, distinct[at], self.budget):
                 spread.put(at, self._gather(distinct[at], kind))
                 if tier is not None:
-                    tier.admit_read(distinct[at], estimate[at])
+                    tier.admit_read(distinct[at])
         return spread.result(ids.shape, out)
 
     def _gather(self, ids: torch.Tensor, kind: Output, *, from_tier: bool = False) -> torch.Tensor:
@@ -442,7 +441,8 @@ class Table:
     ) -> int:
         """Keep this shard's hottest rows in `device` memory (a tier: the "device" one over a host table,
         the "ram" one over a file-backed table), as many as `budget_bytes` hold with the tier's own ids,
-        ring and sketch (capacity_for); the rows it can hold.
+        ring and sketch (capacity_for), and for a RAM tier the block scales it may keep (_private_scales);
+        the rows it can hold.
         `hot`: a profile's rows (most frequent first), its warm start, and `hot_counts` their counts (the
         estimate's start: Admission.warm); with policy "static" the only rows it holds. `tuning`: Tier's window_ids and half_life. Call it once the rows are loaded."""
         if not self.cacheable(device):
@@ -457,13 +457,19 @@ class Table:
         if policy == "static" and hot is None:
             raise EngramError(f"{self.name}: a static tier keeps a profile's rows; give it one (engram profile --out)")
         window = tuning.get("window_ids", WINDOW_IDS)
+        scales = self._private_scales(budget_bytes)
         capacity = capacity_for(
-            budget_bytes, self.shard.format.row_bytes, self.shard.rows, window, policy, eager=self.shard.readahead
+            budget_bytes - scales,
+            self.shard.format.row_bytes,
+            self.shard.rows,
+            window,
+            policy,
+            eager=self.shard.readahead,
         )
         if capacity == 0:
             self.tier = None
             return 0
-        tier = Tier(self.shard, capacity, device, name, policy=policy, **tuning)
+        tier = Tier(self.shard, capacity, device, name, policy=policy, scale_bytes=scales, **tuning)
         if hot is not None:
             with self._disk_reads():
                 held = tier.warm(hot, hot_counts)
@@ -471,6 +477,18 @@ class Table:
                 return 0  # the profile has none of this shard's rows
         self.tier = tier
         return capacity
+
+    def _private_scales(self, budget_bytes: int) -> int:
+        """The bytes of a RAM tier's budget its shard's block scales take in private memory: read there
+        (private_scales) when they take at most 1/SCALES_SHARE of it, so that most of it holds rows, or
+        when they already are."""
+        scale = self.shard.scale
+        if not self.shard.readahead or scale is None:
+            return 0
+        if in_files(self.shard, scale) and scale.numel() * scale.element_size() * SCALES_SHARE > budget_bytes:
+            return 0
+        with self._disk_reads():
+            return private_scales(self.shard)
 
     def refresh(self) -> int:
         """Refresh the tier from the ids served since the last refresh (Tier.refresh); the rows admitted.

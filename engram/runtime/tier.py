@@ -21,12 +21,13 @@ so the hit rates it reports are those this code serves.
 
 The RAM tier over a file-backed table chooses on every lookup instead (EagerAdmission): right after a
 lookup the pages of the rows it missed are in the page cache, so admitting them then costs a copy, not a
-disk read, while a window later most of them have been pushed out again. Each distinct row of a lookup
-counts once (a page is read once per lookup however often its rows repeat in it), and a missed row takes
-the slot of a held row whose estimate it beats. In a replay of bench_ram_tier's stream (a V4.1-shaped
-table four times the memory) beside a simulated LRU of the pages left, admitting after every lookup read
-0.73x the pages an LRU of the whole memory reads, and the windowed refresh 0.88x; measured under a real
-memory limit, see bench_ram_tier."""
+disk read, while a window later most of them have been pushed out again. It admits every row it misses
+and evicts by CLOCK (a referenced bit per slot, a hand that clears the bits it passes and reuses the
+first slot whose bit is clear): on text, recency is what predicts the next lookups of a row (the same
+document's n-grams), and its state is a bit a slot. In a replay of bench_ram_tier's stream (a V4.1-shaped
+table four times the memory, 14.6% of its rows held) CLOCK hit 52.3% of a step's distinct rows, an LRU of
+rows 52.6%, the frequency estimate with sampled victims this replaced 49.3% and S3-FIFO 50.2%; Belady's
+bound is 71.6%."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ from engram.errors import EngramError
 from engram.runtime.cache import COUNTS, EMPTY_KEY, HotRows, find, stored_rows
 from engram.runtime.placement.filemap import files_named_on_fault, read_ahead
 from engram.runtime.placement.storage import TableShard
-from engram.runtime.rowindex import RowIndex, spare_for
+from engram.runtime.rowindex import RowIndex, merge, spare_for
 from engram.runtime.sketch import DEPTH, FrequencySketch, sketch_width
 
 Policy = Literal["online", "static"]
@@ -48,11 +49,7 @@ TierName = Literal["device", "ram"]
 WINDOW_IDS = 1 << 17  # ids served between refreshes: about 4k tokens of a table looked up at 32 columns
 HALF_LIFE = 32  # windows between halvings of the sketch: about 128k tokens
 MAX_SKETCH_WIDTH = 1 << 22  # 64 MiB of counters at most, per table
-# A RAM tier's sketch halves every 64 lookups of its table (the replay of bench_ram_tier's stream above:
-# 32 to 80 read within 3% of the fewest pages, 128 read 12% more).
-LOOKUP_HALF_LIFE = 64
-VICTIM_SAMPLES = 16  # held rows drawn per candidate, the weakest its victim: 1% more pages than the exact weakest
-CANDIDATE_CHUNK = 8192  # missed rows contested (and admitted rows copied) at a time: a few MB of transients
+CANDIDATE_CHUNK = 8192  # admitted rows copied at a time: a few MB of transients
 
 
 def width_for(capacity: int, window_ids: int, table_rows: int) -> int:
@@ -62,13 +59,13 @@ def width_for(capacity: int, window_ids: int, table_rows: int) -> int:
 
 
 def state_bytes(rows: int, table_rows: int, window_ids: int, policy: Policy, eager: bool) -> int:
-    """Bytes of a tier's own state besides its rows: the ids and slots of the rows it holds, and online
-    the ring of a window's ids, or for a tier that admits after every lookup (EagerAdmission) each slot's
-    row and score and the index's spare room, and the sketch."""
+    """Bytes of a tier's own state besides its rows: for a tier that admits after every lookup
+    (EagerAdmission) the index with its spare room and each slot's row and referenced bit; else the ids
+    and slots of the rows it holds, and online the ring of a window's ids and the sketch."""
+    if eager:
+        return rows * (16 + 9) + spare_for(rows) * 16
     if policy != "online":
         return rows * 16
-    if eager:
-        return rows * (16 + 12) + spare_for(rows) * 16 + DEPTH * 4 * width_for(rows, rows, table_rows)
     return rows * 16 + window_ids * 16 + DEPTH * 4 * width_for(rows, window_ids, table_rows)
 
 
@@ -183,14 +180,8 @@ class Admission:
         keys and slots rewritten in place, sorted by id. The two are merged, not sorted again: a refresh
         admits few rows beside the many it keeps."""
         order = torch.argsort(added)
-        added, slots = added[order], slots[order]
-        count = kept.numel() + added.numel()
-        device = self.keys.device
-        at_kept = torch.searchsorted(added, kept) + torch.arange(kept.numel(), device=device)
-        at_added = torch.searchsorted(kept, added) + torch.arange(added.numel(), device=device)
-        ids, new_slots = torch.empty(count, dtype=torch.int64, device=device), torch.empty_like(self.slots[:count])
-        ids[at_kept], ids[at_added] = kept, added
-        new_slots[at_kept], new_slots[at_added] = kept_slots, slots
+        ids, new_slots = merge(kept, kept_slots, added[order], slots[order])
+        count = ids.numel()
         self.keys[:count] = ids
         self.keys[count:] = EMPTY_KEY
         self.slots[:count] = new_slots
@@ -208,27 +199,15 @@ class Admission:
 
 class EagerAdmission:
     """Which rows of [row_start, row_stop) a RAM tier of `capacity` rows holds, changed after every lookup
-    (module docstring): `index` maps the rows held to their slots; `row_of_slot` and `score` (the row's
-    estimate when it was last looked up, halved with the sketch) say what each slot holds and how hot it
-    was. Host memory."""
+    by CLOCK (module docstring): `index` maps the rows held to their slots, `row_of_slot` says what each
+    slot holds and `referenced` whether its row was looked up since the hand last passed it. Host memory."""
 
-    def __init__(
-        self,
-        capacity: int,
-        rows: tuple[int, int],
-        *,
-        policy: Policy = "online",
-        half_life: int = LOOKUP_HALF_LIFE,
-        seed: int = 0,
-    ) -> None:
+    def __init__(self, capacity: int, rows: tuple[int, int], *, policy: Policy = "online") -> None:
         self.capacity, self.rows, self.policy = capacity, rows, policy
         self.index = RowIndex(capacity)
         self.row_of_slot = torch.full((capacity,), EMPTY_KEY, dtype=torch.int64)
-        self.score = torch.zeros(capacity, dtype=torch.int32)
-        width = width_for(capacity, capacity, rows[1] - rows[0])
-        self.sketch = FrequencySketch(width) if policy == "online" else None
-        self.half_life, self.lookups = half_life, 0
-        self._victims = torch.Generator().manual_seed(seed)
+        self.referenced = torch.zeros(capacity, dtype=torch.bool)
+        self.hand = 0  # the next slot the sweep looks at
 
     @property
     def used(self) -> int:
@@ -237,9 +216,8 @@ class EagerAdmission:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the choice's own state: the index, each slot's row and score, the sketch."""
-        sketch = 0 if self.sketch is None else self.sketch.nbytes
-        return self.index.nbytes + self.capacity * 12 + sketch
+        """Bytes of the choice's own state: the index, each slot's row and referenced bit."""
+        return self.index.nbytes + self.capacity * 9
 
     def hits(self, ids: torch.Tensor) -> torch.Tensor:
         """Whether each id is held."""
@@ -250,91 +228,68 @@ class EagerAdmission:
         return self.index.held_rows()
 
     def warm(self, hot: torch.Tensor, counts: torch.Tensor | None = None) -> Change:
-        """Hold the first rows of `hot` that are ours, as many as fit (Admission.warm); their counts, if
-        given, start the estimate and their scores."""
-        owned, owned_counts = owned_rows(hot, counts, self.rows, self.capacity)
+        """Hold the first rows of `hot` that are ours, as many as fit (Admission.warm), each referenced: a
+        profile's row outlives one sweep of the hand unless the traffic never asks for it. `counts` play
+        no part: the traffic, not a count, keeps a row."""
+        owned, _ = owned_rows(hot, counts, self.rows, self.capacity)
         evicted = self.used
         self.index.clear()
         slots = torch.arange(owned.numel())
         self.index.add(owned, slots)
         self.row_of_slot.fill_(EMPTY_KEY)
         self.row_of_slot[slots] = owned
-        self.score.zero_()
-        if self.sketch is not None and owned_counts is not None:
-            self.sketch.add(owned, owned_counts)
-            self.score[slots] = self.sketch.estimate(owned)
+        self.referenced.zero_()
+        self.referenced[slots] = True
+        self.hand = 0
         return Change(owned, slots, evicted)
 
-    def admit(self, ids: torch.Tensor, *, same_lookup: bool = False) -> Change:
-        """Count a lookup's `ids` and admit the rows it missed (observe, then take); `same_lookup`: these
-        ids are another part of the lookup the last call counted, not a lookup of their own."""
+    def admit(self, ids: torch.Tensor) -> Change:
+        """A lookup of `ids`: its hits marked referenced, and the rows it missed admitted (observe, then
+        take)."""
         flat = torch.unique(ids.reshape(-1).to(device="cpu", dtype=torch.int64))  # a GPU engine's ids: the tier is RAM
         hit, slot = self.index.find(flat)
-        estimate = self.observe(flat, hit, slot, same_lookup=same_lookup)
-        return self.take(flat[~hit], estimate[~hit])
+        self.observe(hit, slot)
+        return self.take(flat[~hit])
 
-    def observe(
-        self, distinct: torch.Tensor, hit: torch.Tensor, slot: torch.Tensor, *, same_lookup: bool = False
-    ) -> torch.Tensor:
-        """Count a lookup's `distinct` ids (ascending, each once: a page is read once per lookup however
-        often its rows repeat in it) whose `hit` and `slot` index.find gave, the held ones' scores set to
-        their estimates; each id's estimate (0 for rows not ours). Every `half_life` lookups the estimates
-        and scores are halved first."""
-        if self.sketch is None:
-            return torch.zeros(distinct.numel(), dtype=torch.int32)
-        if not same_lookup:
-            self.lookups += 1
-            if self.lookups % self.half_life == 0:
-                self.sketch.halve()
-                self.score.bitwise_right_shift_(1)
-        ours = (distinct >= self.rows[0]) & (distinct < self.rows[1])
-        self.sketch.add(distinct[ours])
-        estimate = torch.where(ours, self.sketch.estimate(distinct), 0)
-        self.score[slot[hit]] = estimate[hit]
-        return estimate
+    def observe(self, hit: torch.Tensor, slot: torch.Tensor) -> None:
+        """Mark the rows a lookup hit (`hit` and `slot`, index.find's) referenced."""
+        self.referenced[slot[hit]] = True
 
-    def take(self, rows: torch.Tensor, estimate: torch.Tensor) -> Change:
-        """Admit rows a lookup missed (not held, distinct; `estimate` from observe): into free slots while
-        there are any, then each into the slot of the weakest of VICTIM_SAMPLES held rows drawn for it,
-        when its estimate beats that row's score (the hottest candidates first; a slot goes to one
-        candidate). Rows not ours, and any row of a static tier, are left out."""
-        if self.sketch is None:
+    def take(self, rows: torch.Tensor) -> Change:
+        """Admit rows a lookup missed (not held, distinct): into free slots while there are any, then into
+        the slots the hand sweeps to (_sweep), at most `capacity` of them a call. Rows not ours, and any
+        row of a static tier, are left out. A row comes in unreferenced: it stays only if asked for again
+        before the hand comes round."""
+        if self.policy == "static":
             return Change(rows[:0], rows[:0], 0)
-        ours = (rows >= self.rows[0]) & (rows < self.rows[1])
-        order = torch.argsort(estimate[ours], descending=True, stable=True)
-        new, new_estimate = rows[ours][order], estimate[ours][order]
+        new = rows[(rows >= self.rows[0]) & (rows < self.rows[1])][: self.capacity]
         take = min(self.capacity - self.used, new.numel())
-        slots = torch.arange(self.used, self.used + take)
-        self._hold(new[:take], slots, new_estimate[:take])
-        admitted, taken, evicted = [new[:take]], [slots], 0
-        for start in range(take, new.numel(), CANDIDATE_CHUNK):  # bounded transients, even for a prefill chunk
-            rows, rows_estimate = new[start : start + CANDIDATE_CHUNK], new_estimate[start : start + CANDIDATE_CHUNK]
-            wins, victims = self._beaten(rows_estimate)
-            self.index.remove(self.row_of_slot[victims])
-            self._hold(rows[wins], victims, rows_estimate[wins])
-            admitted.append(rows[wins])
-            taken.append(victims)
-            evicted += victims.numel()
-        return Change(torch.cat(admitted), torch.cat(taken), evicted)
+        free = torch.arange(self.used, self.used + take)
+        victims = self._sweep(new.numel() - take, free)
+        self.index.remove(self.row_of_slot[victims])
+        slots = torch.cat([free, victims])
+        self.index.add(new, slots)
+        self.row_of_slot[slots] = new
+        self.referenced[slots] = False
+        return Change(new, slots, victims.numel())
 
-    def _hold(self, rows: torch.Tensor, slots: torch.Tensor, estimate: torch.Tensor) -> None:
-        self.index.add(rows, slots)
-        self.row_of_slot[slots] = rows
-        self.score[slots] = estimate
-
-    def _beaten(self, estimate: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """For candidates of `estimate` (descending) with every slot full: which of them win a slot, and the
-        slots they win. Each draws VICTIM_SAMPLES slots and contests the one of lowest score; a slot
-        drawn by several goes to the first (the hottest), and a candidate wins only what it beats."""
-        count = estimate.numel()
-        drawn = torch.randint(0, self.capacity, (count, VICTIM_SAMPLES), generator=self._victims)
-        victim = drawn.gather(1, self.score[drawn].argmin(dim=1, keepdim=True)).squeeze(1)
-        distinct, inverse = torch.unique(victim, return_inverse=True)
-        first = torch.full((distinct.numel(),), count).scatter_reduce_(0, inverse, torch.arange(count), "amin")
-        wins = torch.zeros(count, dtype=torch.bool)
-        wins[first] = True
-        wins &= estimate > self.score[victim]
-        return wins, victim[wins]
+    def _sweep(self, count: int, placed: torch.Tensor) -> torch.Tensor:
+        """`count` slots to reuse, none of them `placed` (slots this call filled) and each once: the hand
+        moves on from where it stopped, clearing the referenced bits it passes and taking the slots whose
+        bit is clear, as CLOCK does one slot at a time. Once it has gone round, every bit is clear, so it
+        never goes round twice (count + placed is at most the capacity)."""
+        taken = [placed]
+        while count:
+            window = (self.hand + torch.arange(min(self.capacity, max(4 * count, 4096)))) % self.capacity
+            usable = (~self.referenced[window] & ~torch.isin(window, torch.cat(taken))).nonzero().squeeze(1)
+            if usable.numel() >= count:
+                window = window[: int(usable[count - 1]) + 1]  # the hand stops after the last slot taken
+                usable = usable[:count]
+            self.referenced[window] = False
+            taken.append(window[usable])
+            self.hand = (self.hand + window.numel()) % self.capacity
+            count -= usable.numel()
+        return torch.cat(taken[1:]) if len(taken) > 1 else placed[:0]
 
 
 def owned_rows(
@@ -361,7 +316,7 @@ class TierStats:
     policy: Policy
     capacity_rows: int
     rows: int  # held now
-    bytes: int  # its memory: the rows' slots, their ids and slots, the sketch
+    bytes: int  # its memory: the rows' slots, their ids and slots, the sketch, the block scales it keeps
     lookups: int
     hits: int
     misses: int
@@ -386,8 +341,11 @@ class Tier:
         policy: Policy = "online",
         window_ids: int = WINDOW_IDS,
         half_life: int = HALF_LIFE,
+        scale_bytes: int = 0,
     ) -> None:
+        """`scale_bytes`: the shard's block scales kept in private memory for it, counted in its bytes."""
         self.shard, self.name, self.device = shard, name, torch.device(device)
+        self.scale_bytes = scale_bytes
         rows = (shard.row_start, shard.row_stop)
         # A file on disk (always a tier in host memory): rows are admitted right after the lookup that
         # read their pages, while those are in the page cache (EagerAdmission).
@@ -463,32 +421,30 @@ class Tier:
         self._move(change)
         return change.admitted.numel()
 
-    def admit(self, ids: torch.Tensor, *, same_lookup: bool = False) -> int:
+    def admit(self, ids: torch.Tensor) -> int:
         """After a lookup of `ids` from a file on disk, while the pages it read are in the page cache:
-        admit the rows it missed that beat held ones (EagerAdmission.admit); the rows admitted."""
+        admit the rows it missed (EagerAdmission.admit); the rows admitted."""
         if not isinstance(self.admission, EagerAdmission):
             return 0
-        change = self.admission.admit(ids, same_lookup=same_lookup)
+        change = self.admission.admit(ids)
         self._move(change)
         return change.admitted.numel()
 
-    def observe(
-        self, distinct: torch.Tensor, hit: torch.Tensor, slot: torch.Tensor, inverse: torch.Tensor
-    ) -> torch.Tensor:
+    def observe(self, distinct: torch.Tensor, hit: torch.Tensor, slot: torch.Tensor, inverse: torch.Tensor) -> None:
         """A lookup of a file on disk, made of `distinct` ids (its ids are distinct[inverse]) of which the
-        tier holds `hit` in `slot`: its ids counted (hits, lookups, misses of our rows) and its rows by the
-        admission (EagerAdmission.observe); each distinct id's estimate, for admit_read."""
+        tier holds `hit` in `slot`: its ids counted (hits, lookups, misses of our rows) and its hits marked
+        (EagerAdmission.observe)."""
         assert isinstance(self.admission, EagerAdmission)
         ours = (distinct >= self.shard.row_start) & (distinct < self.shard.row_stop)
         times = torch.bincount(inverse, minlength=distinct.numel())
         self.counts += torch.stack([times[hit].sum(), times.sum(), times[ours & ~hit].sum()])
-        return self.admission.observe(distinct, hit, slot)
+        self.admission.observe(hit, slot)
 
-    def admit_read(self, rows: torch.Tensor, estimate: torch.Tensor) -> int:
-        """Admit rows just read from the file (not held; `estimate` from observe) while their pages are in
-        the page cache (EagerAdmission.take); the rows admitted."""
+    def admit_read(self, rows: torch.Tensor) -> int:
+        """Admit rows just read from the file (not held) while their pages are in the page cache
+        (EagerAdmission.take); the rows admitted."""
         assert isinstance(self.admission, EagerAdmission)
-        change = self.admission.take(rows, estimate)
+        change = self.admission.take(rows)
         self._move(change)
         return change.admitted.numel()
 
@@ -517,7 +473,7 @@ class Tier:
         held += 0 if self.rows.scale is None else self.rows.scale.numel() * self.rows.scale.element_size()
         return TierStats(
             self.name, self.policy, self.capacity, self.admission.used,
-            held + self.admission.nbytes + self._ring.numel() * 16, looked_up, hits, looked_up - hits,
+            held + self.admission.nbytes + self._ring.numel() * 16 + self.scale_bytes, looked_up, hits, looked_up - hits,
             self.refreshes, self.admissions, self.evictions, self.admissions * row_bytes, hits * row_bytes,
             owned_misses * row_bytes,
         )  # fmt: skip

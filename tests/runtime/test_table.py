@@ -24,6 +24,7 @@ from engram.runtime.placement.filemap import in_memory_fs
 from engram.runtime.placement.residency import drop_file_cache
 from engram.runtime.placement.storage import Placement
 from engram.runtime.table import PACKED, ShardFormat, Table, open_table
+from engram.runtime.tier import state_bytes
 from tests.bits import same_bits
 from tests.runtime.reference import DEAD_ID, dequantise
 
@@ -142,7 +143,10 @@ def test_every_placement_format_and_row_range_reads_the_checkpoints_rows(
             ), case  # fmt: skip
             assert (stats.lookups, stats.ids) == (6, 6 * ids.numel()), case
             hot = torch.arange(TABLE_ROWS - 1, -1, -3)  # every third row, from the last: some owned, some not
-            cached = table.keep_hot(10 * (table.shard.format.row_bytes + 16), "cpu", policy="static", hot=hot)
+            eager, scale = table.shard.readahead, table.shard.scale  # a file on disk: a RAM tier, its scales kept
+            scales = scale.numel() * scale.element_size() if eager and scale is not None else 0
+            budget = 10 * table.shard.format.row_bytes + state_bytes(10, TABLE_ROWS, 0, "static", eager) + scales
+            cached = table.keep_hot(budget, "cpu", policy="static", hot=hot)
             tier = table.stats().tier
             assert cached == 10 and tier is not None and tier.rows == 10, case
             assert_equal(lookups(table, ids), want, f"{case}, cached")

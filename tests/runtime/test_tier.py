@@ -14,17 +14,18 @@ import pytest
 import torch
 
 from engram.errors import EngramError
-from engram.memory.mapping import madvise
+from engram.memory.mapping import PAGE, madvise
 from engram.ops import DEAD_ID, gather
 from engram.runtime import table as table_module
 from engram.runtime.cache import EMPTY_KEY
 from engram.runtime.checkpoints.loader import Checkpoint
-from engram.runtime.placement.residency import MADV_DONTNEED, drop_file_cache, resident_bytes
+from engram.runtime.placement.filemap import in_files
+from engram.runtime.placement.residency import MADV_DONTNEED, drop_file_cache, resident_bytes, resident_pages
 from engram.runtime.plan import table_shards
 from engram.runtime.sketch import DEPTH, SATURATED, FrequencySketch
 from engram.runtime.table import PACKED, Table
 from engram.runtime.tables import open_tables
-from engram.runtime.tier import LOOKUP_HALF_LIFE, Admission, EagerAdmission, capacity_for, state_bytes
+from engram.runtime.tier import Admission, EagerAdmission, capacity_for, state_bytes
 from tests.bits import same_bits
 from tests.runtime.shards import random_shard
 from tests.runtime.specs import SMALL
@@ -203,44 +204,70 @@ def check_eager_state(admission: EagerAdmission) -> None:
     assert bool((admission.row_of_slot[admission.used :] == EMPTY_KEY).all())
 
 
-def test_eager_admission_against_its_definition() -> None:
-    """Each lookup counts its distinct rows once; while slots are free every missed row of ours gets
-    one; then a missed row takes a held row's slot only when its estimate beats that row's score, a held
-    row's score being its estimate when last looked up (halved every LOOKUP_HALF_LIFE lookups)."""
-    generator = torch.Generator().manual_seed(6)
-    admission = EagerAdmission(400, (1000, 9000))
-    assert admission.sketch is not None
-    change = admission.admit(torch.tensor([1500, 1500, 1500, 2000, 12, -1, 9000]))  # repeats; others' rows
-    assert sorted(change.admitted.tolist()) == [1500, 2000] and change.evicted == 0
-    assert admission.sketch.estimate(torch.tensor([1500, 2000])).tolist() == [1, 1]  # once per lookup
-    for step in range(3 * LOOKUP_HALF_LIFE):
-        ids = zipf_ids(generator, 10_000, 600, shift=0 if step < LOOKUP_HALF_LIFE else 4321)
+class ScalarClock:
+    """CLOCK written from its definition, one row at a time: a lookup's hits set their slot's bit; each
+    missed row of ours (ascending, at most `capacity` of them) takes the next free slot, else the hand
+    moves on, clearing the set bits it passes, to the first clear one; it passes over the slots this lookup
+    filled. A row comes in clear."""
+
+    def __init__(self, capacity: int, rows: tuple[int, int]) -> None:
+        self.capacity, self.rows = capacity, rows
+        self.row_of_slot: list[int | None] = [None] * capacity
+        self.referenced = [False] * capacity
+        self.hand = 0
+
+    def warm(self, rows: list[int]) -> None:
+        """A profile's rows in the first slots, referenced."""
+        for slot, row in enumerate(rows):
+            self.row_of_slot[slot], self.referenced[slot] = row, True
+
+    def lookup(self, ids: list[int]) -> None:
+        slot_of = {row: slot for slot, row in enumerate(self.row_of_slot) if row is not None}
+        missed = []
+        for row in sorted(set(ids)):
+            if row in slot_of:
+                self.referenced[slot_of[row]] = True
+            elif self.rows[0] <= row < self.rows[1]:
+                missed.append(row)
+        placed = []
+        for row in missed[: self.capacity]:
+            if None in self.row_of_slot:
+                slot = self.row_of_slot.index(None)
+            else:
+                while self.referenced[self.hand] or self.hand in placed:
+                    self.referenced[self.hand] = False
+                    self.hand = (self.hand + 1) % self.capacity
+                slot, self.hand = self.hand, (self.hand + 1) % self.capacity
+            self.row_of_slot[slot] = row
+            self.referenced[slot] = False
+            placed.append(slot)
+
+
+@pytest.mark.parametrize("capacity", [7, 300, 5000])
+def test_eager_admission_is_clock(capacity: int) -> None:
+    """From a warm start that fills a third of it, lookups of Zipfian ids (with others' rows, repeats and
+    a domain switch) leave exactly the slots, bits and hand of CLOCK one row at a time (ScalarClock):
+    the free slots filled and held ones swept in one lookup, small tiers whose sweeps lap them, and a
+    large one swept in windows."""
+    generator = torch.Generator().manual_seed(capacity)
+    admission, oracle = EagerAdmission(capacity, (1000, 19000)), ScalarClock(capacity, (1000, 19000))
+    profile = torch.arange(18999, 18999 - 3 * (capacity // 3), -3)
+    admission.warm(profile)
+    oracle.warm(profile.tolist())
+    evictions = 0
+    for step in range(60):
+        ids = zipf_ids(generator, 20_000, 200 if step % 10 else 3000, shift=0 if step < 30 else 4321)
         held_before = set(admission.held_rows().tolist())
-        score_before = admission.score.clone()
-        free_before = admission.capacity - admission.used
-        distinct = torch.unique(ids)
-        ours = distinct[(distinct >= 1000) & (distinct < 9000)]
         change = admission.admit(ids)
+        oracle.lookup(ids.tolist())
         check_eager_state(admission)
-        halved = (step + 2) % LOOKUP_HALF_LIFE == 0  # the second lookup of the test was the first here
-        estimate = dict(zip(ours.tolist(), admission.sketch.estimate(ours).tolist(), strict=True))
-        missed = [r for r in ours.tolist() if r not in held_before]
-        admitted = change.admitted.tolist()
-        assert set(admitted) <= set(missed) and len(set(change.slots.tolist())) == len(admitted)
-        assert len(admitted) - change.evicted == min(free_before, len(missed))
-        for row, slot in zip(
-            admitted[min(free_before, len(missed)) :],
-            change.slots.tolist()[len(admitted) - change.evicted :],
-            strict=True,
-        ):
-            before = int(score_before[slot]) >> (1 if halved else 0)
-            assert estimate[row] > before  # it beat the row it evicted
+        assert admission.row_of_slot.tolist() == [EMPTY_KEY if r is None else r for r in oracle.row_of_slot], step
+        assert admission.referenced.tolist() == oracle.referenced and admission.hand == oracle.hand, step
         held = set(admission.held_rows().tolist())
-        evicted = held_before - held
-        assert len(evicted) == change.evicted and held == (held_before - evicted) | set(admitted)
-        for row in held & set(ours.tolist()):  # looked up now: score = estimate
-            slot = int(admission.index.find(torch.tensor([row]))[1][0])
-            assert int(admission.score[slot]) == estimate[row]
+        assert set(change.admitted.tolist()) == held - held_before
+        assert change.evicted == len(held_before - held)
+        evictions += change.evicted
+    assert evictions > 0
     static = EagerAdmission(4, (0, 100), policy="static")
     static.warm(torch.tensor([5, 7]))
     assert static.admit(torch.tensor([1, 2, 3])).admitted.numel() == 0 and static.held_rows().tolist() == [5, 7]
@@ -318,6 +345,42 @@ def test_a_ram_tier_reads_only_its_misses_from_the_file(small_checkpoint: Path) 
     assert same_bits(table.lookup(misses), plain.lookup(misses)) and resident_bytes(table.shard.files) > 0
     read = table.stats().disk_bytes_read - read_before  # /proc/self/io, against the pages now resident
     assert abs(read - resident_bytes(table.shard.files)) <= 0.01 * resident_bytes(table.shard.files), read
+    table.release()
+    plain.release()
+
+
+def test_a_ram_tier_keeps_the_block_scales_that_fit_a_quarter_of_it(small_checkpoint: Path) -> None:
+    """Block scales taking more than a quarter of a RAM tier's budget stay the file's; at a quarter they
+    are read into private memory, bit-equal to the file's, counted in the tier's bytes and taken from its
+    rows' budget, and a miss then reads pages of its row's weight alone: rows bit-equal, as stored too."""
+    table, plain, rows = file_tables(small_checkpoint)
+    row_bytes, in_file = table.shard.format.row_bytes, table.shard.scale
+    assert in_file is not None
+    scale_bytes = in_file.numel() * in_file.element_size()
+    small = 4 * scale_bytes - 1
+    assert table.keep_hot(small, "cpu", "ram") == capacity_for(small, row_bytes, rows, eager=True)
+    assert table.shard.scale is in_file and in_files(table.shard, in_file)
+    capacity = table.keep_hot(4 * scale_bytes, "cpu", "ram")
+    assert capacity == capacity_for(3 * scale_bytes, row_bytes, rows, eager=True) > 0
+    private = table.shard.scale
+    assert private is not None and not in_files(table.shard, private)
+    assert torch.equal(private.view(torch.uint8), plain.shard.scale.view(torch.uint8))  # type: ignore[union-attr]
+    tier = table.tier
+    assert tier is not None
+    assert (
+        tier.stats().bytes == capacity * row_bytes + state_bytes(capacity, rows, 0, "online", eager=True) + scale_bytes
+    )
+    for mapping in table.shard.files:  # the file's pages out of the page cache
+        madvise(mapping.addr, mapping.length, MADV_DONTNEED)
+        assert mapping.path is not None and drop_file_cache(mapping.path, file_id=mapping.file_id)
+    generator = torch.Generator().manual_seed(12)
+    for step in range(6):
+        ids = zipf_ids(generator, rows, 2048, shift=0 if step < 3 else 77).view(256, 8)
+        assert same_bits(table.lookup(ids), plain.lookup(ids)), step
+        assert torch.equal(table.lookup(ids, output=PACKED), plain.lookup(ids, output=PACKED)), step
+    assert table.stats().disk_bytes_read > 0 and tier.stats().evictions > 0
+    start = in_file.data_ptr() // PAGE * PAGE
+    assert resident_pages(start, in_file.data_ptr() + scale_bytes - start).count(1) == 0  # no page of scales read
     table.release()
     plain.release()
 

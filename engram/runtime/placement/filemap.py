@@ -33,7 +33,7 @@ import torch
 from engram.errors import EngramError
 from engram.memory.mapping import HUGETLBFS_MAGIC, PAGE, Mapping, madvise, map_readonly_file
 from engram.memory.registration import ATTRIBUTE_READ_ONLY_REGISTER, CudaRuntime, read_only_supported, register
-from engram.ops import cpu
+from engram.ops import GatherCall, cpu
 from engram.runtime.checkpoints.files import open_regular
 from engram.runtime.checkpoints.loader import Checkpoint, SafetensorsFile, expected_parts, table_scale_tensor
 from engram.runtime.placement.residency import RESIDENCY_PROBES, ResidentBudget, page_resident
@@ -47,6 +47,7 @@ _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True
 
 
 MADV_RANDOM = 1
+MADV_WILLNEED = 3
 READAHEAD_GAP = PAGE  # rows at most this far apart are read as one range: one more page costs less than a read
 READAHEAD_MAX_RANGE = 1 << 20  # ranges stay small enough that many are in flight at once
 
@@ -88,7 +89,7 @@ def read_ahead(shard: TableShard, ids: torch.Tensor) -> Asked | None:
         return None
     scratch, ranges, nbytes, asked = torch.empty_like(flat), ctypes.c_int64(), ctypes.c_int64(), Asked(0, 0)
     for part in (shard.weight, shard.scale):
-        if part is not None:
+        if part is not None and in_files(shard, part):
             row_bytes = part.shape[1] * part.element_size()
             status = library.engram_readahead_cpu(
                 part.data_ptr(), part.shape[0], row_bytes, shard.row_start, cpu.ptr(flat), flat.numel(),
@@ -98,6 +99,36 @@ def read_ahead(shard: TableShard, ids: torch.Tensor) -> Asked | None:
             cpu.check(status, "engram_readahead_cpu")
             asked = Asked(asked.ranges + ranges.value, asked.bytes + nbytes.value)
     return asked
+
+
+def in_files(shard: TableShard, part: torch.Tensor) -> bool:
+    """Whether `part` of a shard is a view of one of its files (not a private copy: private_scales)."""
+    return any(m.addr <= part.data_ptr() < m.addr + m.length for m in shard.files)
+
+
+SCALE_CHUNK_ROWS = 1 << 20  # scale rows copied at a time: 8 MB of ids and scales in flight
+
+
+def private_scales(shard: TableShard) -> int:
+    """Read a file-backed shard's block scales into private memory, once, and serve them from there: a miss
+    of its RAM tier then reads one page, its row's, where it read a page of scales too (512 rows share
+    one). They are 1/33 of an fp8 table. The bytes they take (0 without block scales)."""
+    part = shard.scale
+    if part is None:
+        return 0
+    if in_files(shard, part):
+        raw = part.view(torch.uint8)
+        copy = torch.empty_like(raw)
+        madvise(
+            raw.data_ptr() // PAGE * PAGE, raw.data_ptr() % PAGE + raw.numel(), MADV_WILLNEED
+        )  # one sequential read
+        with files_named_on_fault(shard):
+            for start in range(shard.row_start, shard.row_stop, SCALE_CHUNK_ROWS):
+                rows = torch.arange(start, min(shard.row_stop, start + SCALE_CHUNK_ROWS))
+                got = GatherCall(raw, None, rows, shard.row_start, shard.row_stop, torch.uint8).run()
+                copy[start - shard.row_start : start - shard.row_start + rows.numel()] = got
+        shard.scale = copy.view(part.dtype)
+    return part.numel() * part.element_size()
 
 
 def check_files(shard: TableShard) -> None:
