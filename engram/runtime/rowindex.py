@@ -122,13 +122,15 @@ class RowIndex:
     def _rebuild(self, rows: torch.Tensor | None = None, slots: torch.Tensor | None = None) -> None:
         """One sorted array of every row held (and `rows` in `slots`), the small one emptied."""
         live = self.slots[: self.filled] != FREE
-        parts_rows = [self.rows[: self.filled][live], self.added[: self.count]]
-        parts_slots = [self.slots[: self.filled][live], self.added_slots[: self.count]]
+        all_rows, all_slots = merge(
+            self.rows[: self.filled][live],
+            self.slots[: self.filled][live],
+            self.added[: self.count],
+            self.added_slots[: self.count],
+        )
         if rows is not None and slots is not None:
-            parts_rows.append(rows)
-            parts_slots.append(slots)
-        all_rows, order = torch.sort(torch.cat(parts_rows))
-        all_slots = torch.cat(parts_slots)[order]
+            order = torch.argsort(rows)
+            all_rows, all_slots = merge(all_rows, all_slots, rows[order], slots[order])
         self.filled = all_rows.numel()
         self.rows[: self.filled], self.slots[: self.filled] = all_rows, all_slots
         self.rows[self.filled :], self.slots[self.filled :] = EMPTY, FREE
