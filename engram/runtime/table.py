@@ -441,7 +441,7 @@ class Table:
     ) -> int:
         """Keep this shard's hottest rows in `device` memory (a tier: the "device" one over a host table,
         the "ram" one over a file-backed table), as many as `budget_bytes` hold with the tier's own ids,
-        ring and sketch (capacity_for), and for a RAM tier the block scales it may keep (_private_scales);
+        ring and sketch (capacity_for), and for a RAM tier the block scales it may keep (_scales_kept);
         the rows it can hold.
         `hot`: a profile's rows (most frequent first), its warm start, and `hot_counts` their counts (the
         estimate's start: Admission.warm); with policy "static" the only rows it holds. `tuning`: Tier's window_ids and half_life. Call it once the rows are loaded."""
@@ -457,7 +457,7 @@ class Table:
         if policy == "static" and hot is None:
             raise EngramError(f"{self.name}: a static tier keeps a profile's rows; give it one (engram profile --out)")
         window = tuning.get("window_ids", WINDOW_IDS)
-        scales = self._private_scales(budget_bytes)
+        scales = self._scales_kept(budget_bytes)
         capacity = capacity_for(
             budget_bytes - scales,
             self.shard.format.row_bytes,
@@ -469,6 +469,9 @@ class Table:
         if capacity == 0:
             self.tier = None
             return 0
+        if scales:
+            with self._disk_reads():
+                private_scales(self.shard)
         tier = Tier(self.shard, capacity, device, name, policy=policy, scale_bytes=scales, **tuning)
         if hot is not None:
             with self._disk_reads():
@@ -478,17 +481,15 @@ class Table:
         self.tier = tier
         return capacity
 
-    def _private_scales(self, budget_bytes: int) -> int:
-        """The bytes of a RAM tier's budget its shard's block scales take in private memory: read there
-        (private_scales) when they take at most 1/SCALES_SHARE of it, so that most of it holds rows, or
-        when they already are."""
+    def _scales_kept(self, budget_bytes: int) -> int:
+        """The bytes of a RAM tier's budget its shard's block scales take in private memory
+        (private_scales): kept there when they take at most 1/SCALES_SHARE of it, so that most of it
+        holds rows, or when they already are."""
         scale = self.shard.scale
         if not self.shard.readahead or scale is None:
             return 0
-        if in_files(self.shard, scale) and scale.numel() * scale.element_size() * SCALES_SHARE > budget_bytes:
-            return 0
-        with self._disk_reads():
-            return private_scales(self.shard)
+        size = scale.numel() * scale.element_size()
+        return 0 if in_files(self.shard, scale) and size * SCALES_SHARE > budget_bytes else size
 
     def refresh(self) -> int:
         """Refresh the tier from the ids served since the last refresh (Tier.refresh); the rows admitted.
