@@ -401,7 +401,7 @@ class Tier:
 
     def warm(self, hot: torch.Tensor, counts: torch.Tensor | None = None) -> int:
         """Start from a profile's hot rows (most frequent first) and their counts; the rows held."""
-        self._move(self.admission.warm(hot, counts))
+        self._move(self.admission.warm(hot, counts), cold=True)
         return self.admission.used
 
     def refresh(self) -> int:
@@ -448,13 +448,14 @@ class Tier:
         self._move(change)
         return change.admitted.numel()
 
-    def _move(self, change: Change) -> None:
-        """Copy the admitted rows into their slots."""
+    def _move(self, change: Change, *, cold: bool = False) -> None:
+        """Copy the admitted rows into their slots; `cold`: their pages may be out of the page cache (a
+        warm start's, where an admission after a lookup copies rows the lookup just read)."""
         self.admissions += change.admitted.numel()
         self.evictions += change.evicted
         if not change.admitted.numel():
             return
-        if self.shard.readahead:  # a file on disk: any page out (a warm start) asked for at once, sorted and coalesced
+        if cold and self.shard.readahead:  # a file on disk: its pages asked for at once, sorted and coalesced
             read_ahead(self.shard, change.admitted)
         with files_named_on_fault(self.shard):
             for part, mine in ((self.shard.weight, self.rows.weight), (self.shard.scale, self.rows.scale)):

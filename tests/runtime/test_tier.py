@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engram.errors import EngramError
 from engram.memory.mapping import PAGE, madvise
@@ -271,6 +273,28 @@ def test_eager_admission_is_clock(capacity: int) -> None:
     static = EagerAdmission(4, (0, 100), policy="static")
     static.warm(torch.tensor([5, 7]))
     assert static.admit(torch.tensor([1, 2, 3])).admitted.numel() == 0 and static.held_rows().tolist() == [5, 7]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.integers(1, 40),
+    st.lists(st.integers(0, 120), max_size=40),
+    st.lists(st.lists(st.integers(-5, 130), max_size=90), min_size=1, max_size=12),
+)
+def test_eager_admission_is_clock_for_any_lookups(capacity: int, profile: list[int], lookups: list[list[int]]) -> None:
+    """Any capacity, warm start (a profile of rows, some not ours, some past the capacity) and lookups
+    (repeats, rows not ours, more misses than slots) leave the slots, bits and hand of ScalarClock."""
+    rows = (10, 110)
+    admission, oracle = EagerAdmission(capacity, rows), ScalarClock(capacity, rows)
+    hot = torch.tensor(list(dict.fromkeys(profile)), dtype=torch.int64)
+    admission.warm(hot)
+    oracle.warm([r for r in hot.tolist() if rows[0] <= r < rows[1]][:capacity])
+    for ids in lookups:
+        admission.admit(torch.tensor(ids, dtype=torch.int64))
+        oracle.lookup(ids)
+        check_eager_state(admission)
+        assert admission.row_of_slot.tolist() == [EMPTY_KEY if r is None else r for r in oracle.row_of_slot]
+        assert admission.referenced.tolist() == oracle.referenced and admission.hand == oracle.hand
 
 
 @pytest.mark.parametrize("output", ["bf16", "packed", "out"])
