@@ -122,15 +122,13 @@ class RowIndex:
     def _rebuild(self, rows: torch.Tensor | None = None, slots: torch.Tensor | None = None) -> None:
         """One sorted array of every row held (and `rows` in `slots`), the small one emptied."""
         live = self.slots[: self.filled] != FREE
-        all_rows, all_slots = merge(
-            self.rows[: self.filled][live],
-            self.slots[: self.filled][live],
-            self.added[: self.count],
-            self.added_slots[: self.count],
-        )
+        parts_rows = [self.rows[: self.filled][live], self.added[: self.count]]
+        parts_slots = [self.slots[: self.filled][live], self.added_slots[: self.count]]
         if rows is not None and slots is not None:
-            order = torch.argsort(rows)
-            all_rows, all_slots = merge(all_rows, all_slots, rows[order], slots[order])
+            parts_rows.append(rows)
+            parts_slots.append(slots)
+        all_rows, order = torch.sort(torch.cat(parts_rows))  # fewer transients than merging: the limit is tight
+        all_slots = torch.cat(parts_slots)[order]
         self.filled = all_rows.numel()
         self.rows[: self.filled], self.slots[: self.filled] = all_rows, all_slots
         self.rows[self.filled :], self.slots[self.filled :] = EMPTY, FREE

@@ -30,7 +30,7 @@ from engram.memory.outputs import empty_cpu
 from engram.memory.registration import CudaRuntime
 from engram.ops import GatherCall, use_sorted
 from engram.ops.devices import ensure_kernels
-from engram.runtime.cache import HIT_CHUNK, HotRows, Profile, cached_gather, read_profile
+from engram.runtime.cache import HotRows, Profile, cached_gather, read_profile
 from engram.runtime.checkpoints.loader import Checkpoint, shard_weight_loader, table_scale_loader
 from engram.runtime.dist import Group, timeout_s
 from engram.runtime.node_tables import node_shard
@@ -320,8 +320,8 @@ class Table:
             hit, slot = tier.rows.locate(distinct)
             tier.observe(distinct, hit, slot, inverse)
             held = hit.nonzero().squeeze(1)
-            for start in range(0, held.numel(), HIT_CHUNK):  # before any admission below moves a slot
-                at = held[start : start + HIT_CHUNK]
+            for start in range(0, held.numel(), READ_BATCH_ROWS):  # before any admission below moves a slot
+                at = held[start : start + READ_BATCH_ROWS]
                 spread.put(at, self._gather(slot[at], kind, from_tier=True))
             reads = reads[~hit]
         for start in range(0, reads.numel(), READ_BATCH_ROWS):
