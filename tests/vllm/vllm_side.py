@@ -889,10 +889,12 @@ def plugin_shared_case(case: dict) -> dict:
 KINDS["plugin_shared"] = plugin_shared_case
 
 
-def node_engine(case: dict, results: Any, go: Any) -> None:
+def node_engine(case: dict, results: Any, go: Any, done: Any) -> None:
     """One of two separately started vLLM module builds (no torch.distributed group between them) of
     DeepSeek tables with engram's node_sharing: its tables' rows, where each came from (loaded here or
-    attached) and, once told that every engine has built, the PSS of each table's mapping."""
+    attached) and, once told that every engine has built, the PSS of each table's mapping; it keeps its
+    tables until told that every engine has measured (one that exits first would double the other's
+    PSS)."""
     import vllm.models.deepseek_v41.common.engram as engram
     from safetensors.torch import load_file
     from vllm.plugins import DEFAULT_PLUGINS_GROUP, load_plugins_by_group
@@ -929,6 +931,7 @@ def node_engine(case: dict, results: Any, go: Any) -> None:
         results.put((os.getpid(), out))
         go.wait(300)
         results.put((os.getpid(), [pss(m.addr, m.length) for _, m in mappings]))
+        done.wait(300)
     except Exception as exc:  # the message is the answer
         results.put((os.getpid(), f"{type(exc).__name__}: {exc}"))
 
@@ -940,16 +943,17 @@ def plugin_node_shared_case(case: dict) -> dict:
     import multiprocessing
 
     context = multiprocessing.get_context("spawn")
-    results, go = context.Queue(), context.Event()
+    results, go, done = context.Queue(), context.Event(), context.Event()
     workers = []
     built = {}
     for _ in range(2):
-        workers.append(context.Process(target=node_engine, args=(case, results, go)))
+        workers.append(context.Process(target=node_engine, args=(case, results, go, done)))
         workers[-1].start()
         pid, answer = results.get(timeout=300)
         built[pid] = answer
     go.set()
     measured = dict(results.get(timeout=300) for _ in workers if all(not isinstance(a, str) for a in built.values()))
+    done.set()
     for worker in workers:
         worker.join(timeout=120)
     memfds = []
