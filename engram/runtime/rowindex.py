@@ -15,6 +15,7 @@ from engram.errors import EngramError
 EMPTY = torch.iinfo(torch.int64).max  # an unused entry's row: above every row id, never looked up
 FREE = -1  # the slot of a removed row, whose entry stays until the next rebuild
 MIN_SPARE = 1024
+REBUILD_CHUNK = 1 << 16  # entries a rebuild moves at a time: 2 MB of temporaries
 
 
 def spare_for(capacity: int) -> int:
@@ -120,17 +121,32 @@ class RowIndex:
         self.added[self.count :], self.added_slots[self.count :] = EMPTY, FREE
 
     def _rebuild(self, rows: torch.Tensor | None = None, slots: torch.Tensor | None = None) -> None:
-        """One sorted array of every row held (and `rows` in `slots`), the small one emptied."""
-        live = self.slots[: self.filled] != FREE
-        parts_rows = [self.rows[: self.filled][live], self.added[: self.count]]
-        parts_slots = [self.slots[: self.filled][live], self.added_slots[: self.count]]
+        """One sorted array of every row held (and `rows` in `slots`), the small one emptied. In place and
+        REBUILD_CHUNK entries at a time, so that its temporaries stay a few MB (and the small array's, and
+        `rows`') whatever the capacity: the FREE entries squeezed out front to back, then the added rows
+        merged in back to front (every entry moves right, past those still to move)."""
+        kept = 0
+        for start in range(0, self.filled, REBUILD_CHUNK):  # a write never passes the next read
+            stop = min(self.filled, start + REBUILD_CHUNK)
+            live = self.slots[start:stop] != FREE
+            chunk_rows, chunk_slots = self.rows[start:stop][live], self.slots[start:stop][live]
+            self.rows[kept : kept + chunk_rows.numel()], self.slots[kept : kept + chunk_rows.numel()] = (
+                chunk_rows,
+                chunk_slots,
+            )
+            kept += chunk_rows.numel()
+        added, added_slots = self.added[: self.count].clone(), self.added_slots[: self.count].clone()
         if rows is not None and slots is not None:
-            parts_rows.append(rows)
-            parts_slots.append(slots)
-        all_rows, order = torch.sort(torch.cat(parts_rows))  # fewer transients than merging: the limit is tight
-        all_slots = torch.cat(parts_slots)[order]
-        self.filled = all_rows.numel()
-        self.rows[: self.filled], self.slots[: self.filled] = all_rows, all_slots
+            order = torch.argsort(rows)
+            added, added_slots = merge(added, added_slots, rows[order], slots[order])
+        at_added = torch.searchsorted(self.rows[:kept], added) + torch.arange(added.numel())
+        for stop in range(kept, 0, -REBUILD_CHUNK):
+            start = max(0, stop - REBUILD_CHUNK)
+            chunk_rows, chunk_slots = self.rows[start:stop].clone(), self.slots[start:stop].clone()
+            at = torch.arange(start, stop) + torch.searchsorted(added, chunk_rows)
+            self.rows[at], self.slots[at] = chunk_rows, chunk_slots
+        self.rows[at_added], self.slots[at_added] = added, added_slots
+        self.filled = kept + added.numel()
         self.rows[self.filled :], self.slots[self.filled :] = EMPTY, FREE
         self.removed = 0
         self._set_added(self.added[:0], self.added_slots[:0])
