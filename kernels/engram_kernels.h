@@ -58,6 +58,28 @@ int engram_readahead_cpu(const uint8_t* base, int64_t shard_rows, int64_t row_by
                          const int64_t* ids, int64_t n, int64_t gap_bytes, int64_t max_range_bytes, int64_t* scratch,
                          int64_t scratch_n, int64_t* ranges, int64_t* bytes);
 
+/* The RAM tier's index (tier_cpu.c): which rows of a shard of shard_rows (global ids from row_start) it
+ * holds, in which of its `capacity` slots. table: int64 [buckets], buckets > capacity (so a probe always
+ * ends at an empty bucket), each entry (local row << 32 | slot) or -1; shard_rows and capacity are at most
+ * 2^31. A table that breaks these rules (a slot past capacity, no empty bucket) returns ENGRAM_ERR_ARGUMENT.
+ * find: slots[i] the slot of ids[i], -1 where not held (ids outside the shard, DEAD_ID among them).
+ * insert: rows (each in the shard, else ENGRAM_ERR_RANGE, and not held) into slots [n] in [0, capacity).
+ * remove: rows, each held. Both check every row and slot before writing; a row found held by insert or
+ * missing for remove is ENGRAM_ERR_ARGUMENT. */
+int engram_tier_find(const int64_t* table, int64_t buckets, int64_t row_start, int64_t shard_rows, int64_t capacity,
+                     const int64_t* ids, int64_t n, int64_t* slots);
+int engram_tier_insert(int64_t* table, int64_t buckets, int64_t row_start, int64_t shard_rows, int64_t capacity,
+                       const int64_t* rows, const int64_t* slots, int64_t n);
+int engram_tier_remove(int64_t* table, int64_t buckets, int64_t row_start, int64_t shard_rows, int64_t capacity,
+                       const int64_t* rows, int64_t n);
+
+/* CLOCK's choice of `count` slots to reuse into victims [count], in the order the hand reaches them, from
+ * *hand (left past the last one taken). referenced: uint8 [capacity], a slot's state: a clear one is
+ * taken (and pinned), a set one cleared and passed, a pinned one (a row the lookup in progress reads, or
+ * one it just admitted) passed as it is. Fewer than `count` slots not pinned is ENGRAM_ERR_ARGUMENT. */
+enum engram_clock_state { ENGRAM_CLOCK_CLEAR = 0, ENGRAM_CLOCK_SET = 1, ENGRAM_CLOCK_PINNED = 2 };
+int engram_clock_sweep(uint8_t* referenced, int64_t capacity, int64_t* hand, int64_t count, int64_t* victims);
+
 /* ---- CUDA (the .cu files). `stream` is a cudaStream_t; nothing here allocates or synchronises, so the
  * calls can be captured in CUDA graphs. A launch failure returns ENGRAM_ERR_CUDA; the CUDA error code is
  * then engram_cuda_last_error(). */

@@ -39,6 +39,12 @@ SIGNATURES: dict[str, list[type]] = {
         _VP, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, _I64P, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
         _I64P, ctypes.c_int64, _I64P, _I64P,
     ],
+    "engram_tier_find": [_I64P, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, _I64P, ctypes.c_int64, _I64P],
+    "engram_tier_insert": [
+        _I64P, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, _I64P, _I64P, ctypes.c_int64,
+    ],
+    "engram_tier_remove": [_I64P, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, _I64P, ctypes.c_int64],
+    "engram_clock_sweep": [_VP, ctypes.c_int64, _I64P, ctypes.c_int64, _I64P],
     "engram_gather_cpu": [
         _VP, _VP, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
         _I64P, _I64P, _I64P, ctypes.c_int64, _VP, ctypes.c_int, ctypes.c_int, ctypes.c_float, _I64P, ctypes.c_int,

@@ -100,6 +100,19 @@ def find(ids: torch.Tensor, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return position, ids[position] == flat
 
 
+def merge(
+    rows: torch.Tensor, slots: torch.Tensor, more: torch.Tensor, more_slots: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two ascending arrays of distinct rows (and their slots) as one: merged by where each falls in the
+    other, not sorted again (a few rows join many)."""
+    at = torch.searchsorted(more, rows) + torch.arange(rows.numel(), device=rows.device)
+    at_more = torch.searchsorted(rows, more) + torch.arange(more.numel(), device=rows.device)
+    merged, merged_slots = rows.new_empty(rows.numel() + more.numel()), slots.new_empty(rows.numel() + more.numel())
+    merged[at], merged[at_more] = rows, more
+    merged_slots[at], merged_slots[at_more] = slots, more_slots
+    return merged, merged_slots
+
+
 HIT_CHUNK = 16384  # hits copied over the misses this many at a time: a few MB of transient rows, not a prefill's
 # What a tier's lookups add up, on the tier's device: hits, ids looked up, misses of rows the shard owns.
 COUNTS = 3

@@ -29,6 +29,7 @@ from engram.errors import EngramError
 from engram.memory.outputs import empty_cpu
 from engram.memory.registration import CudaRuntime
 from engram.ops import GatherCall, use_sorted
+from engram.ops.checks import check_ids
 from engram.ops.devices import ensure_kernels
 from engram.runtime.cache import HotRows, Profile, cached_gather, read_profile
 from engram.runtime.checkpoints.loader import Checkpoint, shard_weight_loader, table_scale_loader
@@ -37,6 +38,7 @@ from engram.runtime.node_tables import node_shard
 from engram.runtime.placement.filemap import file_shard, in_files, private_scales, read_ahead, reading, watch_files
 from engram.runtime.placement.residency import ResidentBudget, storage_read_bytes
 from engram.runtime.placement.storage import Placement, ShardFormat, TableShard, allocate, placement_for
+from engram.runtime.rowindex import FREE
 from engram.runtime.tier import POLICIES, WINDOW_IDS, Tier, TierName, TierStats, capacity_for
 
 __all__ = [
@@ -278,9 +280,11 @@ class Table:
             self.tier.record(ids)
         if not self.shard.files:
             return self._lookup(ids, out, kind, check)
-        eager = self.tier is not None and self.tier.eager
-        if self.shard.readahead and not ids.is_cuda and check is None and (eager or ids.numel() > BATCHED_IDS):
-            return self._read_in_batches(ids, out, kind)
+        if self.shard.readahead and not ids.is_cuda and check is None:
+            if self.tier is not None and self.tier.eager:
+                return self._read_through_tier(ids, out, kind)
+            if ids.numel() > BATCHED_IDS:
+                return self._read_in_batches(ids, out, kind)
         return self._read(ids, out, kind, check)
 
     def _read(
@@ -303,34 +307,53 @@ class Table:
             return rows
 
     def _read_in_batches(self, ids: torch.Tensor, out: torch.Tensor | None, kind: Output) -> torch.Tensor:
-        """A lookup of a file on disk from host ids: each distinct row read once, the tier's from its slots,
-        the others READ_BATCH_ROWS at a time in address order (their pages asked for, gathered, and
-        admitted to the tier while resident), each batch's rows written straight to every id that asked
-        for them. Batches, because a prefill chunk's pages can be more than the memory left for the page
-        cache: asked for all at once, they push each other out before the gather reaches them, and are
-        read twice."""
+        """A lookup of a file on disk from host ids: each distinct row read once, READ_BATCH_ROWS at a time
+        in address order (their pages asked for, then gathered), each batch's rows written straight to
+        every id that asked for them. Batches, because a prefill chunk's pages can be more than the memory
+        left for the page cache: asked for all at once, they push each other out before the gather reaches
+        them, and are read twice."""
+        distinct, inverse = torch.unique(ids.reshape(-1), return_inverse=True)
+        spread = Spread(inverse, distinct.numel(), out)
+        for start in range(0, distinct.numel(), READ_BATCH_ROWS):
+            at = torch.arange(start, min(start + READ_BATCH_ROWS, distinct.numel()))
+            with self._disk_reads(), reading(self.shard, distinct[at], self.budget):
+                spread.put(at, self._gather(distinct[at], kind))
+        return spread.result(ids.shape, out)
+
+    def _read_through_tier(self, ids: torch.Tensor, out: torch.Tensor | None, kind: Output) -> torch.Tensor:
+        """A lookup of a file on disk from host ids through its RAM tier: the distinct rows it does not
+        hold read READ_BATCH_ROWS at a time in address order (as _read_in_batches) and admitted while
+        their pages are resident, then every id's row gathered from the tier at once. Its hits and the
+        rows it admits are pinned until then (Tier.serving); a row it could not admit (a static tier, or
+        one whose slots this lookup pins all of) is gathered from the file with its batch and written
+        over its ids last."""
+        tier = self.tier
+        assert tier is not None
         flat = ids.reshape(-1)
         if not flat.numel():
             return self._read(ids, out, kind, None)
         distinct, inverse = torch.unique(flat, return_inverse=True)
-        spread = Spread(inverse, distinct.numel(), out)
-        tier = self.tier
-        reads = torch.arange(distinct.numel())
-        if tier is not None:
-            hit, slot = tier.rows.locate(distinct)
-            tier.observe(distinct, hit, slot, inverse)
-            held = hit.nonzero().squeeze(1)
-            for start in range(0, held.numel(), READ_BATCH_ROWS):  # before any admission below moves a slot
-                at = held[start : start + READ_BATCH_ROWS]
-                spread.put(at, self._gather(slot[at], kind, from_tier=True))
-            reads = reads[~hit]
-        for start in range(0, reads.numel(), READ_BATCH_ROWS):
-            at = reads[start : start + READ_BATCH_ROWS]
-            with self._disk_reads(), reading(self.shard, distinct[at], self.budget):
-                spread.put(at, self._gather(distinct[at], kind))
-                if tier is not None:
-                    tier.admit_read(distinct[at])
-        return spread.result(ids.shape, out)
+        check_ids(distinct[[0, -1]], self.table_rows)  # as the file's gather would: the tier's reads no id
+        direct: list[tuple[torch.Tensor, torch.Tensor]] = []  # (distinct positions, their rows) not admitted
+        with tier.serving(distinct, inverse) as slot:
+            misses = ((slot == FREE) & (distinct >= self.row_start) & (distinct < self.shard.row_stop)).nonzero()
+            misses = misses.squeeze(1)  # others' rows and DEAD_ID keep FREE, a DEAD_ID slot: zeros
+            for start in range(0, misses.numel(), READ_BATCH_ROWS):
+                at = misses[start : start + READ_BATCH_ROWS]
+                with self._disk_reads(), reading(self.shard, distinct[at], self.budget):
+                    admitted = tier.admit_read(distinct[at])
+                    slot[at[: admitted.numel()]] = admitted
+                    if admitted.numel() < at.numel():
+                        left = at[admitted.numel() :]
+                        direct.append((left, self._gather(distinct[left], kind)))
+            rows = self._gather(slot[inverse].view(ids.shape), kind, from_tier=True)
+        if direct:
+            at = torch.cat([d[0] for d in direct])
+            place = torch.full((distinct.numel(),), FREE, dtype=torch.int64)
+            place[at] = torch.arange(at.numel())
+            where = (place[inverse] != FREE).nonzero().squeeze(1)
+            rows.view(flat.numel(), -1)[where] = torch.cat([d[1] for d in direct])[place[inverse[where]]]
+        return rows if out is None else out.copy_(rows)
 
     def _gather(self, ids: torch.Tensor, kind: Output, *, from_tier: bool = False) -> torch.Tensor:
         """Rows of `ids` in `kind` read from the table alone, or (`from_tier`) the tier's rows in slots `ids`."""

@@ -31,16 +31,20 @@ bound is 71.6%."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
 from engram.errors import EngramError
-from engram.runtime.cache import COUNTS, EMPTY_KEY, HotRows, find, stored_rows
+from engram.ops import cpu
+from engram.runtime.cache import COUNTS, EMPTY_KEY, HotRows, find, merge, stored_rows
 from engram.runtime.placement.filemap import files_named_on_fault, read_ahead
 from engram.runtime.placement.storage import TableShard
-from engram.runtime.rowindex import RowIndex, merge, spare_for
+from engram.runtime.rowindex import RowIndex, buckets_for, native
 from engram.runtime.sketch import DEPTH, FrequencySketch, sketch_width
 
 Policy = Literal["online", "static"]
@@ -60,10 +64,10 @@ def width_for(capacity: int, window_ids: int, table_rows: int) -> int:
 
 def state_bytes(rows: int, table_rows: int, window_ids: int, policy: Policy, eager: bool) -> int:
     """Bytes of a tier's own state besides its rows: for a tier that admits after every lookup
-    (EagerAdmission) the index with its spare room and each slot's row and referenced bit; else the ids
-    and slots of the rows it holds, and online the ring of a window's ids and the sketch."""
+    (EagerAdmission) the index's hash table and each slot's row and referenced bit; else the ids and slots
+    of the rows it holds, and online the ring of a window's ids and the sketch."""
     if eager:
-        return rows * (16 + 9) + spare_for(rows) * 16
+        return buckets_for(rows) * 8 + rows * 9
     if policy != "online":
         return rows * 16
     return rows * 16 + window_ids * 16 + DEPTH * 4 * width_for(rows, window_ids, table_rows)
@@ -197,17 +201,26 @@ class Admission:
         return self.keys[: self.used]
 
 
+# A RAM tier slot's state (engram_clock_sweep): its bit clear or set, or pinned while a lookup reads it.
+CLEAR, SET, PINNED = 0, 1, 2
+
+
 class EagerAdmission:
     """Which rows of [row_start, row_stop) a RAM tier of `capacity` rows holds, changed after every lookup
     by CLOCK (module docstring): `index` maps the rows held to their slots, `row_of_slot` says what each
-    slot holds and `referenced` whether its row was looked up since the hand last passed it. Host memory."""
+    slot holds and `referenced` whether its row was looked up since the hand last passed it. A lookup
+    pins the rows it hits (begin) and those it admits (take) until it ends (end): the hand passes them,
+    so none is evicted before the lookup has read it. Host memory."""
 
     def __init__(self, capacity: int, rows: tuple[int, int], *, policy: Policy = "online") -> None:
         self.capacity, self.rows, self.policy = capacity, rows, policy
-        self.index = RowIndex(capacity)
+        self.index = RowIndex(capacity, rows)
         self.row_of_slot = torch.full((capacity,), EMPTY_KEY, dtype=torch.int64)
-        self.referenced = torch.zeros(capacity, dtype=torch.bool)
+        self.referenced = torch.zeros(capacity, dtype=torch.uint8)  # CLEAR or SET; PINNED during a lookup
         self.hand = 0  # the next slot the sweep looks at
+        self._hits: list[torch.Tensor] | None = None  # the slots pinned by the lookup in progress, if one is
+        self._admitted: list[torch.Tensor] = []
+        self._pinned = 0
 
     @property
     def used(self) -> int:
@@ -225,7 +238,7 @@ class EagerAdmission:
 
     def held_rows(self) -> torch.Tensor:
         """The rows held, ascending."""
-        return self.index.held_rows()
+        return torch.sort(self.row_of_slot[: self.used]).values
 
     def warm(self, hot: torch.Tensor, counts: torch.Tensor | None = None) -> Change:
         """Hold the first rows of `hot` that are ours, as many as fit (Admission.warm), each referenced: a
@@ -238,58 +251,65 @@ class EagerAdmission:
         self.index.add(owned, slots)
         self.row_of_slot.fill_(EMPTY_KEY)
         self.row_of_slot[slots] = owned
-        self.referenced.zero_()
-        self.referenced[slots] = True
+        self.referenced.fill_(CLEAR)
+        self.referenced[slots] = SET
         self.hand = 0
         return Change(owned, slots, evicted)
 
     def admit(self, ids: torch.Tensor) -> Change:
-        """A lookup of `ids`: its hits marked referenced, and the rows it missed admitted (observe, then
-        take)."""
+        """A whole lookup of `ids` at once: its hits marked referenced, and the rows it missed admitted
+        (begin, take, end)."""
         flat = torch.unique(ids.reshape(-1).to(device="cpu", dtype=torch.int64))  # a GPU engine's ids: the tier is RAM
         hit, slot = self.index.find(flat)
-        self.observe(hit, slot)
-        return self.take(flat[~hit])
+        self.begin(hit, slot)
+        try:
+            return self.take(flat[~hit])
+        finally:
+            self.end()
 
-    def observe(self, hit: torch.Tensor, slot: torch.Tensor) -> None:
-        """Mark the rows a lookup hit (`hit` and `slot`, index.find's) referenced."""
-        self.referenced[slot[hit]] = True
+    def begin(self, hit: torch.Tensor, slot: torch.Tensor) -> None:
+        """A lookup starts, which hits the rows `hit` in `slot` (index.find's, for distinct ids): they are
+        pinned until it ends."""
+        if self._hits is not None:
+            raise EngramError("internal: a RAM tier's lookup began before the last one ended")
+        self._hits = [slot[hit]]
+        self.referenced[self._hits[0]] = PINNED
+        self._pinned = self._hits[0].numel()
 
     def take(self, rows: torch.Tensor) -> Change:
-        """Admit rows a lookup missed (not held, distinct): into free slots while there are any, then into
-        the slots the hand sweeps to (_sweep), at most `capacity` of them a call. Rows not ours, and any
-        row of a static tier, are left out. A row comes in unreferenced: it stays only if asked for again
-        before the hand comes round."""
+        """Admit rows the lookup in progress missed (not held, distinct, ascending): into free slots while
+        there are any, then into the slots the hand sweeps to (engram_clock_sweep), as many as the slots
+        not pinned. Rows not ours, and any row of a static tier, are left out. A row comes in pinned, and
+        unreferenced once the lookup ends: it stays only if asked for again before the hand comes round."""
+        if self._hits is None:
+            raise EngramError("internal: a RAM tier admits rows inside a lookup (begin, take, end)")
         if self.policy == "static":
             return Change(rows[:0], rows[:0], 0)
-        new = rows[(rows >= self.rows[0]) & (rows < self.rows[1])][: self.capacity]
+        new = rows[(rows >= self.rows[0]) & (rows < self.rows[1])][: self.capacity - self._pinned]
         take = min(self.capacity - self.used, new.numel())
         free = torch.arange(self.used, self.used + take)
-        victims = self._sweep(new.numel() - take, free)
+        self.referenced[free] = PINNED
+        victims = torch.empty(new.numel() - take, dtype=torch.int64)
+        hand = ctypes.c_int64(self.hand)
+        status = native().engram_clock_sweep(
+            self.referenced.data_ptr(), self.capacity, ctypes.byref(hand), victims.numel(), cpu.ptr(victims)
+        )
+        cpu.check(status, "the RAM tier's sweep")
+        self.hand = hand.value
         self.index.remove(self.row_of_slot[victims])
         slots = torch.cat([free, victims])
         self.index.add(new, slots)
         self.row_of_slot[slots] = new
-        self.referenced[slots] = False
+        self._admitted.append(slots)
+        self._pinned += slots.numel()
         return Change(new, slots, victims.numel())
 
-    def _sweep(self, count: int, placed: torch.Tensor) -> torch.Tensor:
-        """`count` slots to reuse, none of them `placed` (slots this call filled) and each once: the hand
-        moves on from where it stopped, clearing the referenced bits it passes and taking the slots whose
-        bit is clear, as CLOCK does one slot at a time. Once it has gone round, every bit is clear, so it
-        never goes round twice (count + placed is at most the capacity)."""
-        taken = [placed]
-        while count:
-            window = (self.hand + torch.arange(min(self.capacity, max(4 * count, 4096)))) % self.capacity
-            usable = (~self.referenced[window] & ~torch.isin(window, torch.cat(taken))).nonzero().squeeze(1)
-            if usable.numel() >= count:
-                window = window[: int(usable[count - 1]) + 1]  # the hand stops after the last slot taken
-                usable = usable[:count]
-            self.referenced[window] = False
-            taken.append(window[usable])
-            self.hand = (self.hand + window.numel()) % self.capacity
-            count -= usable.numel()
-        return torch.cat(taken[1:]) if len(taken) > 1 else placed[:0]
+    def end(self) -> None:
+        """The lookup in progress has read its rows: those it hit are referenced, those it admitted not."""
+        for slots, state in ((self._hits or [], SET), (self._admitted, CLEAR)):
+            for part in slots:
+                self.referenced[part] = state
+        self._hits, self._admitted, self._pinned = None, [], 0
 
 
 def owned_rows(
@@ -430,23 +450,29 @@ class Tier:
         self._move(change)
         return change.admitted.numel()
 
-    def observe(self, distinct: torch.Tensor, hit: torch.Tensor, slot: torch.Tensor, inverse: torch.Tensor) -> None:
-        """A lookup of a file on disk, made of `distinct` ids (its ids are distinct[inverse]) of which the
-        tier holds `hit` in `slot`: its ids counted (hits, lookups, misses of our rows) and its hits marked
-        (EagerAdmission.observe)."""
+    @contextlib.contextmanager
+    def serving(self, distinct: torch.Tensor, inverse: torch.Tensor) -> Iterator[torch.Tensor]:
+        """A lookup of a file on disk, made of `distinct` ids (ascending; its ids are distinct[inverse]):
+        its ids counted (hits, lookups, misses of our rows), and each distinct id's slot given (FREE where
+        not held) with its row pinned until the lookup ends (EagerAdmission.begin, end)."""
         assert isinstance(self.admission, EagerAdmission)
+        hit, slot = self.admission.index.find(distinct)
         ours = (distinct >= self.shard.row_start) & (distinct < self.shard.row_stop)
         times = torch.bincount(inverse, minlength=distinct.numel())
         self.counts += torch.stack([times[hit].sum(), times.sum(), times[ours & ~hit].sum()])
-        self.admission.observe(hit, slot)
+        self.admission.begin(hit, slot)
+        try:
+            yield slot
+        finally:
+            self.admission.end()
 
-    def admit_read(self, rows: torch.Tensor) -> int:
-        """Admit rows just read from the file (not held) while their pages are in the page cache
-        (EagerAdmission.take); the rows admitted."""
+    def admit_read(self, rows: torch.Tensor) -> torch.Tensor:
+        """Admit rows of ours just read from the file (not held, ascending), inside `serving`, while their
+        pages are in the page cache (EagerAdmission.take): the slots of the first of them, those admitted."""
         assert isinstance(self.admission, EagerAdmission)
         change = self.admission.take(rows)
         self._move(change)
-        return change.admitted.numel()
+        return change.slots
 
     def _move(self, change: Change, *, cold: bool = False) -> None:
         """Copy the admitted rows into their slots; `cold`: their pages may be out of the page cache (a
@@ -457,14 +483,19 @@ class Tier:
             return
         if cold and self.shard.readahead:  # a file on disk: its pages asked for at once, sorted and coalesced
             read_ahead(self.shard, change.admitted)
-        with files_named_on_fault(self.shard):
-            for part, mine in ((self.shard.weight, self.rows.weight), (self.shard.scale, self.rows.scale)):
-                if part is None or mine is None:
-                    continue
-                for start in range(0, change.admitted.numel(), CANDIDATE_CHUNK):  # a few MB in flight at most
-                    rows = stored_rows(self.shard, part, change.admitted[start : start + CANDIDATE_CHUNK], self.device)
-                    slots = change.slots[start : start + CANDIDATE_CHUNK].to(self.device)
-                    mine.view(torch.uint8).index_copy_(0, slots, rows.view(torch.uint8))
+        try:
+            with files_named_on_fault(self.shard):
+                for part, mine in ((self.shard.weight, self.rows.weight), (self.shard.scale, self.rows.scale)):
+                    if part is None or mine is None:
+                        continue
+                    for start in range(0, change.admitted.numel(), CANDIDATE_CHUNK):  # a few MB in flight at most
+                        chunk = change.admitted[start : start + CANDIDATE_CHUNK]
+                        rows = stored_rows(self.shard, part, chunk, self.device)
+                        slots = change.slots[start : start + CANDIDATE_CHUNK].to(self.device)
+                        mine.view(torch.uint8).index_copy_(0, slots, rows.view(torch.uint8))
+        except BaseException:  # the index names rows whose bytes never came: hold none rather than serve them
+            self.admission.warm(change.admitted[:0])
+            raise
 
     def stats(self) -> TierStats:
         """Its counters (reading them waits for the lookups queued so far on a GPU)."""

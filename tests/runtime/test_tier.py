@@ -20,6 +20,7 @@ from engram.errors import EngramError
 from engram.memory.mapping import PAGE, madvise
 from engram.ops import DEAD_ID, gather
 from engram.runtime import table as table_module
+from engram.runtime import tier as tier_module
 from engram.runtime.cache import EMPTY_KEY
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.placement.filemap import in_files
@@ -28,7 +29,7 @@ from engram.runtime.plan import table_shards
 from engram.runtime.sketch import DEPTH, SATURATED, FrequencySketch
 from engram.runtime.table import PACKED, Table
 from engram.runtime.tables import open_tables
-from engram.runtime.tier import Admission, EagerAdmission, capacity_for, state_bytes
+from engram.runtime.tier import PINNED, Admission, EagerAdmission, capacity_for, state_bytes
 from tests.bits import same_bits
 from tests.runtime.shards import random_shard
 from tests.runtime.specs import SMALL
@@ -222,10 +223,11 @@ def check_eager_state(admission: EagerAdmission) -> None:
 
 
 class ScalarClock:
-    """CLOCK written from its definition, one row at a time: a lookup's hits set their slot's bit; each
-    missed row of ours (ascending, at most `capacity` of them) takes the next free slot, else the hand
-    moves on, clearing the set bits it passes, to the first clear one; it passes over the slots this lookup
-    filled. A row comes in clear."""
+    """CLOCK written from its definition, one row at a time: each missed row of ours (ascending) takes the
+    next free slot, else the hand moves on, clearing the set bits it passes, to the first clear one; it
+    passes over the slots of the rows this lookup hit or filled, which it reads once they are all in, and
+    so admits at most as many rows as the slots it does not hit. A row comes in clear; the rows the lookup
+    hit end with their bits set."""
 
     def __init__(self, capacity: int, rows: tuple[int, int]) -> None:
         self.capacity, self.rows = capacity, rows
@@ -240,24 +242,22 @@ class ScalarClock:
 
     def lookup(self, ids: list[int]) -> None:
         slot_of = {row: slot for slot, row in enumerate(self.row_of_slot) if row is not None}
-        missed = []
-        for row in sorted(set(ids)):
-            if row in slot_of:
-                self.referenced[slot_of[row]] = True
-            elif self.rows[0] <= row < self.rows[1]:
-                missed.append(row)
-        placed = []
-        for row in missed[: self.capacity]:
+        hit = {slot_of[row] for row in set(ids) if row in slot_of}
+        missed = sorted(row for row in set(ids) if row not in slot_of and self.rows[0] <= row < self.rows[1])
+        placed: list[int] = []
+        for row in missed[: self.capacity - len(hit)]:
             if None in self.row_of_slot:
                 slot = self.row_of_slot.index(None)
             else:
-                while self.referenced[self.hand] or self.hand in placed:
+                while self.referenced[self.hand] or self.hand in hit or self.hand in placed:
                     self.referenced[self.hand] = False
                     self.hand = (self.hand + 1) % self.capacity
                 slot, self.hand = self.hand, (self.hand + 1) % self.capacity
             self.row_of_slot[slot] = row
             self.referenced[slot] = False
             placed.append(slot)
+        for slot in hit:
+            self.referenced[slot] = True
 
 
 @pytest.mark.parametrize("capacity", [7, 300, 5000])
@@ -356,6 +356,47 @@ def test_a_ram_tier_serves_rows_bit_equal_to_the_loaded_table(
     assert stats.rows == stats.admissions - stats.evictions == 2000
     assert stats.bytes == 2000 * row_bytes + state_bytes(2000, rows, 0, "online", eager=True) <= budget
     assert table.refresh() == 0  # nothing is left for a refresh to do
+    table.release()
+    plain.release()
+
+
+def test_a_failed_ram_tier_lookup_leaves_no_row_pinned_and_no_row_wrong(
+    small_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An id outside the table fails a lookup before the tier changes; a copy into the tier that fails
+    (as a file that shrank fails it) leaves the tier holding nothing rather than rows it never got, and
+    no slot pinned: the lookups after it are bit-equal and the tier fills again."""
+    monkeypatch.setattr(table_module, "READ_BATCH_ROWS", 100)
+    table, plain, rows = file_tables(small_checkpoint)
+    assert table.keep_hot(300 * table.shard.format.row_bytes + state_bytes(300, rows, 0, "online", True), "cpu", "ram")
+    tier = table.tier
+    assert tier is not None and isinstance(tier.admission, EagerAdmission)
+    generator = torch.Generator().manual_seed(5)
+    table.lookup(zipf_ids(generator, rows, 2048).view(256, 8))
+    held, state = tier.admission.held_rows(), tier.admission.referenced.clone()
+    with pytest.raises(EngramError, match="outside the table"):
+        table.lookup(torch.tensor([[0, 1, rows]]))
+    assert torch.equal(tier.admission.held_rows(), held) and torch.equal(tier.admission.referenced, state)
+    calls = []
+
+    def fail_second(*args: object) -> torch.Tensor:
+        calls.append(1)
+        if len(calls) == 2:
+            raise EngramError("the checkpoint shrank")
+        return real(*args)  # type: ignore[arg-type]
+
+    real = tier_module.stored_rows
+    monkeypatch.setattr(tier_module, "stored_rows", fail_second)
+    ids = zipf_ids(generator, rows, 4096, shift=333).view(512, 8)
+    with pytest.raises(EngramError, match="shrank"):
+        table.lookup(ids)
+    assert tier.admission.used == 0 and not bool((tier.admission.referenced == PINNED).any())
+    monkeypatch.setattr(tier_module, "stored_rows", real)
+    for _ in range(3):
+        assert same_bits(table.lookup(ids), plain.lookup(ids))
+        check_eager_state(tier.admission)
+        assert not bool((tier.admission.referenced == PINNED).any())
+    assert tier.admission.used == 300
     table.release()
     plain.release()
 
