@@ -333,6 +333,7 @@ class Table:
         if not flat.numel():
             return self._read(ids, out, kind, None)
         distinct, inverse = torch.unique(flat, return_inverse=True)
+        distinct = distinct.to(torch.int64)  # int32 ids too: the tier's rows are int64
         check_ids(distinct[[0, -1]], self.table_rows)  # as the file's gather would: the tier's reads no id
         direct: list[tuple[torch.Tensor, torch.Tensor]] = []  # (distinct positions, their rows) not admitted
         with tier.serving(distinct, inverse) as slot:
