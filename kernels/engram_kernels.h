@@ -76,7 +76,8 @@ int engram_tier_remove(int64_t* table, int64_t buckets, int64_t row_start, int64
 /* CLOCK's choice of `count` slots to reuse into victims [count], in the order the hand reaches them, from
  * *hand (left past the last one taken). referenced: uint8 [capacity], a slot's state: a clear one is
  * taken (and pinned), a set one cleared and passed, a pinned one (a row the lookup in progress reads, or
- * one it just admitted) passed as it is. Fewer than `count` slots not pinned is ENGRAM_ERR_ARGUMENT. */
+ * one it just admitted) passed as it is. Fewer than `count` slots not pinned is ENGRAM_ERR_ARGUMENT, with
+ * none taken. */
 enum engram_clock_state { ENGRAM_CLOCK_CLEAR = 0, ENGRAM_CLOCK_SET = 1, ENGRAM_CLOCK_PINNED = 2 };
 int engram_clock_sweep(uint8_t* referenced, int64_t capacity, int64_t* hand, int64_t count, int64_t* victims);
 

@@ -324,9 +324,9 @@ class Table:
         """A lookup of a file on disk from host ids through its RAM tier: the distinct rows it does not
         hold read READ_BATCH_ROWS at a time in address order (as _read_in_batches) and admitted while
         their pages are resident, then every id's row gathered from the tier at once. Its hits and the
-        rows it admits are pinned until then (Tier.serving); a row it could not admit (a static tier, or
-        one whose slots this lookup pins all of) is gathered from the file with its batch and written
-        over its ids last."""
+        rows it admits are pinned until then (Tier.serving). A row it cannot admit (a static tier, or a
+        lookup that pins every slot) is gathered from the file with its batch and written straight to its
+        ids, and the tier's rows then join them the same way (Spread)."""
         tier = self.tier
         assert tier is not None
         flat = ids.reshape(-1)
@@ -335,7 +335,7 @@ class Table:
         distinct, inverse = torch.unique(flat, return_inverse=True)
         distinct = distinct.to(torch.int64)  # int32 ids too: the tier's rows are int64
         check_ids(distinct[[0, -1]], self.table_rows)  # as the file's gather would: the tier's reads no id
-        direct: list[tuple[torch.Tensor, torch.Tensor]] = []  # (distinct positions, their rows) not admitted
+        spread, direct = None, torch.zeros(distinct.numel(), dtype=torch.bool)  # rows written from the file
         with tier.serving(distinct, inverse) as slot:
             misses = ((slot == FREE) & (distinct >= self.row_start) & (distinct < self.shard.row_stop)).nonzero()
             misses = misses.squeeze(1)  # others' rows and DEAD_ID keep FREE, a DEAD_ID slot: zeros
@@ -344,17 +344,19 @@ class Table:
                 with self._disk_reads(), reading(self.shard, distinct[at], self.budget):
                     admitted = tier.admit_read(distinct[at])
                     slot[at[: admitted.numel()]] = admitted
-                    if admitted.numel() < at.numel():
-                        left = at[admitted.numel() :]
-                        direct.append((left, self._gather(distinct[left], kind)))
-            rows = self._gather(slot[inverse].view(ids.shape), kind, from_tier=True)
-        if direct:
-            at = torch.cat([d[0] for d in direct])
-            place = torch.full((distinct.numel(),), FREE, dtype=torch.int64)
-            place[at] = torch.arange(at.numel())
-            where = (place[inverse] != FREE).nonzero().squeeze(1)
-            rows.view(flat.numel(), -1)[where] = torch.cat([d[1] for d in direct])[place[inverse[where]]]
-        return rows if out is None else out.copy_(rows)
+                    left = at[admitted.numel() :]
+                    if left.numel():
+                        spread = spread or Spread(inverse, distinct.numel(), out)
+                        spread.put(left, self._gather(distinct[left], kind))
+                        direct[left] = True
+            if spread is None:
+                rows = self._gather(slot[inverse].view(ids.shape), kind, from_tier=True)
+                return rows if out is None else out.copy_(rows)
+            rest = (~direct).nonzero().squeeze(1)
+            for start in range(0, rest.numel(), READ_BATCH_ROWS):  # a few MB of transient rows at a time
+                at = rest[start : start + READ_BATCH_ROWS]
+                spread.put(at, self._gather(slot[at], kind, from_tier=True))
+        return spread.result(ids.shape, out)
 
     def _gather(self, ids: torch.Tensor, kind: Output, *, from_tier: bool = False) -> torch.Tensor:
         """Rows of `ids` in `kind` read from the table alone, or (`from_tier`) the tier's rows in slots `ids`."""

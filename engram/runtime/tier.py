@@ -289,19 +289,20 @@ class EagerAdmission:
         take = min(self.capacity - self.used, new.numel())
         free = torch.arange(self.used, self.used + take)
         self.referenced[free] = PINNED
+        self._admitted.append(free)  # unpinned by end(), whatever fails below
         victims = torch.empty(new.numel() - take, dtype=torch.int64)
         hand = ctypes.c_int64(self.hand)
         status = native().engram_clock_sweep(
-            self.referenced.data_ptr(), self.capacity, ctypes.byref(hand), victims.numel(), cpu.ptr(victims)
+            self.referenced.data_ptr(), self.referenced.numel(), ctypes.byref(hand), victims.numel(), cpu.ptr(victims)
         )
         cpu.check(status, "the RAM tier's sweep")
         self.hand = hand.value
+        self._admitted.append(victims)
+        self._pinned += new.numel()
         self.index.remove(self.row_of_slot[victims])
         slots = torch.cat([free, victims])
         self.index.add(new, slots)
         self.row_of_slot[slots] = new
-        self._admitted.append(slots)
-        self._pinned += slots.numel()
         return Change(new, slots, victims.numel())
 
     def end(self) -> None:

@@ -109,7 +109,10 @@ int engram_clock_sweep(uint8_t* referenced, int64_t capacity, int64_t* hand, int
         if (referenced[s] == ENGRAM_CLOCK_CLEAR) referenced[s] = ENGRAM_CLOCK_PINNED, victims[taken++] = s;
         else if (referenced[s] == ENGRAM_CLOCK_SET) referenced[s] = ENGRAM_CLOCK_CLEAR;
     }
-    if (taken < count) return ENGRAM_ERR_ARGUMENT; /* fewer slots unpinned than asked for */
+    if (taken < count) { /* fewer slots unpinned than asked for: none taken */
+        for (int64_t i = 0; i < taken; ++i) referenced[victims[i]] = ENGRAM_CLOCK_CLEAR;
+        return ENGRAM_ERR_ARGUMENT;
+    }
     *hand = at;
     return ENGRAM_OK;
 }

@@ -1,10 +1,13 @@
 """The CUDA kernels run on the CPU (tests/emulated/library.py), called through the same C ABI wrapper as
 on a GPU (engram.ops.cuda.gather_cuda), against the CPU twins and engram.ops.reference, bit for bit. Every
 load and store is checked by AddressSanitizer against the exact allocations the caller made, so a read
-one byte past a table fails here. Run by tests/test_emulated_kernels.py in a process with the sanitizer's
-runtime preloaded; not collected on its own."""
+one byte past a table fails here. The RAM tier's index (kernels/cpu/tier_cpu.c) runs here too, built
+under the sanitizer, against a dict and CLOCK one slot at a time. Run by tests/test_emulated_kernels.py in a
+process with the sanitizer's runtime preloaded; not collected on its own."""
 
 from __future__ import annotations
+
+import ctypes
 
 import pytest
 import torch
@@ -13,8 +16,10 @@ from hypothesis import strategies as st
 
 from engram.ops import DEAD_ID, SCALE_DTYPE, cpu, gather, gather_reference, kernel_ids, ngram_hash_reference
 from engram.ops.cuda import gather_cuda
+from engram.runtime.rowindex import EMPTY, FREE, buckets_for
+from engram.runtime.tier import CLEAR, PINNED, SET
 from tests.bits import same_bytes
-from tests.emulated.library import emulated
+from tests.emulated.library import emulated, sanitized_tier
 
 GEN = torch.Generator().manual_seed(33)
 SIZES = [0, 1, 2, 3, 4, 5, 7, 8, 9, 31, 32, 33, 63, 64, 65, 127, 128, 129, 257]
@@ -260,3 +265,86 @@ def test_ngram_hash_in_two_chunks_equals_the_whole_stream(cut: int) -> None:
         "start": (whole["start"][cut:] - (cut - context)).clamp(min=0),
     }
     assert torch.equal(emulated_hash(second, context, 2), emulated_hash(whole, 0, 2)[cut:])
+
+
+def exact_i64(values: list[int]) -> torch.Tensor:
+    """int64 values that end exactly where their allocation ends."""
+    out = exact(8 * len(values)).view(torch.int64)
+    out.copy_(torch.tensor(values, dtype=torch.int64))
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 40),
+    st.lists(st.tuples(st.booleans(), st.lists(st.integers(-3, 103), max_size=40)), min_size=1, max_size=16),
+)
+def test_the_ram_tiers_index_answers_as_a_dict_inside_its_arrays(
+    capacity: int, steps: list[tuple[bool, list[int]]]
+) -> None:
+    """kernels/cpu/tier_cpu.c under AddressSanitizer, every array exactly as long as the call says: inserts
+    and removes of a shard's rows [1000, 1100) (probes that collide and wrap), finds of them and of rows on
+    both sides of the shard, against a dict."""
+    library = sanitized_tier()
+    start, rows = 1000, 100
+    buckets = buckets_for(capacity)
+    table = exact_i64([EMPTY] * buckets)
+    shape = (buckets, start, rows, capacity)
+    held: dict[int, int] = {}
+    free = list(range(capacity))
+    for add, batch in steps:
+        distinct = [start + r for r in dict.fromkeys(batch) if 0 <= r < rows]
+        if add:
+            new = [r for r in distinct if r not in held][: len(free)]
+            slots = [free.pop() for _ in new]
+            rows_in, slots_in = exact_i64(new), exact_i64(slots)  # alive through the call: ctypes keeps no reference
+            status = library.engram_tier_insert(cpu.ptr(table), *shape, cpu.ptr(rows_in), cpu.ptr(slots_in), len(new))
+            held.update(zip(new, slots, strict=True))
+        else:
+            gone = [r for r in distinct if r in held]
+            rows_in = exact_i64(gone)
+            status = library.engram_tier_remove(cpu.ptr(table), *shape, cpu.ptr(rows_in), len(gone))
+            free += [held.pop(r) for r in gone]
+        assert status == 0
+        queries = [*range(start - 3, start + rows + 3), DEAD_ID]
+        asked, slots_out = exact_i64(queries), exact_i64([7] * len(queries))
+        status = library.engram_tier_find(cpu.ptr(table), *shape, cpu.ptr(asked), len(queries), cpu.ptr(slots_out))
+        assert status == 0 and slots_out.tolist() == [held.get(q, FREE) for q in queries]
+    full = exact_i64([(r << 32) | r for r in range(capacity + 1)])  # no empty bucket: refused, not probed forever
+    absent, slot = exact_i64([start + rows - 1]), exact_i64([0])
+    status = library.engram_tier_find(
+        cpu.ptr(full), capacity + 1, start, rows, capacity, cpu.ptr(absent), 1, cpu.ptr(slot)
+    )
+    assert status == 1
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(0, 3), min_size=1, max_size=40), st.data())
+def test_the_clock_sweep_stays_inside_its_arrays_and_is_clock(states: list[int], data: st.DataObject) -> None:
+    """engram_clock_sweep under AddressSanitizer from any state (set, clear, pinned bits and bytes that
+    are none of them), hand and count, against CLOCK one slot at a time: the same victims, bits and hand,
+    or, when too few slots are unpinned, an error with none taken."""
+    library = sanitized_tier()
+    capacity = len(states)
+    hand, count = data.draw(st.integers(0, capacity - 1)), data.draw(st.integers(0, capacity))
+    state = exact(capacity)
+    state.copy_(torch.tensor(states, dtype=torch.uint8))
+    victims = exact_i64([-5] * count)
+    at = ctypes.c_int64(hand)
+    status = library.engram_clock_sweep(state.data_ptr(), capacity, ctypes.byref(at), count, cpu.ptr(victims))
+    want, taken, moving = list(states), [], hand
+    for _ in range(2 * capacity):
+        if len(taken) == count:
+            break
+        slot, moving = moving, (moving + 1) % capacity
+        if want[slot] == CLEAR:
+            want[slot] = PINNED
+            taken.append(slot)
+        elif want[slot] == SET:
+            want[slot] = CLEAR
+    if len(taken) < count:
+        assert status == 1 and at.value == hand
+        want = [CLEAR if slot in taken else s for slot, s in enumerate(want)]
+    else:
+        assert status == 0 and victims.tolist() == taken and at.value == moving
+    assert state.tolist() == want

@@ -1,6 +1,7 @@
 """The CUDA kernels' own .cu files built for the host (kernels/emulate/cuda_runtime.h stands in for the CUDA
 runtime and runs each launch as a loop over its grid), under AddressSanitizer, loaded through the same
-C ABI declarations as the real library (engram.ops.cuda.load)."""
+C ABI declarations as the real library (engram.ops.cuda.load); and the RAM tier's index (a CPU kernel with
+no OpenMP or signal handling) built under it too, bound as engram.ops.cpu binds the real one."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import os
 import shutil
 import subprocess
 
-from engram.ops import cuda
+from engram.ops import cpu, cuda
 from engram.ops.build import KERNELS, build_library
 
 COMPILER = os.environ.get("CXX", "g++")
@@ -35,3 +36,18 @@ def asan_runtime() -> str | None:
 def emulated() -> ctypes.CDLL:
     sources = sorted(KERNELS.glob("*.cu"))
     return cuda.load(build_library("engram_cuda_emulated", sources, COMPILER, FLAGS))
+
+
+C_COMPILER = os.environ.get("CC", "cc")
+C_FLAGS = [
+    "-std=c11", "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined",
+    "-fno-omit-frame-pointer", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror",
+]  # fmt: skip
+TIER_FUNCTIONS = ("engram_tier_find", "engram_tier_insert", "engram_tier_remove", "engram_clock_sweep")
+
+
+@functools.cache
+def sanitized_tier() -> ctypes.CDLL:
+    """kernels/cpu/tier_cpu.c under AddressSanitizer, its functions declared as engram.ops.cpu declares them."""
+    library = ctypes.CDLL(str(build_library("engram_tier_asan", [KERNELS / "cpu" / "tier_cpu.c"], C_COMPILER, C_FLAGS)))
+    return cpu.bind(library, {name: cpu.SIGNATURES[name] for name in TIER_FUNCTIONS})

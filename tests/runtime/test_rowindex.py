@@ -151,6 +151,9 @@ def test_the_sweep_passes_pinned_slots_and_refuses_what_it_cannot_do() -> None:
     assert sweep(4, at=2) == 0 and victims.tolist() == [2, 3, 0, 1] and hand.value == 2  # a lap clears, then takes
     state.copy_(torch.tensor([PINNED, SET, PINNED, SET], dtype=torch.uint8))
     assert sweep(2) == 0 and victims[:2].tolist() == [1, 3] and state.tolist() == [PINNED] * 4  # passed as they are
+    state[1] = CLEAR
+    assert sweep(2) == 1 and state.tolist() == [PINNED, CLEAR, PINNED, PINNED]  # one short: none taken
+    state[1] = PINNED
     before = state.clone()
     assert sweep(1) == 1  # every slot pinned: nothing to take, and no endless sweep
     assert sweep(1, at=4) == 1 and sweep(-1) == 1 and sweep(5) == 1 and torch.equal(state, before)
