@@ -20,7 +20,8 @@ static inline int64_t home_of(int64_t local, int64_t buckets) {
 static inline int64_t entry_row(int64_t entry) { return entry >> 32; }
 static inline int64_t entry_slot(int64_t entry) { return entry & 0xFFFFFFFF; }
 
-/* The table's shape, checked before any entry is touched: at least one empty bucket, so a probe ends. */
+/* The table's shape, checked before any entry is touched: more buckets than slots, so a table holding at
+ * most `capacity` rows always has an empty bucket where a probe ends (and probe() is bounded anyway). */
 static int table_ok(const int64_t* table, int64_t buckets, int64_t row_start, int64_t shard_rows,
                     int64_t capacity) {
     return table && capacity >= 1 && capacity < LOCAL_LIMIT && buckets > capacity && buckets <= UINT32_MAX &&
