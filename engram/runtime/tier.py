@@ -44,7 +44,7 @@ from engram.ops import cpu
 from engram.runtime.cache import COUNTS, EMPTY_KEY, HotRows, find, merge, stored_rows
 from engram.runtime.placement.filemap import files_named_on_fault, read_ahead
 from engram.runtime.placement.storage import TableShard
-from engram.runtime.rowindex import RowIndex, buckets_for, native
+from engram.runtime.rowindex import FREE, RowIndex, buckets_for, native
 from engram.runtime.sketch import DEPTH, FrequencySketch, sketch_width
 
 Policy = Literal["online", "static"]
@@ -67,7 +67,7 @@ def state_bytes(rows: int, table_rows: int, window_ids: int, policy: Policy, eag
     (EagerAdmission) the index's hash table and each slot's row and referenced bit; else the ids and slots
     of the rows it holds, and online the ring of a window's ids and the sketch."""
     if eager:
-        return buckets_for(rows) * 8 + rows * 9
+        return buckets_for(rows) * 8 + rows * 5
     if policy != "online":
         return rows * 16
     return rows * 16 + window_ids * 16 + DEPTH * 4 * width_for(rows, window_ids, table_rows)
@@ -208,14 +208,14 @@ CLEAR, SET, PINNED = 0, 1, 2
 class EagerAdmission:
     """Which rows of [row_start, row_stop) a RAM tier of `capacity` rows holds, changed after every lookup
     by CLOCK (module docstring): `index` maps the rows held to their slots, `row_of_slot` says what each
-    slot holds and `referenced` whether its row was looked up since the hand last passed it. A lookup
+    slot holds (int32, the shard's row less row_start; -1 empty) and `referenced` whether its row was looked up since the hand last passed it. A lookup
     pins the rows it hits (begin) and those it admits (take) until it ends (end): the hand passes them,
     so none is evicted before the lookup has read it. Host memory."""
 
     def __init__(self, capacity: int, rows: tuple[int, int], *, policy: Policy = "online") -> None:
         self.capacity, self.rows, self.policy = capacity, rows, policy
         self.index = RowIndex(capacity, rows)
-        self.row_of_slot = torch.full((capacity,), EMPTY_KEY, dtype=torch.int64)
+        self.row_of_slot = torch.full((capacity,), FREE, dtype=torch.int32)  # MAX_ROWS: a shard's rows fit
         self.referenced = torch.zeros(capacity, dtype=torch.uint8)  # CLEAR or SET; PINNED during a lookup
         self.hand = 0  # the next slot the sweep looks at
         self._hits: list[torch.Tensor] | None = None  # the slots pinned by the lookup in progress, if one is
@@ -230,7 +230,7 @@ class EagerAdmission:
     @property
     def nbytes(self) -> int:
         """Bytes of the choice's own state: the index, each slot's row and referenced bit."""
-        return self.index.nbytes + self.capacity * 9
+        return self.index.nbytes + self.capacity * 5
 
     def hits(self, ids: torch.Tensor) -> torch.Tensor:
         """Whether each id is held."""
@@ -238,7 +238,7 @@ class EagerAdmission:
 
     def held_rows(self) -> torch.Tensor:
         """The rows held, ascending."""
-        return torch.sort(self.row_of_slot[: self.used]).values
+        return torch.sort(self.row_of_slot[: self.used]).values.to(torch.int64) + self.rows[0]
 
     def warm(self, hot: torch.Tensor, counts: torch.Tensor | None = None) -> Change:
         """Hold the first rows of `hot` that are ours, as many as fit (Admission.warm), each referenced: a
@@ -249,8 +249,8 @@ class EagerAdmission:
         self.index.clear()
         slots = torch.arange(owned.numel())
         self.index.add(owned, slots)
-        self.row_of_slot.fill_(EMPTY_KEY)
-        self.row_of_slot[slots] = owned
+        self.row_of_slot.fill_(FREE)
+        self.row_of_slot[slots] = (owned - self.rows[0]).to(torch.int32)
         self.referenced.fill_(CLEAR)
         self.referenced[slots] = SET
         self.hand = 0
@@ -299,10 +299,10 @@ class EagerAdmission:
         self.hand = hand.value
         self._admitted.append(victims)
         self._pinned += new.numel()
-        self.index.remove(self.row_of_slot[victims])
+        self.index.remove(self.row_of_slot[victims].to(torch.int64) + self.rows[0])
         slots = torch.cat([free, victims])
         self.index.add(new, slots)
-        self.row_of_slot[slots] = new
+        self.row_of_slot[slots] = (new - self.rows[0]).to(torch.int32)
         return Change(new, slots, victims.numel())
 
     def end(self) -> None:

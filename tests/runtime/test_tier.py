@@ -217,9 +217,14 @@ def check_eager_state(admission: EagerAdmission) -> None:
     assert held.numel() == admission.used == admission.index.held
     found, slot = admission.index.find(held)
     assert bool(found.all()) and torch.equal(torch.sort(slot).values, torch.arange(admission.used))
-    assert torch.equal(admission.row_of_slot[slot], held)
+    assert torch.equal(admission.row_of_slot[slot].to(torch.int64) + admission.rows[0], held)
     assert bool((held >= admission.rows[0]).all()) and bool((held < admission.rows[1]).all())
-    assert bool((admission.row_of_slot[admission.used :] == EMPTY_KEY).all())
+    assert bool((admission.row_of_slot[admission.used :] == -1).all())
+
+
+def rows_of_slots(admission: EagerAdmission) -> list[int | None]:
+    """The global row each slot holds (None: empty), as ScalarClock keeps them."""
+    return [None if r < 0 else r + admission.rows[0] for r in admission.row_of_slot.tolist()]
 
 
 class ScalarClock:
@@ -278,7 +283,7 @@ def test_eager_admission_is_clock(capacity: int) -> None:
         change = admission.admit(ids)
         oracle.lookup(ids.tolist())
         check_eager_state(admission)
-        assert admission.row_of_slot.tolist() == [EMPTY_KEY if r is None else r for r in oracle.row_of_slot], step
+        assert rows_of_slots(admission) == oracle.row_of_slot, step
         assert admission.referenced.tolist() == oracle.referenced and admission.hand == oracle.hand, step
         held = set(admission.held_rows().tolist())
         assert set(change.admitted.tolist()) == held - held_before
@@ -308,7 +313,7 @@ def test_eager_admission_is_clock_for_any_lookups(capacity: int, profile: list[i
         admission.admit(torch.tensor(ids, dtype=torch.int64))
         oracle.lookup(ids)
         check_eager_state(admission)
-        assert admission.row_of_slot.tolist() == [EMPTY_KEY if r is None else r for r in oracle.row_of_slot]
+        assert rows_of_slots(admission) == oracle.row_of_slot
         assert admission.referenced.tolist() == oracle.referenced and admission.hand == oracle.hand
 
 
