@@ -157,3 +157,10 @@ def test_the_sweep_passes_pinned_slots_and_refuses_what_it_cannot_do() -> None:
     before = state.clone()
     assert sweep(1) == 1  # every slot pinned: nothing to take, and no endless sweep
     assert sweep(1, at=4) == 1 and sweep(-1) == 1 and sweep(5) == 1 and torch.equal(state, before)
+
+
+def test_without_the_cpu_kernels_a_ram_tier_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cpu, "cpu_library", lambda: None)
+    monkeypatch.setattr(cpu, "unavailable_reason", lambda: "no C compiler (install cc, or set CC)")
+    with pytest.raises(EngramError, match=r"a RAM tier \(ram_cache_bytes\) needs engram's CPU kernels: no C compiler"):
+        RowIndex(10, (0, 100))
