@@ -24,7 +24,7 @@ lookup the pages of the rows it missed are in the page cache, so admitting them 
 disk read, while a window later most of them have been pushed out again. It admits every row it misses
 and evicts by CLOCK (a referenced bit per slot, a hand that clears the bits it passes and reuses the
 first slot whose bit is clear): on text, recency is what predicts the next lookups of a row (the same
-document's n-grams), and its state is a bit a slot. In a replay of bench_ram_tier's stream (a V4.1-shaped
+document's n-grams), and its state is a byte a slot. In a replay of bench_ram_tier's stream (a V4.1-shaped
 table four times the memory, 14.6% of its rows held) CLOCK hit 52.3% of a step's distinct rows, an LRU of
 rows 52.6%, the frequency estimate with sampled victims this replaced 49.3% and S3-FIFO 50.2%; Belady's
 bound is 71.6%."""
