@@ -12,8 +12,12 @@ takes --tier-share of it. The stream is the corpus's held-out text, hashed with 
 decode steps (256 tokens x 24 heads) and every --prefill-every steps a prefill chunk (8,192 tokens).
 Measured per step after a warm-up: the bytes the process read from storage (/proc/self/io), and the
 decode step's time (and the CPU time of the thread that ran it: the rest is waiting for the disk) against
-a model of it: its pages read at the disk's random-read rate (measured just before each run: a dropped
-page cache, uniform rows, engram's own read path, no memory limit) plus the warm gather of the same ids. Rows are bit-equal across the runs (a digest of every lookup's output).
+a model of it: its pages read at the disk's random-read rate plus the warm gather of the same ids. The
+disk's rate drifts by a fifth within seconds on a shared machine, so it is measured during each run:
+every PROBE_EVERY steps the run pauses while this (parent) process, outside the group, looks up a decode
+step's worth of uniform rows of a table file of its own with its page cache dropped, through engram's
+read path; a step's model takes the median of the nearest probes. Rows are bit-equal across the runs (a
+digest of every lookup's output).
 
 Targets: disk pages read per step at most 0.67x the page-cache LRU's; decode step time within 1.2x of
 the model. Run as root on a machine with a writable cgroup v1 memory controller.
@@ -27,12 +31,14 @@ import dataclasses
 import hashlib
 import json
 import os
+import select
 import statistics
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 from _scratch import scratch_dir
@@ -49,6 +55,9 @@ from engram.runtime.table import open_table
 
 CGROUP = Path("/sys/fs/cgroup/memory")
 DECODE, PREFILL, COLUMNS = 256, 8192, 24
+PROBE_EVERY = 32  # steps between two measures of the disk's rate
+PROBE_NEAREST = 3  # a timed step's rate: the median of this many probes nearest to it
+WAIT_S = 120  # for one step of a run, or one probe
 
 
 def save_stream(path: Path, spec_bytes: int, steps: int, prefill_every: int) -> None:
@@ -94,6 +103,8 @@ def child(args: argparse.Namespace) -> None:
     per_step = []
     for i, ids in enumerate(steps):
         timed = ids.shape[0] == DECODE and i >= args.warmup and i % 8 == 1
+        if args.probe and i >= args.warmup and i % PROBE_EVERY == 0:
+            ask_for_probe(args.probe, i)
         if args.warm:  # no limit: the timed steps' lookups with every page resident (the second of two)
             if timed:
                 table.lookup(ids)
@@ -116,6 +127,40 @@ def child(args: argparse.Namespace) -> None:
     print(json.dumps({"steps": per_step, "digest": digest.hexdigest(), "tier": tier}))
 
 
+def ask_for_probe(fds: str, step: int) -> None:
+    """From the child: have the parent measure the disk now (`fds`: the request and answer pipes), and wait."""
+    request, answer = (int(fd) for fd in fds.split(","))
+    os.write(request, f"{step}\n".encode())
+    if not select.select([answer], [], [], WAIT_S)[0] or os.read(answer, 1) != b"k":
+        raise SystemExit("the parent did not measure the disk")
+
+
+class DiskProbe:
+    """The disk's random-read rate, in pages a second, measured from this process on a table file of its
+    own (so that a run's page cache is left as it is): a decode step's ids of uniform rows with the file's
+    page cache dropped, through engram's read path."""
+
+    def __init__(self, directory: Path, table_gb: float) -> None:
+        spec = scaled_preset("deepseek-v4.1-flash", int(2 * table_gb * 2**30))
+        name, self.rows = spec.table_names()[0], spec.layout.table_rows[0]
+        directory.mkdir()
+        self.path = directory / "model.safetensors"
+        write_table(self.path, name, self.rows, 256)
+        self.table = open_table(name, ShardFormat(self.rows, 256, "fp8"), "file", checkpoint=Checkpoint(directory))
+        self.probes = 0
+
+    def rate(self) -> float:
+        self.probes += 1
+        ids = torch.randint(0, self.rows, (DECODE, COLUMNS), generator=torch.Generator().manual_seed(self.probes))
+        drop_cache(self.path, [(m.addr, m.length) for m in self.table.shard.files])
+        before, start = storage_read_bytes(), time.perf_counter()
+        self.table.lookup(ids)
+        return (storage_read_bytes() - before) / PAGE / (time.perf_counter() - start)
+
+    def close(self) -> None:
+        self.table.release()
+
+
 def run_child(
     args: argparse.Namespace,
     directory: Path,
@@ -125,7 +170,10 @@ def run_child(
     *,
     warm: bool = False,
     cold: bool = True,
+    probe: DiskProbe | None = None,
 ) -> dict:
+    """One run in a fresh group of `limit` bytes; with `probe`, the disk measured every PROBE_EVERY steps
+    of it (the report's "rates": [step, pages a second] pairs)."""
     if cold:
         drop_file_cache(directory / "model.safetensors")  # pages are charged to whoever read them first
     group = f"engram-bench-{uuid.uuid4().hex[:8]}"
@@ -137,10 +185,26 @@ def run_child(
             "--steps", str(args.steps), "--prefill-every", str(args.prefill_every), "--warmup", str(args.warmup),
             "--ram-tier", str(ram_tier), "--file-cache", str(file_cache), *(["--warm"] if warm else []),
         ]  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True, timeout=3600, check=False)
-        if done.returncode != 0:
-            raise SystemExit(f"the run failed (exit {done.returncode}, limit {limit:,} B):\n{done.stderr[-3000:]}")
-        report = json.loads(done.stdout.splitlines()[-1])
+        request, answer = os.pipe(), os.pipe()  # the child asks on the first, the parent answers on the second
+        command += ["--probe", f"{request[1]},{answer[0]}"] if probe else []
+        rates = []
+        with open(directory / "out.log", "w+") as out, open(directory / "err.log", "w+") as err:
+            child = subprocess.Popen(command, stdout=out, stderr=err, pass_fds=(request[1], answer[0]))
+            os.close(request[1])
+            os.close(answer[0])
+            with os.fdopen(request[0], "rb", buffering=0) as asks, os.fdopen(answer[1], "wb", buffering=0) as answers:
+                while (line := read_line(asks, child)) is not None:
+                    assert probe is not None
+                    rates.append([int(line), probe.rate()])
+                    answers.write(b"k")
+            code = child.wait(timeout=WAIT_S)
+            out.seek(0)
+            err.seek(0)
+            stdout, stderr = out.read(), err.read()
+        if code != 0:
+            raise SystemExit(f"the run failed (exit {code}, limit {limit:,} B):\n{stderr[-3000:]}")
+        report = json.loads(stdout.splitlines()[-1])
+        report["rates"] = rates
         report["peak"] = int((CGROUP / group / "memory.max_usage_in_bytes").read_text())
         report["failcnt"] = int((CGROUP / group / "memory.failcnt").read_text())
         return report
@@ -148,30 +212,34 @@ def run_child(
         (CGROUP / group).rmdir()
 
 
-def random_read_rate(directory: Path, table_gb: float) -> float:
-    """Pages a second that the disk gives engram's read path for uniform rows from a dropped page cache."""
-    spec = scaled_preset("deepseek-v4.1-flash", int(2 * table_gb * 2**30))
-    name = spec.table_names()[0]
-    checkpoint = Checkpoint(directory)
-    rows = checkpoint.files[f"{name}.weight"].entries[f"{name}.weight"].shape[0]
-    table = open_table(name, ShardFormat(rows, 256, "fp8"), "file", checkpoint=checkpoint)
-    rates = []
-    for seed in range(3):
-        ids = torch.randint(0, rows, (DECODE, COLUMNS), generator=torch.Generator().manual_seed(seed))
-        drop_cache(directory / "model.safetensors", [(m.addr, m.length) for m in table.shard.files])
-        before, start = storage_read_bytes(), time.perf_counter()
-        table.lookup(ids)
-        rates.append((storage_read_bytes() - before) / PAGE / (time.perf_counter() - start))
-    table.release()
-    return statistics.median(rates)
+def read_line(pipe: BinaryIO, child: subprocess.Popen) -> bytes | None:
+    """The child's next request, or None once it has exited; a child silent for WAIT_S is killed."""
+    line, waited = b"", 0.0
+    while not line.endswith(b"\n"):
+        if select.select([pipe], [], [], 1.0)[0]:
+            byte = pipe.read(1)
+            if not byte:  # the child closed its end: it has exited
+                return None
+            line += byte
+        else:
+            waited += 1.0
+            if waited > WAIT_S * 30:
+                child.kill()
+                raise SystemExit(f"the run did not end within {WAIT_S * 30} s")
+    return line
 
 
-def summarise(report: dict, warm: dict, warmup: int, rate: float) -> dict:
+def rate_near(rates: list[list[float]], step: int) -> float:
+    """The disk's rate for a step: the median of the PROBE_NEAREST probes taken nearest to it."""
+    return statistics.median(r for _, r in sorted(rates, key=lambda p: abs(p[0] - step))[:PROBE_NEAREST])
+
+
+def summarise(report: dict, warm: dict, warmup: int) -> dict:
     steady = report["steps"][warmup:]
     decode = [s for s in steady if s["tokens"] == DECODE]
     warm_seconds = {s["step"]: s["seconds"] for s in warm["steps"]}
     timed = [s for s in decode if s["timed"]]
-    model = [s["read"] / PAGE / rate + warm_seconds[s["step"]] for s in timed]
+    model = [s["read"] / PAGE / rate_near(report["rates"], s["step"]) + warm_seconds[s["step"]] for s in timed]
     return {
         "pages_per_step": sum(s["read"] for s in steady) / PAGE / len(steady),
         "pages_per_decode_step": sum(s["read"] for s in decode) / PAGE / len(decode),
@@ -183,6 +251,7 @@ def summarise(report: dict, warm: dict, warmup: int, rate: float) -> dict:
         "failcnt": report["failcnt"],
         "digest": report["digest"],
         "tier": report["tier"],
+        "disk_pages_per_s": statistics.median(r for _, r in report["rates"]),
     }
 
 
@@ -199,6 +268,7 @@ def main() -> None:
     parser.add_argument("--ram-tier", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--file-cache", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--warm", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--probe", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args)
@@ -218,26 +288,23 @@ def main() -> None:
         memory = table_bytes // 4
         limit = probe["peak"] + memory
         warm = run_child(args, Path(tmp), 1 << 40, 0, 0, warm=True)
-        # The disk's rate drifts on a shared machine: each run's model takes the rate measured just before it.
-        lru_rate = random_read_rate(Path(tmp), args.table_gb)
-        lru = run_child(args, Path(tmp), limit, 0, 0)
-        tier_rate = random_read_rate(Path(tmp), args.table_gb)
-        tier = run_child(args, Path(tmp), limit, int(memory * args.tier_share), 0)
-    results = {
-        "lru": summarise(lru, warm, args.warmup, lru_rate),
-        "tier": summarise(tier, warm, args.warmup, tier_rate),
-    }
+        disk = DiskProbe(Path(tmp) / "probe", args.table_gb)
+        try:
+            lru = run_child(args, Path(tmp), limit, 0, 0, probe=disk)
+            tier = run_child(args, Path(tmp), limit, int(memory * args.tier_share), 0, probe=disk)
+        finally:
+            disk.close()
+    results = {"lru": summarise(lru, warm, args.warmup), "tier": summarise(tier, warm, args.warmup)}
     results["setup"] = {
         "table_bytes": table_bytes, "limit_bytes": limit, "process_bytes": probe["peak"], "memory_for_rows": memory,
-        "random_read_pages_per_s": {"lru": lru_rate, "tier": tier_rate},
     }  # fmt: skip
     if args.json:
         print(json.dumps(results, indent=2))
         return
     print(
         f"file-backed fp8 table of {table_bytes / 2**30:.2f} GiB, cgroup limit {limit / 2**20:.0f} MiB (the process's "
-        f"{probe['peak'] / 2**20:.0f} MiB + {memory / 2**20:.0f} MiB: a quarter of the table); disk: {lru_rate:,.0f} and "
-        f"{tier_rate:,.0f} random page reads/s before each run; {args.steps} steps after {args.warmup} of warm-up, a prefill chunk every {args.prefill_every}"
+        f"{probe['peak'] / 2**20:.0f} MiB + {memory / 2**20:.0f} MiB: a quarter of the table); disk: {results['lru']['disk_pages_per_s']:,.0f} and "
+        f"{results['tier']['disk_pages_per_s']:,.0f} random page reads/s (medians of each run's probes); {args.steps} steps after {args.warmup} of warm-up, a prefill chunk every {args.prefill_every}"
     )
     a, b = results["lru"], results["tier"]
     print_table(
