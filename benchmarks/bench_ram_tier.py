@@ -192,12 +192,20 @@ def run_child(
             child = subprocess.Popen(command, stdout=out, stderr=err, pass_fds=(request[1], answer[0]))
             os.close(request[1])
             os.close(answer[0])
-            with os.fdopen(request[0], "rb", buffering=0) as asks, os.fdopen(answer[1], "wb", buffering=0) as answers:
-                while (line := read_line(asks, child)) is not None:
-                    assert probe is not None
-                    rates.append([int(line), probe.rate()])
-                    answers.write(b"k")
-            code = child.wait(timeout=WAIT_S)
+            try:
+                with os.fdopen(request[0], "rb", buffering=0) as asks, os.fdopen(answer[1], "wb", buffering=0) as to:
+                    while (line := read_line(asks, child)) is not None:
+                        assert probe is not None
+                        rates.append([int(line), probe.rate()])
+                        to.write(b"k")
+                code = child.wait(timeout=WAIT_S)
+            except (OSError, subprocess.TimeoutExpired):  # it died while measured, or hangs: its exit code says
+                child.kill()
+                code = child.wait(timeout=WAIT_S)
+            finally:
+                if child.poll() is None:  # the parent failed: the group can only go once the child has
+                    child.kill()
+                    child.wait(timeout=WAIT_S)
             out.seek(0)
             err.seek(0)
             stdout, stderr = out.read(), err.read()
