@@ -221,7 +221,7 @@ def run_child(
 
 
 def read_line(pipe: BinaryIO, child: subprocess.Popen) -> bytes | None:
-    """The child's next request, or None once it has exited; a child silent for WAIT_S is killed."""
+    """The child's next request, or None once it has exited; a run silent for WAIT_S x 30 s is killed."""
     line, waited = b"", 0.0
     while not line.endswith(b"\n"):
         if select.select([pipe], [], [], 1.0)[0]:
