@@ -323,10 +323,11 @@ class Table:
     def _read_through_tier(self, ids: torch.Tensor, out: torch.Tensor | None, kind: Output) -> torch.Tensor:
         """A lookup of a file on disk from host ids through its RAM tier: the distinct rows it does not
         hold read READ_BATCH_ROWS at a time in address order (as _read_in_batches) and admitted while
-        their pages are resident, then every id's row gathered from the tier at once. Its hits and the
-        rows it admits are pinned until then (Tier.serving). A row it cannot admit (a static tier, or a
-        lookup that pins every slot) is gathered from the file with its batch and written straight to its
-        ids, and the tier's rows then join them the same way (Spread)."""
+        their pages are resident. Every id's row is gathered from the tier while the first batch's pages
+        are on their way (the rows not held yet come out as zeros), and the rows admitted are then written
+        to their ids. Its hits and the rows it admits are pinned until then (Tier.serving). A row it cannot
+        admit (a static tier, or a lookup that pins every slot) is gathered from the file with its batch
+        and written straight to its ids (Spread)."""
         tier = self.tier
         assert tier is not None
         flat = ids.reshape(-1)
@@ -335,28 +336,35 @@ class Table:
         distinct, inverse = torch.unique(flat, return_inverse=True)
         distinct = distinct.to(torch.int64)  # int32 ids too: the tier's rows are int64
         check_ids(distinct[[0, -1]], self.table_rows)  # as the file's gather would: the tier's reads no id
-        spread, direct = None, torch.zeros(distinct.numel(), dtype=torch.bool)  # rows written from the file
         with tier.serving(distinct, inverse) as slot:
             misses = ((slot == FREE) & (distinct >= self.row_start) & (distinct < self.shard.row_stop)).nonzero()
             misses = misses.squeeze(1)  # others' rows and DEAD_ID keep FREE, a DEAD_ID slot: zeros
+            if not misses.numel():
+                return self._from_tier(slot[inverse].view(ids.shape), kind, out)
+            rows, spread, admitted = None, None, torch.zeros(distinct.numel(), dtype=torch.bool)
             for start in range(0, misses.numel(), READ_BATCH_ROWS):
                 at = misses[start : start + READ_BATCH_ROWS]
-                with self._disk_reads(), reading(self.shard, distinct[at], self.budget):
-                    admitted = tier.admit_read(distinct[at])
-                    slot[at[: admitted.numel()]] = admitted
-                    left = at[admitted.numel() :]
+                with self._disk_reads(), reading(self.shard, distinct[at], self.budget, behind=True):
+                    if rows is None:  # the CPU's share of the lookup, while the disk reads the first batch
+                        rows = self._from_tier(slot[inverse].view(ids.shape), kind, out)
+                    got = tier.admit_read(distinct[at])
+                    slot[at[: got.numel()]] = got
+                    admitted[at[: got.numel()]] = True
+                    left = at[got.numel() :]
                     if left.numel():
-                        spread = spread or Spread(inverse, distinct.numel(), out)
+                        spread = spread or Spread(inverse, distinct.numel(), rows)
                         spread.put(left, self._gather(distinct[left], kind))
-                        direct[left] = True
-            if spread is None:
-                rows = self._gather(slot[inverse].view(ids.shape), kind, from_tier=True)
-                return rows if out is None else out.copy_(rows)
-            rest = (~direct).nonzero().squeeze(1)
-            for start in range(0, rest.numel(), READ_BATCH_ROWS):  # a few MB of transient rows at a time
-                at = rest[start : start + READ_BATCH_ROWS]
-                spread.put(at, self._gather(slot[at], kind, from_tier=True))
-        return spread.result(ids.shape, out)
+            assert rows is not None
+            late = admitted[inverse].nonzero().squeeze(1)  # the ids whose rows this lookup admitted
+            for start in range(0, late.numel(), READ_BATCH_ROWS):  # a few MB of transient rows at a time
+                at = late[start : start + READ_BATCH_ROWS]
+                rows.view(flat.numel(), -1)[at] = self._gather(slot[inverse[at]], kind, from_tier=True)
+        return rows
+
+    def _from_tier(self, slots: torch.Tensor, kind: Output, out: torch.Tensor | None) -> torch.Tensor:
+        """The tier's rows in `slots` (FREE: zeros), into `out` when given."""
+        rows = self._gather(slots, kind, from_tier=True)
+        return rows if out is None else out.copy_(rows)
 
     def _gather(self, ids: torch.Tensor, kind: Output, *, from_tier: bool = False) -> torch.Tensor:
         """Rows of `ids` in `kind` read from the table alone, or (`from_tier`) the tier's rows in slots `ids`."""

@@ -25,6 +25,7 @@ import ctypes.util
 import logging
 import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -83,10 +84,23 @@ def read_ahead(shard: TableShard, ids: torch.Tensor) -> Asked | None:
     """When a sample of these rows' pages is not all resident, start reading the pages of every one of
     them (weights and scales) at once, sorted and coalesced (READAHEAD_GAP, READAHEAD_MAX_RANGE), and
     say what was asked for; None when every probed page was resident and nothing was asked."""
-    library = cpu.cpu_library()
+    flat = cold_rows(shard, ids)
+    return None if flat is None else ask_for(shard, flat)
+
+
+def cold_rows(shard: TableShard, ids: torch.Tensor) -> torch.Tensor | None:
+    """These rows, flat int64, when a sample of their pages is not all resident and the CPU kernels that
+    ask for pages are built; else None."""
     flat = ids.reshape(-1).to(torch.int64).cpu().contiguous()
-    if library is None or not flat.numel() or all_resident(shard.weight, shard.row_start, flat):
+    if cpu.cpu_library() is None or not flat.numel() or all_resident(shard.weight, shard.row_start, flat):
         return None
+    return flat
+
+
+def ask_for(shard: TableShard, flat: torch.Tensor) -> Asked:
+    """Start reading the pages of the rows `flat` (cold_rows') of `shard`, weights and scales; what was asked."""
+    library = cpu.cpu_library()
+    assert library is not None
     scratch, ranges, nbytes, asked = torch.empty_like(flat), ctypes.c_int64(), ctypes.c_int64(), Asked(0, 0)
     for part in (shard.weight, shard.scale):
         if part is not None and in_files(shard, part):
@@ -168,15 +182,44 @@ def watch_files(budget: ResidentBudget, shard: TableShard) -> None:
 
 
 @contextlib.contextmanager
-def reading(shard: TableShard, ids: torch.Tensor, budget: ResidentBudget | None = None) -> Iterator[None]:
+def reading(
+    shard: TableShard, ids: torch.Tensor, budget: ResidentBudget | None = None, *, behind: bool = False
+) -> Iterator[None]:
     """Host reads of a file-backed `shard`'s rows for `ids` inside: a cold file's pages asked for first
     (read_ahead), a read that faulted because the file shrank raised as the error naming it, and after
-    the reads `budget` told what they may have added to the page cache."""
+    the reads `budget` told what they may have added to the page cache. `behind`: the pages are asked for
+    on a worker thread while the body runs, for a body with work of its own or reads in address order.
+    The disk's queue is bounded, so asking for a step's pages lasts about as long as reading them; in
+    the meantime the body works, or copies each page as it lands."""
     with files_named_on_fault(shard):
-        asked = read_ahead(shard, ids) if shard.readahead else None
-        yield
+        if not shard.readahead:
+            asked = None
+            yield
+        elif not behind:
+            asked = read_ahead(shard, ids)
+            yield
+        else:  # probed here: the body's first reads must not make the cold look resident
+            flat = cold_rows(shard, ids)
+            pending = None if flat is None else _asker().submit(ask_for, shard, flat)
+            try:
+                yield
+            finally:  # the mapping and ids stay ours until the requests are made, the body's error or not
+                asked = None if pending is None else pending.result(timeout=READAHEAD_TIMEOUT_S)
     if budget is not None:
         budget.after_lookup(shard, ids, None if asked is None else asked.bytes)
+
+
+READAHEAD_TIMEOUT_S = 600  # a read-ahead's requests outlasting this: the device has stopped answering
+_askers: dict[int, ThreadPoolExecutor] = {}
+
+
+def _asker() -> ThreadPoolExecutor:
+    """This process's read-ahead thread (a forked child makes its own: the parent's thread is not in it)."""
+    pid = os.getpid()
+    if pid not in _askers:
+        _askers.clear()
+        _askers[pid] = ThreadPoolExecutor(1, thread_name_prefix="engram-readahead")
+    return _askers[pid]
 
 
 def in_memory_fs(path: str) -> bool:
