@@ -17,7 +17,8 @@ disk's rate drifts by a fifth within seconds on a shared machine, so it is measu
 every PROBE_EVERY steps the run pauses while this (parent) process, outside the group, looks up a decode
 step's worth of uniform rows of a table file of its own with its page cache dropped, through engram's
 read path; a step's model takes the median of the nearest probes. Rows are bit-equal across the runs (a
-digest of every lookup's output).
+digest of every lookup's output). Each run has one torch thread (OMP_NUM_THREADS=1 unless set), as vLLM
+gives its workers: more would spin on a core the kernel's reads need.
 
 Targets: disk pages read per step at most 0.67x the page-cache LRU's; decode step time within 1.2x of
 the model. Run as root on a machine with a writable cgroup v1 memory controller.
@@ -189,7 +190,8 @@ def run_child(
         command += ["--probe", f"{request[1]},{answer[0]}"] if probe else []
         rates = []
         with open(directory / "out.log", "w+") as out, open(directory / "err.log", "w+") as err:
-            child = subprocess.Popen(command, stdout=out, stderr=err, pass_fds=(request[1], answer[0]))
+            env = {"OMP_NUM_THREADS": "1", **os.environ}  # serving's threads, unless set: vLLM's workers have one
+            child = subprocess.Popen(command, stdout=out, stderr=err, env=env, pass_fds=(request[1], answer[0]))
             os.close(request[1])
             os.close(answer[0])
             try:
