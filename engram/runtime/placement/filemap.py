@@ -25,7 +25,7 @@ import ctypes.util
 import logging
 import os
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -204,13 +204,25 @@ def reading(
             try:
                 yield
             finally:  # the mapping and ids stay ours until the requests are made, the body's error or not
-                asked = None if pending is None else pending.result(timeout=READAHEAD_TIMEOUT_S)
+                asked = None if pending is None else requests_made(pending, shard)
     if budget is not None:
         budget.after_lookup(shard, ids, None if asked is None else asked.bytes)
 
 
 READAHEAD_TIMEOUT_S = 600  # a read-ahead's requests outlasting this: the device has stopped answering
 _askers: dict[int, ThreadPoolExecutor] = {}
+
+
+def requests_made(pending: Future[Asked], shard: TableShard) -> Asked:
+    """What a read-ahead handed to the worker thread asked for, once its requests are made."""
+    try:
+        return pending.result(timeout=READAHEAD_TIMEOUT_S)
+    except TimeoutError:
+        names = ", ".join(str(m.path) for m in shard.files)
+        raise EngramError(
+            f"{names}: asking the disk for pages took over {READAHEAD_TIMEOUT_S} s; check the device (dmesg), "
+            "or put the file on a disk that answers"
+        ) from None
 
 
 def _asker() -> ThreadPoolExecutor:

@@ -5,6 +5,7 @@ a body's error leaves only once the requests are made, and a forked child asks o
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -14,6 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from engram.errors import EngramError
 from engram.memory.mapping import madvise
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.placement import filemap
@@ -72,6 +74,15 @@ def test_a_body_error_leaves_only_once_the_requests_are_made(
     with pytest.raises(ValueError, match="the body's"), reading(shard, some_ids(2), behind=True):
         raise ValueError("the body's")
     assert made.is_set()
+
+
+def test_a_disk_that_does_not_answer_is_named(shard: TableShard, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(filemap, "READAHEAD_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(filemap, "ask_for", lambda shard, flat: time.sleep(0.5))
+    drop(shard)
+    named = re.escape(f"{shard.files[0].path}: asking the disk for pages took over 0.05 s")
+    with pytest.raises(EngramError, match=named), reading(shard, some_ids(5), behind=True):
+        pass
 
 
 def test_a_forked_child_asks_on_a_thread_of_its_own(shard: TableShard) -> None:
