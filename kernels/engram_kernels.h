@@ -15,6 +15,7 @@ enum engram_status {
     ENGRAM_ERR_RANGE = 2,    /* an id lies outside the table */
     ENGRAM_ERR_CUDA = 3,     /* a CUDA call failed; engram_last_cuda_error() says which */
     ENGRAM_ERR_FAULT = 4,    /* a table read faulted: the file behind the table shrank (CPU only) */
+    ENGRAM_ERR_IO = 5,       /* a read from a file failed, came back short or timed out (*os_error says) */
 };
 
 /* N-gram row ids for `tokens` new tokens of one request.
@@ -57,6 +58,21 @@ int engram_vector_bytes_cpu(const void* base, int64_t row_bytes);
 int engram_readahead_cpu(const uint8_t* base, int64_t shard_rows, int64_t row_bytes, int64_t row_start,
                          const int64_t* ids, int64_t n, int64_t gap_bytes, int64_t max_range_bytes, int64_t* scratch,
                          int64_t scratch_n, int64_t* ranges, int64_t* bytes);
+
+/* Rows of a file read from the disk straight into `dst` (direct_cpu.c: O_DIRECT through io_uring, so the
+ * page cache gains no page). fd: the file, opened with O_DIRECT; file_size: its size; offset: the file
+ * offset of the part's row 0, shard_rows rows of row_bytes from there, all within the file. rows [n]:
+ * shard-local rows, strictly ascending; slots [n]: the row of dst ([dst_rows, row_bytes]) each one goes to.
+ * Rows whose pages lie at most gap_bytes apart are read as one range of at most max_range_bytes (a multiple
+ * of 4096), at most `depth` reads in flight. A row or slot out of bounds is ENGRAM_ERR_ARGUMENT, nothing
+ * read. A read that fails, comes back short (the file shrank: *os_error 0) or is not done timeout_ms
+ * after the call began is ENGRAM_ERR_IO with *os_error the errno (ENOSYS: no io_uring here, or one
+ * that cannot bound a wait); the rows of the ranges that did complete are written, the others not.
+ * *ranges and *bytes (when not NULL): the reads made and the bytes they brought. */
+int engram_read_direct_cpu(int fd, int64_t file_size, int64_t offset, int64_t shard_rows, int64_t row_bytes,
+                           const int64_t* rows, const int64_t* slots, int64_t n, uint8_t* dst, int64_t dst_rows,
+                           int64_t gap_bytes, int64_t max_range_bytes, int64_t depth, int64_t timeout_ms,
+                           int64_t* ranges, int64_t* bytes, int64_t* os_error);
 
 /* The RAM tier's index (tier_cpu.c): which rows of a shard of shard_rows (global ids from row_start) it
  * holds, in which of its `capacity` slots. table: int64 [buckets], buckets > capacity (so a probe always

@@ -86,6 +86,7 @@ class Mapping:
     kind: str
     path: str | None = None
     file_id: tuple[int, int] | None = None  # (device, inode) of the file mapped, to know it again by name
+    direct_fd: int | None = None  # the file's descriptor for reads past the page cache (O_DIRECT), if kept
     _array: ctypes.Array[ctypes.c_uint8] | None = field(default=None, repr=False)
     _hooks: list[Callable[[], None]] = field(default_factory=list, repr=False)
 

@@ -20,12 +20,14 @@ from engram.user_cache import load_library
 
 log = logging.getLogger(__name__)
 
+STATUS_IO = 5  # ENGRAM_ERR_IO: *os_error says more
 STATUS = {
     0: "ok",
     1: "invalid argument",
     2: "id outside the table",
     3: "CUDA error",
     4: "a table read faulted: the memory behind the table is gone (a file-backed table's file shrank)",
+    5: "a read from the file failed",
 }
 _I64P = ctypes.POINTER(ctypes.c_int64)
 _VP = ctypes.c_void_p
@@ -38,6 +40,10 @@ SIGNATURES: dict[str, list[type]] = {
     "engram_readahead_cpu": [
         _VP, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, _I64P, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
         _I64P, ctypes.c_int64, _I64P, _I64P,
+    ],
+    "engram_read_direct_cpu": [
+        ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, _I64P, _I64P, ctypes.c_int64,
+        _VP, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, _I64P, _I64P, _I64P,
     ],
     "engram_tier_find": [_I64P, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, _I64P, ctypes.c_int64, _I64P],
     "engram_tier_insert": [

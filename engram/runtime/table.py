@@ -322,8 +322,9 @@ class Table:
 
     def _read_through_tier(self, ids: torch.Tensor, out: torch.Tensor | None, kind: Output) -> torch.Tensor:
         """A lookup of a file on disk from host ids through its RAM tier: the distinct rows it does not
-        hold read READ_BATCH_ROWS at a time in address order (as _read_in_batches) and admitted while
-        their pages are resident. Every id's row is gathered from the tier while the first batch's pages
+        hold admitted READ_BATCH_ROWS at a time in address order, read from the disk straight into their
+        slots (Tier.admitting, where direct reads work) or through the page cache (as _read_in_batches)
+        and copied while their pages are resident. Every id's row is gathered from the tier while the first batch's pages
         are on their way (the rows not held yet come out as zeros), and the rows admitted are then written
         to their ids. Its hits and the rows it admits are pinned until then (Tier.serving). A row it cannot
         admit (a static tier, or a lookup that pins every slot) is gathered from the file with its batch
@@ -342,17 +343,23 @@ class Table:
             if not misses.numel():
                 return self._from_tier(slot[inverse].view(ids.shape), kind, out)
             rows, spread, admitted = None, None, torch.zeros(distinct.numel(), dtype=torch.bool)
-            for start in range(0, misses.numel(), READ_BATCH_ROWS):
-                at = misses[start : start + READ_BATCH_ROWS]
-                with self._disk_reads(), reading(self.shard, distinct[at], self.budget, behind=True):
+            batch = misses.numel() if tier.direct else READ_BATCH_ROWS  # direct reads leave no page to push out
+            for start in range(0, misses.numel(), batch):
+                at = misses[start : start + batch]
+                asking = (
+                    contextlib.nullcontext()
+                    if tier.direct
+                    else reading(self.shard, distinct[at], self.budget, behind=True)
+                )
+                with self._disk_reads(), asking, tier.admitting(distinct[at]) as got:
                     if rows is None:  # the CPU's share of the lookup, while the disk reads the first batch
                         rows = self._from_tier(slot[inverse].view(ids.shape), kind, out)
-                    got = tier.admit_read(distinct[at])
-                    slot[at[: got.numel()]] = got
-                    admitted[at[: got.numel()]] = True
-                    left = at[got.numel() :]
-                    if left.numel():
-                        spread = spread or Spread(inverse, distinct.numel(), rows)
+                slot[at[: got.numel()]] = got
+                admitted[at[: got.numel()]] = True
+                left = at[got.numel() :]
+                if left.numel():
+                    spread = spread or Spread(inverse, distinct.numel(), rows)
+                    with self._disk_reads(), reading(self.shard, distinct[left], self.budget):
                         spread.put(left, self._gather(distinct[left], kind))
             assert rows is not None
             late = admitted[inverse].nonzero().squeeze(1)  # the ids whose rows this lookup admitted

@@ -42,7 +42,15 @@ import torch
 from engram.errors import EngramError
 from engram.ops import cpu
 from engram.runtime.cache import COUNTS, EMPTY_KEY, HotRows, find, merge, stored_rows
-from engram.runtime.placement.filemap import files_named_on_fault, read_ahead
+from engram.runtime.placement.filemap import (
+    direct_file,
+    direct_reads_work,
+    files_named_on_fault,
+    finished,
+    read_ahead,
+    read_direct,
+    reader,
+)
 from engram.runtime.placement.storage import TableShard
 from engram.runtime.rowindex import FREE, RowIndex, buckets_for, native
 from engram.runtime.sketch import DEPTH, FrequencySketch, sketch_width
@@ -391,6 +399,9 @@ class Tier:
         self._served = torch.zeros((), dtype=torch.int64, device=device)  # ids appended since the last refresh
         self.since = 0  # ids the host saw looked up since the last refresh (graph replays not among them)
         self.refreshes = self.admissions = self.evictions = 0
+        # Misses of a file on disk read from it straight into their slots, past the page cache, where
+        # that works here (filemap.direct_reads_work): under a memory limit the page cache's reads reclaim.
+        self.direct = self.eager and policy == "online" and direct_reads_work(shard)
 
     @property
     def capacity(self) -> int:
@@ -467,13 +478,42 @@ class Tier:
         finally:
             self.admission.end()
 
-    def admit_read(self, rows: torch.Tensor) -> torch.Tensor:
-        """Admit rows of ours just read from the file (not held, ascending), inside `serving`, while their
-        pages are in the page cache (EagerAdmission.take): the slots of the first of them, those admitted."""
+    @contextlib.contextmanager
+    def admitting(self, rows: torch.Tensor) -> Iterator[torch.Tensor]:
+        """Admit rows of ours the lookup in progress missed (not held, ascending), inside `serving`
+        (EagerAdmission.take), and yield the slots of the first of them, those admitted. Their bytes are
+        in the slots once the body has run: read from the disk past the page cache on the read-ahead
+        thread while it runs (`direct`), else copied from the file's pages after it (the caller asked for
+        them: filemap.reading). If anything fails, the tier lets every row go rather than name rows whose
+        bytes never came."""
         assert isinstance(self.admission, EagerAdmission)
         change = self.admission.take(rows)
-        self._move(change)
-        return change.slots
+        self.admissions += change.admitted.numel()
+        self.evictions += change.evicted
+        parts = self._parts() if change.admitted.numel() else []
+        past = [self.direct and direct_file(self.shard, part) is not None for part, _ in parts]
+        pending = [
+            reader().submit(read_direct, self.shard, part, change.admitted, change.slots, mine)
+            for (part, mine), direct in zip(parts, past, strict=True) if direct
+        ]  # fmt: skip
+        copied = [pair for pair, direct in zip(parts, past, strict=True) if not direct]
+        try:
+            try:
+                if pending:  # the parts in memory (block scales kept private) copied while the disk reads
+                    self._copy(change, copied)
+                yield change.slots
+            finally:  # the slots are written until the reads are done, the body's error or not
+                finished(pending, self.shard)
+            if not pending:  # from the file's pages, asked for by the caller, after the body's work
+                self._copy(change, copied)
+        except BaseException:
+            self.admission.warm(change.admitted[:0])
+            raise
+
+    def _parts(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The shard's weight and scale, each with the tier's rows of it."""
+        pairs = ((self.shard.weight, self.rows.weight), (self.shard.scale, self.rows.scale))
+        return [(part, mine) for part, mine in pairs if part is not None and mine is not None]
 
     def _move(self, change: Change, *, cold: bool = False) -> None:
         """Copy the admitted rows into their slots; `cold`: their pages may be out of the page cache (a
@@ -485,18 +525,20 @@ class Tier:
         if cold and self.shard.readahead:  # a file on disk: its pages asked for at once, sorted and coalesced
             read_ahead(self.shard, change.admitted)
         try:
-            with files_named_on_fault(self.shard):
-                for part, mine in ((self.shard.weight, self.rows.weight), (self.shard.scale, self.rows.scale)):
-                    if part is None or mine is None:
-                        continue
-                    for start in range(0, change.admitted.numel(), CANDIDATE_CHUNK):  # a few MB in flight at most
-                        chunk = change.admitted[start : start + CANDIDATE_CHUNK]
-                        rows = stored_rows(self.shard, part, chunk, self.device)
-                        slots = change.slots[start : start + CANDIDATE_CHUNK].to(self.device)
-                        mine.view(torch.uint8).index_copy_(0, slots, rows.view(torch.uint8))
+            self._copy(change, self._parts())
         except BaseException:  # the index names rows whose bytes never came: hold none rather than serve them
             self.admission.warm(change.admitted[:0])
             raise
+
+    def _copy(self, change: Change, parts: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """The admitted rows of each (shard part, tier rows) pair copied from the part into their slots."""
+        with files_named_on_fault(self.shard):
+            for part, mine in parts:
+                for start in range(0, change.admitted.numel(), CANDIDATE_CHUNK):  # a few MB in flight at most
+                    chunk = change.admitted[start : start + CANDIDATE_CHUNK]
+                    rows = stored_rows(self.shard, part, chunk, self.device)
+                    slots = change.slots[start : start + CANDIDATE_CHUNK].to(self.device)
+                    mine.view(torch.uint8).index_copy_(0, slots, rows.view(torch.uint8))
 
     def stats(self) -> TierStats:
         """Its counters (reading them waits for the lookups queued so far on a GPU)."""

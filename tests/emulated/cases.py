@@ -2,12 +2,16 @@
 on a GPU (engram.ops.cuda.gather_cuda), against the CPU twins and engram.ops.reference, bit for bit. Every
 load and store is checked by AddressSanitizer against the exact allocations the caller made, so a read
 one byte past a table fails here. The RAM tier's index (kernels/cpu/tier_cpu.c) runs here too, built
-under the sanitizer, against a dict and CLOCK one slot at a time. Run by tests/test_emulated_kernels.py in a
+under the sanitizer, against a dict and CLOCK one slot at a time, and its reads past the page cache
+(direct_cpu.c) against the file's bytes. Run by tests/test_emulated_kernels.py in a
 process with the sanitizer's runtime preloaded; not collected on its own."""
 
 from __future__ import annotations
 
 import ctypes
+import os
+import random
+import tempfile
 
 import pytest
 import torch
@@ -20,6 +24,7 @@ from engram.runtime.rowindex import EMPTY, FREE, buckets_for
 from engram.runtime.tier import CLEAR, PINNED, SET
 from tests.bits import same_bytes
 from tests.emulated.library import emulated, sanitized_tier
+from tests.runtime.placement.reference import direct_ranges
 
 GEN = torch.Generator().manual_seed(33)
 SIZES = [0, 1, 2, 3, 4, 5, 7, 8, 9, 31, 32, 33, 63, 64, 65, 127, 128, 129, 257]
@@ -348,3 +353,52 @@ def test_the_clock_sweep_stays_inside_its_arrays_and_is_clock(states: list[int],
     else:
         assert status == 0 and victims.tolist() == taken and at.value == moving
     assert state.tolist() == want
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.sampled_from([1, 8, 264, 4096, 5000]),
+    st.integers(0, 5000),
+    st.sets(st.integers(0, 199), max_size=60),
+    st.integers(1, 9),
+    st.sampled_from([0, 4096]),
+    st.sampled_from([4096, 12288]),
+    st.randoms(use_true_random=False),
+)
+def test_direct_reads_stay_inside_their_arrays_and_read_the_files_bytes(
+    row_bytes: int, offset: int, rows: set[int], depth: int, gap: int, most: int, shuffle: random.Random
+) -> None:
+    """engram_read_direct_cpu under AddressSanitizer: rows, slots and the destination exactly as long as
+    the call says, any row size, offset, coalescing and depth; each row's bytes land in its slot alone,
+    equal to the file's, in the reads the rule's model counts."""
+    library = sanitized_tier()
+    shard_rows = 200
+    data = random.Random(row_bytes * 7 + offset).randbytes(offset + shard_rows * row_bytes)
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "rows.bin")
+        with open(path, "wb") as f:
+            f.write(data)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        except OSError:
+            pytest.skip("this file system refuses O_DIRECT")
+        try:
+            wanted = sorted(rows)
+            slots = list(range(len(wanted)))
+            shuffle.shuffle(slots)
+            dst = exact(len(wanted) * row_bytes)
+            asked, where = exact_i64(wanted), exact_i64(slots)
+            ranges, nbytes, error = ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int64()
+            status = library.engram_read_direct_cpu(
+                fd, len(data), offset, shard_rows, row_bytes, cpu.ptr(asked), cpu.ptr(where), len(wanted),
+                dst.data_ptr(), len(wanted), gap, most, depth, 60_000, ctypes.byref(ranges), ctypes.byref(nbytes),
+                ctypes.byref(error),
+            )  # fmt: skip
+        finally:
+            os.close(fd)
+    assert (status, error.value) == (0, 0)
+    assert (ranges.value, nbytes.value) == direct_ranges(len(data), offset, row_bytes, wanted, gap, most)
+    got = dst.view(-1, row_bytes) if wanted else dst
+    for row, slot in zip(wanted, slots, strict=True):
+        start = offset + row * row_bytes
+        assert bytes(got[slot].tolist()) == data[start : start + row_bytes]

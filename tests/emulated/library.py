@@ -48,6 +48,8 @@ TIER_FUNCTIONS = ("engram_tier_find", "engram_tier_insert", "engram_tier_remove"
 
 @functools.cache
 def sanitized_tier() -> ctypes.CDLL:
-    """kernels/cpu/tier_cpu.c under AddressSanitizer, its functions declared as engram.ops.cpu declares them."""
-    library = ctypes.CDLL(str(build_library("engram_tier_asan", [KERNELS / "cpu" / "tier_cpu.c"], C_COMPILER, C_FLAGS)))
-    return cpu.bind(library, {name: cpu.SIGNATURES[name] for name in TIER_FUNCTIONS})
+    """kernels/cpu/tier_cpu.c and direct_cpu.c (the RAM tier's index and its reads past the page cache)
+    under AddressSanitizer, their functions declared as engram.ops.cpu declares them."""
+    sources = [KERNELS / "cpu" / "tier_cpu.c", KERNELS / "cpu" / "direct_cpu.c"]
+    library = ctypes.CDLL(str(build_library("engram_tier_asan", sources, C_COMPILER, C_FLAGS)))
+    return cpu.bind(library, {name: cpu.SIGNATURES[name] for name in (*TIER_FUNCTIONS, "engram_read_direct_cpu")})

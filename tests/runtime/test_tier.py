@@ -7,6 +7,7 @@ file read only for its misses."""
 
 from __future__ import annotations
 
+import gc
 import itertools
 import time
 from pathlib import Path
@@ -23,14 +24,15 @@ from engram.runtime import table as table_module
 from engram.runtime import tier as tier_module
 from engram.runtime.cache import EMPTY_KEY
 from engram.runtime.checkpoints.loader import Checkpoint
-from engram.runtime.placement.filemap import in_files
+from engram.runtime.placement.filemap import DIRECT_GAP, DIRECT_MAX_RANGE, direct_file, in_files
 from engram.runtime.placement.residency import MADV_DONTNEED, drop_file_cache, resident_bytes, resident_pages
 from engram.runtime.plan import table_shards
 from engram.runtime.sketch import DEPTH, SATURATED, FrequencySketch
 from engram.runtime.table import PACKED, Table
 from engram.runtime.tables import open_tables
-from engram.runtime.tier import PINNED, Admission, EagerAdmission, capacity_for, state_bytes
+from engram.runtime.tier import PINNED, Admission, EagerAdmission, Tier, capacity_for, state_bytes
 from tests.bits import same_bits
+from tests.runtime.placement.reference import direct_ranges
 from tests.runtime.shards import random_shard
 from tests.runtime.specs import SMALL
 
@@ -196,10 +198,34 @@ def file_tables(checkpoint: Path) -> tuple[Table, Table, int]:
     return Table(mapped, rows), Table(loaded, rows), rows
 
 
+@pytest.fixture(params=["direct", "page cache"])
+def read_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """How a RAM tier reads its misses: past the page cache (O_DIRECT, where the file system takes it),
+    or through it (ENGRAM_DIRECT_READS=0). Set before the file is mapped: its descriptor is kept then."""
+    if request.param == "page cache":
+        monkeypatch.setenv("ENGRAM_DIRECT_READS", "0")
+    else:
+        monkeypatch.delenv("ENGRAM_DIRECT_READS", raising=False)
+    return str(request.param)
+
+
+def reads_as_told(table: Table, read_path: str) -> Tier:
+    """The table's RAM tier, which reads its misses the way `read_path` says (skipped where direct reads
+    cannot work: a file system that refuses O_DIRECT)."""
+    tier = table.tier
+    assert tier is not None and tier.eager
+    if read_path == "direct" and not tier.direct and direct_file(table.shard, table.shard.weight) is None:
+        pytest.skip("this file system refuses O_DIRECT")
+    assert tier.direct == (read_path == "direct")
+    return tier
+
+
 def drop_pages(table: Table) -> None:
     """The table's file out of the page cache. A read-ahead's pages still being read (the gap pages of a
     coalesced range, which no gather waited for) land after a drop, so it drops until none is resident,
-    a bounded number of times."""
+    a bounded number of times. A mapping of the file that an earlier test left to the garbage collector
+    (a failed lookup's traceback holds its table) keeps the pages it mapped: collected first."""
+    gc.collect()
     for _ in range(200):
         for mapping in table.shard.files:
             madvise(mapping.addr, mapping.length, MADV_DONTNEED)
@@ -319,7 +345,7 @@ def test_eager_admission_is_clock_for_any_lookups(capacity: int, profile: list[i
 
 @pytest.mark.parametrize("output", ["bf16", "packed", "out"])
 def test_a_ram_tier_serves_rows_bit_equal_to_the_loaded_table(
-    small_checkpoint: Path, monkeypatch: pytest.MonkeyPatch, output: str
+    small_checkpoint: Path, monkeypatch: pytest.MonkeyPatch, output: str, read_path: str
 ) -> None:
     """Decode- and prefill-sized lookups (the latter read in many small batches) through a RAM tier that
     fills, then evicts: every row equals the loaded table's, the counters equal counts made outside, the
@@ -329,7 +355,7 @@ def test_a_ram_tier_serves_rows_bit_equal_to_the_loaded_table(
     row_bytes = table.shard.format.row_bytes
     budget = 2000 * row_bytes + state_bytes(2000, rows, 0, "online", eager=True)
     assert table.keep_hot(budget, "cpu", "ram") == 2000 == capacity_for(budget, row_bytes, rows, eager=True)
-    tier = table.tier
+    tier = reads_as_told(table, read_path)
     assert tier is not None and tier.eager and isinstance(tier.admission, EagerAdmission)
     generator = torch.Generator().manual_seed(8)
     hits = looked_up = owned_misses = 0
@@ -367,16 +393,16 @@ def test_a_ram_tier_serves_rows_bit_equal_to_the_loaded_table(
 
 
 def test_a_failed_ram_tier_lookup_leaves_no_row_pinned_and_no_row_wrong(
-    small_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+    small_checkpoint: Path, monkeypatch: pytest.MonkeyPatch, read_path: str
 ) -> None:
-    """An id outside the table fails a lookup before the tier changes; a copy into the tier that fails
-    (as a file that shrank fails it) leaves the tier holding nothing rather than rows it never got, and
-    no slot pinned: the lookups after it are bit-equal and the tier fills again."""
+    """An id outside the table fails a lookup before the tier changes; a read or copy into the tier that
+    fails (as a file that shrank fails it) leaves the tier holding nothing rather than rows it never got,
+    and no slot pinned: the lookups after it are bit-equal and the tier fills again."""
     monkeypatch.setattr(table_module, "READ_BATCH_ROWS", 100)
     table, plain, rows = file_tables(small_checkpoint)
     assert table.keep_hot(300 * table.shard.format.row_bytes + state_bytes(300, rows, 0, "online", True), "cpu", "ram")
-    tier = table.tier
-    assert tier is not None and isinstance(tier.admission, EagerAdmission)
+    tier = reads_as_told(table, read_path)
+    assert isinstance(tier.admission, EagerAdmission)
     generator = torch.Generator().manual_seed(5)
     table.lookup(zipf_ids(generator, rows, 2048).view(256, 8))
     held, state = tier.admission.held_rows(), tier.admission.referenced.clone()
@@ -391,13 +417,14 @@ def test_a_failed_ram_tier_lookup_leaves_no_row_pinned_and_no_row_wrong(
             raise EngramError("the checkpoint shrank")
         return real(*args)  # type: ignore[arg-type]
 
-    real = tier_module.stored_rows
-    monkeypatch.setattr(tier_module, "stored_rows", fail_second)
+    copies = "read_direct" if tier.direct else "stored_rows"  # what brings the admitted rows' bytes
+    real = getattr(tier_module, copies)
+    monkeypatch.setattr(tier_module, copies, fail_second)
     ids = zipf_ids(generator, rows, 4096, shift=333).view(512, 8)
     with pytest.raises(EngramError, match="shrank"):
         table.lookup(ids)
-    assert tier.admission.used == 0 and not bool((tier.admission.referenced == PINNED).any())
-    monkeypatch.setattr(tier_module, "stored_rows", real)
+    assert len(calls) == 2 and tier.admission.used == 0 and not bool((tier.admission.referenced == PINNED).any())
+    monkeypatch.setattr(tier_module, copies, real)
     for _ in range(3):
         assert same_bits(table.lookup(ids), plain.lookup(ids))
         check_eager_state(tier.admission)
@@ -407,15 +434,15 @@ def test_a_failed_ram_tier_lookup_leaves_no_row_pinned_and_no_row_wrong(
     plain.release()
 
 
-def test_a_ram_tier_reads_only_its_misses_from_the_file(small_checkpoint: Path) -> None:
+def test_a_ram_tier_reads_only_its_misses_from_the_file(small_checkpoint: Path, read_path: str) -> None:
     """With the file's page cache dropped, a lookup of rows the tier holds brings in no page, and a lookup
-    of rows it does not hold reads what mincore then sees resident (within 1%), counted in
-    disk_bytes_read."""
+    of rows it does not hold reads theirs alone, counted in disk_bytes_read: through the page cache, what
+    mincore then sees resident (within 1%); past it, the bytes of their direct reads (the rule's model)
+    with no page of the file cached."""
     table, plain, rows = file_tables(small_checkpoint)
     budget = 600 * table.shard.format.row_bytes + state_bytes(600, rows, 0, "online", eager=True)
     assert table.keep_hot(budget, "cpu", "ram") == 600
-    tier = table.tier
-    assert tier is not None
+    tier = reads_as_told(table, read_path)
     for _ in range(4):
         ids = zipf_ids(torch.Generator().manual_seed(9), rows, 1024).view(128, 8)
         table.lookup(ids)
@@ -423,16 +450,28 @@ def test_a_ram_tier_reads_only_its_misses_from_the_file(small_checkpoint: Path) 
     held = tier.admission.held_rows()[:500].view(50, 10)
     assert same_bits(table.lookup(held), plain.lookup(held))
     assert resident_bytes(table.shard.files) == 0  # all hits: not a page of the file was read
-    misses = torch.tensor([[r for r in range(rows) if r not in set(tier.admission.held_rows().tolist())][:8]])
+    misses = [r for r in range(rows) if r not in set(tier.admission.held_rows().tolist())][:8]
     read_before = table.stats().disk_bytes_read
-    assert same_bits(table.lookup(misses), plain.lookup(misses)) and resident_bytes(table.shard.files) > 0
-    read = table.stats().disk_bytes_read - read_before  # /proc/self/io, against the pages now resident
-    assert abs(read - resident_bytes(table.shard.files)) <= 0.01 * resident_bytes(table.shard.files), read
+    assert same_bits(table.lookup(torch.tensor([misses])), plain.lookup(torch.tensor([misses])))
+    read = table.stats().disk_bytes_read - read_before  # /proc/self/io
+    if tier.direct:
+        expected = 0
+        for part in (table.shard.weight, table.shard.scale):
+            assert part is not None and in_files(table.shard, part)
+            row_bytes, file = part.shape[1] * part.element_size(), table.shard.files[0]
+            local = [r - table.row_start for r in misses]
+            expected += direct_ranges(
+                file.size, part.data_ptr() - file.addr, row_bytes, local, DIRECT_GAP, DIRECT_MAX_RANGE
+            )[1]
+        assert read == expected and resident_bytes(table.shard.files) == 0
+    else:
+        resident = resident_bytes(table.shard.files)
+        assert resident > 0 and abs(read - resident) <= 0.01 * resident, read
     table.release()
     plain.release()
 
 
-def test_a_ram_tier_keeps_the_block_scales_that_fit_a_quarter_of_it(small_checkpoint: Path) -> None:
+def test_a_ram_tier_keeps_the_block_scales_that_fit_a_quarter_of_it(small_checkpoint: Path, read_path: str) -> None:
     """Block scales taking more than a quarter of a RAM tier's budget stay the file's; at a quarter they
     are read into private memory, bit-equal to the file's, counted in the tier's bytes and taken from its
     rows' budget, and a miss then reads pages of its row's weight alone: rows bit-equal, as stored too."""
@@ -448,8 +487,7 @@ def test_a_ram_tier_keeps_the_block_scales_that_fit_a_quarter_of_it(small_checkp
     private = table.shard.scale
     assert private is not None and not in_files(table.shard, private)
     assert torch.equal(private.view(torch.uint8), plain.shard.scale.view(torch.uint8))  # type: ignore[union-attr]
-    tier = table.tier
-    assert tier is not None
+    tier = reads_as_told(table, read_path)
     assert (
         tier.stats().bytes == capacity * row_bytes + state_bytes(capacity, rows, 0, "online", eager=True) + scale_bytes
     )

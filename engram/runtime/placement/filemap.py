@@ -22,6 +22,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import fcntl
+import functools
 import logging
 import os
 from collections.abc import Iterator
@@ -139,8 +141,9 @@ def private_scales(shard: TableShard) -> int:
         with files_named_on_fault(shard):
             for start in range(shard.row_start, shard.row_stop, SCALE_CHUNK_ROWS):
                 rows = torch.arange(start, min(shard.row_stop, start + SCALE_CHUNK_ROWS))
-                got = GatherCall(raw, None, rows, shard.row_start, shard.row_stop, torch.uint8).run()
-                copy[start - shard.row_start : start - shard.row_start + rows.numel()] = got
+                copy[start - shard.row_start : start - shard.row_start + rows.numel()] = stored_part_rows(
+                    shard, part, rows
+                )
         shard.scale = copy.view(part.dtype)
     return part.numel() * part.element_size()
 
@@ -200,38 +203,133 @@ def reading(
             yield
         else:  # probed here: the body's first reads must not make the cold look resident
             flat = cold_rows(shard, ids)
-            pending = None if flat is None else _asker().submit(ask_for, shard, flat)
+            pending = None if flat is None else reader().submit(ask_for, shard, flat)
             try:
                 yield
             finally:  # the mapping and ids stay ours until the requests are made, the body's error or not
-                asked = None if pending is None else requests_made(pending, shard)
+                asked = None if pending is None else finished([pending], shard)[0]
     if budget is not None:
         budget.after_lookup(shard, ids, None if asked is None else asked.bytes)
 
 
 READAHEAD_TIMEOUT_S = 600  # a read-ahead's requests outlasting this: the device has stopped answering
-_askers: dict[int, ThreadPoolExecutor] = {}
+WAIT_MARGIN_S = 30  # a direct read gives up after READAHEAD_TIMEOUT_S itself: its waiter waits that long
+_readers: dict[int, ThreadPoolExecutor] = {}
 
 
-def requests_made(pending: Future[Asked], shard: TableShard) -> Asked:
-    """What a read-ahead handed to the worker thread asked for, once its requests are made."""
-    try:
-        return pending.result(timeout=READAHEAD_TIMEOUT_S)
-    except TimeoutError:
-        names = ", ".join(str(m.path) for m in shard.files)
-        raise EngramError(
-            f"{names}: asking the disk for pages took over {READAHEAD_TIMEOUT_S} s; check the device (dmesg), "
-            "or put the file on a disk that answers"
-        ) from None
+def finished(pending: list[Future[Asked]], shard: TableShard) -> list[Asked]:
+    """What each read or read-ahead handed to the read-ahead thread did, once every one is done (each
+    waited for at most READAHEAD_TIMEOUT_S, and a little more for direct reads, which give up then
+    themselves); the first error among them raised once all are."""
+    results: list[Asked] = []
+    error: BaseException | None = None
+    for job in pending:
+        try:
+            results.append(job.result(timeout=READAHEAD_TIMEOUT_S + WAIT_MARGIN_S))
+        except TimeoutError:
+            names = ", ".join(str(m.path) for m in shard.files)
+            error = error or EngramError(
+                f"{names}: the disk took over {READAHEAD_TIMEOUT_S} s to answer; check the device (dmesg), "
+                "or put the file on a disk that answers"
+            )
+        except BaseException as exc:
+            error = error or exc
+    if error is not None:
+        raise error
+    return results
 
 
-def _asker() -> ThreadPoolExecutor:
+def reader() -> ThreadPoolExecutor:
     """This process's read-ahead thread (a forked child makes its own: the parent's thread is not in it)."""
     pid = os.getpid()
-    if pid not in _askers:
-        _askers.clear()
-        _askers[pid] = ThreadPoolExecutor(1, thread_name_prefix="engram-readahead")
-    return _askers[pid]
+    if pid not in _readers:
+        _readers.clear()
+        _readers[pid] = ThreadPoolExecutor(1, thread_name_prefix="engram-readahead")
+    return _readers[pid]
+
+
+DIRECT_DEPTH = 128  # reads in flight at once: the depth of the disk's request queue (nr_requests) here
+DIRECT_MAX_RANGE = 64 << 10  # the most one read brings: DIRECT_DEPTH x this of buffers (8 MiB) a call
+DIRECT_GAP = 0  # pages between rows are not read: a direct read keeps only the rows, so a gap is waste
+_direct_warned: set[str] = set()
+
+
+def direct_file(shard: TableShard, part: torch.Tensor) -> Mapping | None:
+    """The mapping of the file that `part` of a shard is a view of, where that file is read past the page
+    cache (keep_direct); None for a part in memory, or a file read through the page cache."""
+    for mapping in shard.files:
+        if mapping.addr <= part.data_ptr() < mapping.addr + mapping.length:
+            return mapping if mapping.direct_fd is not None else None
+    return None
+
+
+def read_direct(
+    shard: TableShard, part: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, into: torch.Tensor
+) -> Asked:
+    """Rows `rows` (global ids of the shard's, ascending, distinct) of `part` read from the disk into
+    `into[slots]` past the page cache (engram_read_direct_cpu), so the page cache gains no page; what was
+    read. A read that fails is an error naming the file, and one that comes back short names it as shrunk
+    (check_files)."""
+    mapping = direct_file(shard, part)
+    library = cpu.cpu_library()
+    assert mapping is not None and mapping.direct_fd is not None and library is not None
+    if into.dtype != part.dtype or into.shape[1:] != part.shape[1:] or not into.is_contiguous():
+        raise EngramError(
+            f"internal: {shard.name}'s rows are read into {into.dtype} {list(into.shape)} rows, not {part.dtype} {list(part.shape)}"
+        )
+    local = (rows.to(torch.int64) - shard.row_start).contiguous()
+    where = slots.to(torch.int64).contiguous()
+    ranges, nbytes, error = ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int64()
+    status = library.engram_read_direct_cpu(
+        mapping.direct_fd, mapping.size, part.data_ptr() - mapping.addr, part.shape[0],
+        part.shape[1] * part.element_size(), cpu.ptr(local), cpu.ptr(where), local.numel(), into.data_ptr(),
+        into.shape[0], DIRECT_GAP, DIRECT_MAX_RANGE, DIRECT_DEPTH, READAHEAD_TIMEOUT_S * 1000,
+        ctypes.byref(ranges), ctypes.byref(nbytes), ctypes.byref(error),
+    )  # fmt: skip
+    if status == cpu.STATUS_IO:
+        check_files(shard)  # a file that shrank is named as such
+        why = "a read came back short" if error.value == 0 else os.strerror(error.value)
+        raise EngramError(
+            f"{mapping.path}: reading {shard.name}'s rows from the disk failed ({why}); check the device (dmesg), "
+            "or set ENGRAM_DIRECT_READS=0 to read them through the page cache"
+        )
+    cpu.check(status, "engram_read_direct_cpu")
+    return Asked(ranges.value, nbytes.value)
+
+
+def direct_reads_work(shard: TableShard) -> bool:
+    """Whether each part of `shard` in a file on disk is read past the page cache, checked by reading its
+    first row that way and comparing it with the file's mapped page. Where that fails (a kernel without
+    io_uring, or one a sandbox forbids; a file system that takes O_DIRECT but reads it wrong), say so once
+    per file, and lookups read through the page cache."""
+    parts = [part for part in (shard.weight, shard.scale) if part is not None and in_files(shard, part)]
+    if not parts or not shard.rows or any(direct_file(shard, part) is None for part in parts):
+        return False
+    row = torch.tensor([shard.row_start])
+    for part in parts:
+        got = torch.empty((1, *part.shape[1:]), dtype=part.dtype)
+        try:
+            read_direct(shard, part, row, torch.zeros(1, dtype=torch.int64), got)
+            with files_named_on_fault(shard):
+                same = torch.equal(got.view(torch.uint8), stored_part_rows(shard, part, row).view(torch.uint8))
+        except EngramError as exc:
+            same, why = False, str(exc)
+        else:
+            why = "the bytes read differ from the file's"
+        if not same:
+            mapping = direct_file(shard, part)
+            assert mapping is not None
+            if str(mapping.path) not in _direct_warned:
+                _direct_warned.add(str(mapping.path))
+                log.warning("engram: %s is read through the page cache, not past it: %s", mapping.path, why)
+            return False
+    return True
+
+
+def stored_part_rows(shard: TableShard, part: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Rows `rows` (global ids) of a file-backed shard's `part`, as stored bytes, read by the guarded gather."""
+    raw = part.view(torch.uint8)
+    return GatherCall(raw, None, rows, shard.row_start, shard.row_stop, torch.uint8).run()
 
 
 def in_memory_fs(path: str) -> bool:
@@ -243,19 +341,40 @@ def in_memory_fs(path: str) -> bool:
 
 
 def map_file(file: SafetensorsFile) -> MappedFile:
-    """One read-only mapping of a validated file, after checking it is still the file that was validated."""
+    """One read-only mapping of a validated file, after checking it is still the file that was validated.
+    A file on disk keeps its descriptor for reads past the page cache (keep_direct), closed with the mapping."""
     fd = open_regular(file.path, "checkpoint file")
+    kept = False
     try:
         info = os.fstat(fd)
         if (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns) != file.identity:
             raise EngramError(f"{file.path}: the file changed between validation and mapping; start again")
         mapping = map_readonly_file(fd, info.st_size, str(file.path))
+        in_memory = in_memory_fs(str(file.path))
+        if not in_memory:  # random rows: the kernel's read-around would fetch pages nobody asked for
+            madvise(mapping.addr, mapping.length, MADV_RANDOM)
+            kept = keep_direct(mapping, fd)
     finally:
-        os.close(fd)  # the mapping keeps the inode alive
-    in_memory = in_memory_fs(str(file.path))
-    if not in_memory:  # random rows: the kernel's read-around would fetch pages nobody asked for
-        madvise(mapping.addr, mapping.length, MADV_RANDOM)
+        if not kept:
+            os.close(fd)  # the mapping keeps the inode alive
     return MappedFile(file, mapping, in_memory, not in_memory)
+
+
+def keep_direct(mapping: Mapping, fd: int) -> bool:
+    """Keep `fd` (the mapped file's own descriptor, never opened again by name) for reads past the page
+    cache: O_DIRECT set on it, and closed when the mapping goes. False where the file system refuses
+    O_DIRECT or ENGRAM_DIRECT_READS=0 says not to. O_NONBLOCK goes: io_uring would hand back EAGAIN for a
+    full device queue instead of waiting."""
+    if os.environ.get("ENGRAM_DIRECT_READS", "1") == "0":
+        return False
+    try:
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        fcntl.fcntl(fd, fcntl.F_SETFL, (flags & ~os.O_NONBLOCK) | os.O_DIRECT)
+    except OSError:
+        return False
+    mapping.direct_fd = fd
+    mapping.on_release(functools.partial(os.close, fd))
+    return True
 
 
 def uva_readable(mapped: MappedFile, runtime: CudaRuntime) -> bool:
