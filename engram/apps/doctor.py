@@ -18,6 +18,7 @@ from engram.errors import EngramError
 from engram.memory.host import read_host_limits
 from engram.memory.registration import CudaRuntime
 from engram.ops import cpu
+from engram.runtime.placement.filemap import direct_reads_problem
 from engram.runtime.placement.hugepages import thp_mode
 from engram.runtime.placement.numa import gpu_nodes
 from engram.runtime.placement.sharing import holders, listing
@@ -239,6 +240,19 @@ def check_native() -> Check:
     return Check("native CPU kernels", "pass", "built (kernels/cpu, OpenMP)")
 
 
+def check_direct_reads() -> Check:
+    """Whether a RAM tier over file-backed tables can read its misses past the page cache here."""
+    problem = direct_reads_problem()
+    if problem is None:
+        return Check("direct reads", "pass", "io_uring works: RAM tiers read their misses past the page cache")
+    return Check(
+        "direct reads",
+        "warn",
+        f"RAM tiers read their misses through the page cache here: {problem}",
+        "allow io_uring (Linux 5.11 or newer; a container's seccomp profile, or kernel.io_uring_disabled, can forbid it)",
+    )
+
+
 def check_gpu_memory(plan: DeploymentPlan, total_bytes: int | None) -> Check:
     """The plan's largest per-rank device bytes (device tables, or the hot-row cache of host tables)
     against one GPU's memory; `total_bytes` None: no GPU here to check against."""
@@ -274,4 +288,5 @@ def run_checks(plan: DeploymentPlan | None = None, given: bool | None = False) -
         *check_cuda(),
         check_nvcc(),
         check_native(),
+        check_direct_reads(),
     ]

@@ -321,14 +321,14 @@ class Table:
         return spread.result(ids.shape, out)
 
     def _read_through_tier(self, ids: torch.Tensor, out: torch.Tensor | None, kind: Output) -> torch.Tensor:
-        """A lookup of a file on disk from host ids through its RAM tier: the distinct rows it does not
-        hold admitted READ_BATCH_ROWS at a time in address order, read from the disk straight into their
-        slots (Tier.admitting, where direct reads work) or through the page cache (as _read_in_batches)
-        and copied while their pages are resident. Every id's row is gathered from the tier while the first batch's pages
-        are on their way (the rows not held yet come out as zeros), and the rows admitted are then written
-        to their ids. Its hits and the rows it admits are pinned until then (Tier.serving). A row it cannot
-        admit (a static tier, or a lookup that pins every slot) is gathered from the file with its batch
-        and written straight to its ids (Spread)."""
+        """A lookup of a file on disk from host ids through its RAM tier. The distinct rows it does not
+        hold are admitted (Tier.admitting): read from the disk straight into their slots, all at once,
+        where direct reads work, else READ_BATCH_ROWS at a time in address order through the page cache
+        (as _read_in_batches), copied while their pages are resident. Every id's row is gathered from
+        the tier while the first reads are on their way (the rows not held yet come out as zeros), and
+        the rows admitted are then written to their ids. Its hits and the rows it admits are pinned until
+        then (Tier.serving). A row it cannot admit (a static tier, or a lookup that pins every slot) is
+        gathered from the file, READ_BATCH_ROWS at a time, and written straight to its ids (Spread)."""
         tier = self.tier
         assert tier is not None
         flat = ids.reshape(-1)
@@ -357,10 +357,11 @@ class Table:
                 slot[at[: got.numel()]] = got
                 admitted[at[: got.numel()]] = True
                 left = at[got.numel() :]
-                if left.numel():
+                for first in range(0, left.numel(), READ_BATCH_ROWS):  # pages that fit the page cache at once
+                    part = left[first : first + READ_BATCH_ROWS]
                     spread = spread or Spread(inverse, distinct.numel(), rows)
-                    with self._disk_reads(), reading(self.shard, distinct[left], self.budget):
-                        spread.put(left, self._gather(distinct[left], kind))
+                    with self._disk_reads(), reading(self.shard, distinct[part], self.budget):
+                        spread.put(part, self._gather(distinct[part], kind))
             assert rows is not None
             late = admitted[inverse].nonzero().squeeze(1)  # the ids whose rows this lookup admitted
             for start in range(0, late.numel(), READ_BATCH_ROWS):  # a few MB of transient rows at a time

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -141,9 +142,35 @@ def test_doctor_passes_here_with_warnings(capsys: pytest.CaptureFixture[str]) ->
         "UVA",
         "nvcc",
         "native CPU kernels",
+        "direct reads",
     ]
     assert all(c["status"] in ("pass", "warn") for c in checks)
     assert all(c["fix"] for c in checks if c["status"] == "warn")
+    assert checks[-1]["status"] == "pass"  # this kernel has io_uring, and nothing forbids it
+
+
+def test_doctor_says_where_io_uring_is_forbidden(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sandbox that forbids io_uring_setup answers EPERM (a stand-in kernel call here, not a kernel)."""
+    from engram.ops import cpu
+
+    library = cpu.cpu_library()
+    assert library is not None
+
+    def forbidden(*args: object) -> int:
+        args[-1]._obj.value = errno.EPERM  # type: ignore[attr-defined]  # byref(os_error)'s c_int64
+        return cpu.STATUS_IO
+
+    monkeypatch.setattr(library, "engram_read_direct_cpu", forbidden)
+    main(["doctor", "--json"])
+    check = json.loads(capsys.readouterr().out)[-1]
+    assert check == {
+        "name": "direct reads",
+        "status": "warn",
+        "detail": "RAM tiers read their misses through the page cache here: io_uring cannot read here: Operation not permitted",
+        "fix": "allow io_uring (Linux 5.11 or newer; a container's seccomp profile, or kernel.io_uring_disabled, can forbid it)",
+    }
 
 
 def test_doctor_against_a_plan_that_does_not_fit(capsys: pytest.CaptureFixture[str]) -> None:

@@ -26,6 +26,7 @@ import fcntl
 import functools
 import logging
 import os
+import tempfile
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -324,6 +325,27 @@ def direct_reads_work(shard: TableShard) -> bool:
                 log.warning("engram: %s is read through the page cache, not past it: %s", mapping.path, why)
             return False
     return True
+
+
+def direct_reads_problem() -> str | None:
+    """Why this process cannot read a file past the page cache (the CPU kernels missing, io_uring absent,
+    forbidden by a sandbox or unable to bound a wait), or None where it can: one page of a scratch file
+    read through engram_read_direct_cpu. Whether a checkpoint's own file system takes O_DIRECT is checked
+    per file when a tier starts (direct_reads_work)."""
+    library = cpu.cpu_library()
+    if library is None:
+        return f"the CPU kernels are not built: {cpu.unavailable_reason()}"
+    row, into, error = torch.zeros(1, dtype=torch.int64), torch.empty(1, PAGE, dtype=torch.uint8), ctypes.c_int64()
+    with tempfile.TemporaryFile() as scratch:
+        scratch.write(bytes(PAGE))
+        scratch.flush()
+        status = library.engram_read_direct_cpu(
+            scratch.fileno(), PAGE, 0, 1, PAGE, cpu.ptr(row), cpu.ptr(row), 1, into.data_ptr(), 1, 0,
+            DIRECT_MAX_RANGE, 1, 10_000, None, None, ctypes.byref(error),
+        )  # fmt: skip
+    if status == cpu.STATUS_IO:
+        return f"io_uring cannot read here: {os.strerror(error.value)}"
+    return None if status == 0 else f"engram_read_direct_cpu failed: {cpu.STATUS.get(status, status)}"
 
 
 def stored_part_rows(shard: TableShard, part: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

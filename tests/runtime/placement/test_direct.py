@@ -7,6 +7,7 @@ read named as such, and a shard whose direct reads fail or read wrong is served 
 from __future__ import annotations
 
 import ctypes
+import errno
 import logging
 import os
 import random
@@ -249,3 +250,19 @@ def test_direct_reads_can_be_turned_off_and_their_descriptor_goes_with_the_mappi
     assert not os.path.exists(f"/proc/self/fd/{fd}") or os.readlink(f"/proc/self/fd/{fd}") != str(
         on_disk / "model.safetensors"
     )
+
+
+def test_a_read_that_never_completes_is_given_up_after_the_timeout() -> None:
+    """A read that never comes back (here from an empty pipe, as from a device that stopped answering)
+    ends the call with ETIMEDOUT once timeout_ms have passed, nothing written to the caller's rows; the
+    read left in flight lands, if ever, in the kernel function's own buffers."""
+    read_end, write_end = os.pipe()
+    try:
+        dst = torch.full((1, 256), SENTINEL, dtype=torch.uint8)
+        status, _, _, error = call(read_end, 1 << 20, 0, 16, 256, [0], [0], dst, depth=1, timeout_ms=200)
+        assert (status, error) == (cpu.STATUS_IO, errno.ETIMEDOUT)
+        os.write(write_end, bytes(ALIGN))  # what the abandoned read may still take: not the caller's memory
+        assert bool((dst == SENTINEL).all())
+    finally:
+        os.close(read_end)
+        os.close(write_end)
