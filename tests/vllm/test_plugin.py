@@ -110,7 +110,8 @@ def test_the_plugin_serves_qwen_tables_as_vllm_does(dtype: str, tmp_path: Path) 
 def test_the_plugin_serves_deepseek_tables_as_vllm_does(tmp_path: Path) -> None:
     """Engram._create_embedding with the plugin loaded: not enabled, vLLM's own ParallelEngramEmbedding;
     enabled, engram's subclass with the table in an engram mapping, or with file_backed a view of the
-    checkpoint's own pages (vLLM's weight loaders copy nothing), whose lookups (bf16 rows and packed fp8
+    checkpoint's own pages (vLLM's weight loaders copy nothing), and a RAM tier over it that reads its
+    misses past the page cache, whose lookups (bf16 rows and packed fp8
     bytes with their scales, TP 1 and each of TP 2's head shards) equal vLLM's kernel on vLLM's storage.
     The time from building the tables to the first lookup is printed for both (-s), not asserted."""
     write_checkpoint(DS, tmp_path, seed=8)
@@ -136,6 +137,11 @@ def test_the_plugin_serves_deepseek_tables_as_vllm_does(tmp_path: Path) -> None:
                     assert table["rows"] == theirs["rows"] and table["packed"] == theirs["packed"]
                 cached = answer["cached"][vllm_rank]["tables"][index]
                 assert cached["cached_rows"] > 0 and cached["hits"] > 0, cached
+                assert "error" not in answer["ram"][vllm_rank], answer["ram"][vllm_rank]
+                ram = answer["ram"][vllm_rank]["tables"][index]  # the first lookup misses, the packed one hits
+                assert ram["file_backed"] and ram["rows"] == theirs["rows"] and ram["packed"] == theirs["packed"]
+                if not in_memory_fs(str(tmp_path)):  # a file on disk: a RAM tier reading past the page cache
+                    assert ram["direct_reads"] and ram["cached_rows"] > 0 and ram["tier_hits"] > 0, ram
                 seconds = (theirs["seconds_to_first_lookup"], mapped["seconds_to_first_lookup"])
                 print(f"TP {tp}: start to first lookup, vLLM's load {seconds[0]:.4f} s, file-backed {seconds[1]:.4f} s")
 

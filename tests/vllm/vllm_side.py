@@ -490,7 +490,7 @@ def plugin_qwen_case(case: dict) -> dict:
                     tier = None if ours is None else ours.tier
                     out[str(layer_id)] = {
                         "cached_rows": 0 if tier is None else tier.admission.used,
-                        "hits": 0 if tier is None else int(torch.isin(ids, tier.admission.keys).sum()),
+                        "hits": 0 if tier is None else int(torch.isin(ids, tier.admission.held_rows()).sum()),
                         "class": type(table).__name__,
                         "rows": rows.contiguous().cpu().view(torch.uint8).flatten().tolist(),
                         "engram_storage": ours is not None and ours.stats().placement != "file",
@@ -602,12 +602,14 @@ def plugin_deepseek_case(case: dict) -> dict:
                     out.append(
                         {
                             "cached_rows": 0 if tier is None else tier.admission.used,
-                            "hits": 0 if tier is None else int(torch.isin(ids, tier.admission.keys).sum()),
+                            "hits": 0 if tier is None else int(torch.isin(ids, tier.admission.held_rows()).sum()),
                             "class": type(table).__name__,
                             "engram_storage": ours is not None and ours.stats().placement != "file",
                             "rows": rows.cpu().view(torch.int16).flatten().tolist(),
                             "packed": packed.cpu().flatten().tolist(),
                             "file_backed": ours is not None and ours.stats().placement == "file",
+                            "direct_reads": tier is not None and tier.direct,
+                            "tier_hits": 0 if tier is None else tier.stats().hits,
                             "seconds_to_first_lookup": first_lookup,
                         }
                     )
@@ -625,6 +627,8 @@ def plugin_deepseek_case(case: dict) -> dict:
     answer["hugepages"] = [build({"engram": {}}, r, cpu_offload=True, use_thp=True) for r in range(tp)]
     if "cache" in case:  # engram settings of a device cache
         answer["cached"] = [build({"engram": case["cache"]}, r, cpu_offload=True) for r in range(tp)]
+    ram = {"file_backed": True, "ram_cache_bytes": 1 << 20}  # a RAM tier over the file, misses read past the page cache
+    answer["ram"] = [build({"engram": ram}, r, cpu_offload=True) for r in range(tp)]
     return answer
 
 
