@@ -83,6 +83,7 @@ GRAMMARS = {
         "a command-line flag such as --data-parallel-size",
     ),
     "x-engram-default-from": (re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}", re.ASCII), "a field name"),
+    "x-engram-vllm": (re.compile(r"(0|[1-9][0-9]{0,3})\.(0|[1-9][0-9]{0,3})", re.ASCII), "a vLLM version such as 0.34"),
 }
 MAX_MESSAGE = 4096
 POINTER = re.compile(r"(/[a-z_]{1,64}){1,4}", re.ASCII)  # a deployment field, as a check's problem names it
@@ -276,10 +277,13 @@ def _check_node(node: dict[str, Any], pointer: str, dialects: frozenset[str] = f
         isinstance(older, list) and older and all(isinstance(n, str) and n.isidentifier() for n in older)
     ):
         raise SchemaError(f"{pointer}/x-engram-older-names: must be a non-empty list of field names (identifiers)")
-    if "x-engram-vllm" in node and node["x-engram-vllm"] is not True:
+    versions = node.get("x-engram-vllm")
+    if versions is not None and not (isinstance(versions, list) and versions and len(set(versions)) == len(versions)):
         raise SchemaError(
-            f"{pointer}/x-engram-vllm: write true on a field vLLM's own EngramConfig has, or leave it out"
+            f'{pointer}/x-engram-vllm: list the vLLM versions whose EngramConfig has the field (such as ["0.33", "0.34"]), or leave it out'
         )
+    if versions is not None and hashed is not None:
+        raise SchemaError(f"{pointer}/x-engram-hash: vLLM hashes its own fields (x-engram-vllm); drop the exclusion")
 
 
 def _check_rule(rule: dict[str, Any], pointer: str) -> None:

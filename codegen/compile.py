@@ -30,7 +30,7 @@ class FieldSpec:
     default_from: str | None
     older_names: tuple[str, ...] = ()  # names the field had before, still read (x-engram-older-names)
     nullable: bool = False  # its type is [kind, "null"]: null is a value of its own (dp_shared_memory: unresolved)
-    vllm: bool = False  # vLLM's own EngramConfig has it (x-engram-vllm)
+    vllm: tuple[str, ...] = ()  # the vLLM versions whose own EngramConfig has it (x-engram-vllm)
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,13 @@ class StructSpec:
     @property
     def integer_fields(self) -> tuple[str, ...]:
         return tuple(f.name for f in self.fields if f.kind == "integer")
+
+    @property
+    def vllm_versions(self) -> dict[str, tuple[str, ...]]:
+        """Each vLLM version (x-engram-vllm) -> the fields its own EngramConfig has, in schema order;
+        versions in numeric order."""
+        versions = sorted({v for f in self.fields for v in f.vllm}, key=lambda v: tuple(map(int, v.split("."))))
+        return {v: tuple(f.name for f in self.fields if v in f.vllm) for v in versions}
 
     @property
     def older_names(self) -> dict[str, str]:
@@ -201,7 +208,7 @@ def _struct(name: str, pointer: str, schema: dict[str, Any]) -> StructSpec:
                 default_from=default_from,
                 older_names=tuple(prop.get("x-engram-older-names", ())),
                 nullable=nullable,
-                vllm=prop.get("x-engram-vllm") is True,
+                vllm=tuple(prop.get("x-engram-vllm", ())),
             )
         )
     # Required fields first keeps the rendered struct readable; kw_only makes the order free.

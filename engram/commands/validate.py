@@ -31,7 +31,13 @@ def register(subparsers: Any) -> None:
         if name == "validate":
             parser.add_argument("--json", action="store_true", help="print the verdict as JSON")
         else:
-            parser.add_argument(
+            which = parser.add_mutually_exclusive_group()
+            which.add_argument(
+                "--vllm",
+                metavar="VERSION",
+                help="the digest of this vLLM version's EngramConfig (0.32, 0.33 or 0.34; the newest by default)",
+            )
+            which.add_argument(
                 "--older-names",
                 action="store_true",
                 help="the digest under the fields' first names (thp_packing), as the seed's EngramConfig computed it",
@@ -100,12 +106,15 @@ def run_validate(args: argparse.Namespace) -> int:
         print(resolution)
     if deployment.parallel_size is not None:
         print(f"embedding group size: {deployment.parallel_size}")
-    print(f"hash: {deployment.engram.compute_hash()}")
+    print(f"hash: {deployment.engram.compute_hash()}  ({deployment.engram.digest_name()})")
     return 0
 
 
 def run_hash(args: argparse.Namespace) -> int:
-    print(deployment_from_args(args).engram.compute_hash(older_names=args.older_names))
+    """The digest, then two spaces and what it is the digest of (as sha256sum prints a file's)."""
+    config = deployment_from_args(args).engram
+    which = {"vllm": args.vllm, "older_names": args.older_names}
+    print(f"{config.compute_hash(**which)}  {config.digest_name(**which)}")
     return 0
 
 
@@ -117,6 +126,7 @@ def _print_json(
         "checked": checked,
         "engram": msgspec.to_builtins(deployment.engram) if deployment else None,
         "hash": deployment.engram.compute_hash() if deployment else None,
+        "hash_of": deployment.engram.digest_name() if deployment else None,
         "parallel_size": deployment.parallel_size if deployment else None,
         "errors": [p._asdict() for p in errors or []],
     }

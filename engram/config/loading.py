@@ -283,7 +283,7 @@ def dp_shared_memory_resolution(given: bool | None, resolved: bool | None) -> st
         return None
     if resolved is None:
         return "dp_shared_memory: null, resolved once the parallel sizes are known (give --data-parallel-size)"
-    return f"dp_shared_memory: null, resolved to {json.dumps(resolved)} (vLLM 0.33: {NULL_RESOLUTION})"
+    return f"dp_shared_memory: null, resolved to {json.dumps(resolved)} (vLLM's rule, file_backed added: {NULL_RESOLUTION})"
 
 
 def checked_parts(document: Mapping[str, Any]) -> list[str]:

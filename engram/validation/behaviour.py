@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Protocol, Self
 
 import msgspec
 
-from engram.errors import ConfigError, Problem
+from engram.errors import ConfigError, EngramError, Problem
 
 
 class Parallel(Protocol):
@@ -33,7 +33,9 @@ class EngramConfigBehaviour:
 
     __slots__ = ()
 
-    HASHED: ClassVar[tuple[str, ...]]  # the fields that affect execution, in schema order
+    HASHED: ClassVar[tuple[str, ...]]  # the fields that change what a lookup returns, in schema order
+    VLLM_FIELDS: ClassVar[tuple[str, ...]]  # the fields any vLLM version's EngramConfig has, in schema order
+    VLLM_VERSIONS: ClassVar[dict[str, tuple[str, ...]]]  # vLLM version -> the fields its EngramConfig has
     FIRST_NAMES: ClassVar[dict[str, str]]  # field -> the name the seed's EngramConfig hashed it under
     NO_MODEL: ClassVar[str]  # the message when no model config is given
     check_document: ClassVar[Callable[..., bool]]  # (document, path, problems): the generated walk
@@ -44,19 +46,55 @@ class EngramConfigBehaviour:
     use_thp: bool
     file_backed: bool
 
-    def hash_factors(self, *, older_names: bool = False) -> dict[str, Any]:
-        """Every field that affects execution (fields the schema opts out with a reason are left out), by
-        its name, or with `older_names` by the name it had first (as the seed's EngramConfig hashed it)."""
-        factors = {name: getattr(self, name) for name in self.HASHED}
+    def hash_factors(self, *, vllm: str | None = None, older_names: bool = False) -> dict[str, Any]:
+        """The fields the digest covers, by name: those of vLLM `vllm`'s EngramConfig (digest_version) and
+        any hashed field of engram's own (today none: each says where rows live, and opts out), or with
+        `older_names` the oldest version's under the names they had first (as the seed's hashed them)."""
+        version = self.digest_version(vllm, older_names=older_names)
+        names = self.VLLM_VERSIONS[version]
+        names += tuple(name for name in self.HASHED if name not in self.VLLM_FIELDS)
+        factors = {name: getattr(self, name) for name in self.HASHED if name in names}
         if older_names:
             factors = {self.FIRST_NAMES.get(name, name): value for name, value in factors.items()}
         return factors
 
-    def compute_hash(self, *, older_names: bool = False) -> str:
-        """vLLM's digest: sha256 of json.dumps(hash_factors(), sort_keys=True); vLLM 0.33's for the same
-        settings, or with `older_names` the digest under the fields' first names."""
-        factors = json.dumps(self.hash_factors(older_names=older_names), sort_keys=True)
+    def compute_hash(self, *, vllm: str | None = None, older_names: bool = False) -> str:
+        """vLLM's digest of these settings, sha256 of json.dumps(hash_factors(), sort_keys=True): vLLM 0.34's
+        of EngramConfig.compile_factors() (the newest version the schema knows, by default), vLLM 0.32's
+        and 0.33's compute_hash(), or with `older_names` the seed's."""
+        factors = json.dumps(self.hash_factors(vllm=vllm, older_names=older_names), sort_keys=True)
         return hashlib.sha256(factors.encode()).hexdigest()
+
+    def digest_version(self, vllm: str | None = None, *, older_names: bool = False) -> str:
+        """The vLLM version (major.minor, a key of VLLM_VERSIONS) whose digest compute_hash gives: `vllm`
+        ("0.33", or a full version such as "0.33.0"), the newest by default, the oldest with `older_names`.
+        A version whose EngramConfig lacks a field set away from its default here is refused: its digest
+        could not tell the two configs apart."""
+        known = list(self.VLLM_VERSIONS)
+        if vllm is None:
+            version = known[0] if older_names else known[-1]
+        else:
+            version = ".".join(str(vllm).split("+")[0].split(".")[:2])
+            if version not in self.VLLM_VERSIONS:
+                raise EngramError(f"engram knows the EngramConfig digests of vLLM {', '.join(known)}, not of {vllm!r}")
+        defaults = type(self).__struct_defaults__  # type: ignore[attr-defined]
+        fields = type(self).__struct_fields__  # type: ignore[attr-defined]
+        for name in self.VLLM_FIELDS:
+            if name not in self.VLLM_VERSIONS[version] and getattr(self, name) != defaults[fields.index(name)]:
+                newer = next(v for v in known if name in self.VLLM_VERSIONS[v])
+                raise EngramError(
+                    f"{name} is a field of vLLM {newer}'s EngramConfig, not {version}'s, whose digest cannot include it; ask for vLLM {newer}'s digest"
+                )
+        return version
+
+    def digest_name(self, vllm: str | None = None, *, older_names: bool = False) -> str:
+        """What compute_hash(vllm, older_names) is the digest of, in words (`engram hash` prints it)."""
+        version = self.digest_version(vllm, older_names=older_names)
+        if older_names:
+            return "the seed's EngramConfig.compute_hash(), the fields under their first names"
+        # vLLM 0.34 replaced compute_hash() by compile_factors(), nested under "engram" in VllmConfig's.
+        method = "compute_hash()" if tuple(map(int, version.split("."))) < (0, 34) else "compile_factors()"
+        return f"vLLM {version}'s EngramConfig.{method}"
 
     def verify_model_config(self, model: msgspec.Struct | None, platform: str | None = None) -> None:
         """Reject a model without n-gram embeddings, or a platform without an Engram backend.

@@ -54,7 +54,13 @@ def cpu_offload(schema: dict[str, Any]) -> dict[str, Any]:
         (lambda s: s["allOf"][0].pop("x-engram-rule"), "/allOf/0/x-engram-path: only an if/then rule"),
         (lambda s: s["allOf"][0].update(type="object"), "an if/then rule holds only if, then and its x-engram-* keys"),
         (lambda s: cpu_offload(s).update({"x-engram-hash": False}), 'write {"exclude": "<reason>"}'),
-        (lambda s: cpu_offload(s).update({"x-engram-vllm": "yes"}), "x-engram-vllm: write true on a field vLLM's own"),
+        (lambda s: cpu_offload(s).update({"x-engram-vllm": "yes"}), "x-engram-vllm: 'yes' is not a vLLM version"),
+        (lambda s: cpu_offload(s).update({"x-engram-vllm": []}), "x-engram-vllm: list the vLLM versions whose"),
+        (lambda s: cpu_offload(s).update({"x-engram-vllm": ["0.33", "0.33"]}), "x-engram-vllm: list the vLLM"),
+        (
+            lambda s: cpu_offload(s).update({"x-engram-hash": {"exclude": "no"}}),
+            "cpu_offload/x-engram-hash: vLLM hashes its own fields (x-engram-vllm); drop the exclusion",
+        ),
         (lambda s: s["x-engram-checks"][0].pop("path"), "/x-engram-checks/0: must hold exactly rule, path and"),
         (lambda s: s["x-engram-checks"][0].update(rule="Host Memory"), "/x-engram-checks/0/rule: 'Host Memory' is not"),
         (lambda s: s["x-engram-checks"][0].update(path="engram"), "/x-engram-checks/0/path: a JSON pointer"),
@@ -165,20 +171,24 @@ def test_cli_reports_schema_errors(tmp_path: Path, capsys: pytest.CaptureFixture
 
 
 def test_hash_opt_out_compiles() -> None:
-    schema = mutated(lambda s: cpu_offload(s).update({"x-engram-hash": {"exclude": "storage placement only"}}))
+    """A field of engram's own opts out of the digest with a reason; vLLM's fields are hashed, each in the
+    versions whose EngramConfig has it."""
+    schema = mutated(
+        lambda s: s["$defs"]["EngramConfig"]["properties"].update(
+            placement_hint={"type": "boolean", "default": False, "x-engram-hash": {"exclude": "storage only"}}
+        )
+    )
     check_schema(schema)
     compiled = compile_schema(schema)
+    properties = schema["$defs"]["EngramConfig"]["properties"]
     assert [f.name for f in compiled.engram.fields if f.hash_exclude] == [
-        "cpu_offload",
-        "file_backed",
-        "file_cache_bytes",
-        "device_cache_bytes",
-        "device_cache_profile",
-        "cache_admission",
-        "ram_cache_bytes",
-        "node_sharing",
-        "shard_layout",
+        name for name, prop in properties.items() if "x-engram-hash" in prop
     ]
+    assert "placement_hint" in [f.name for f in compiled.engram.fields if f.hash_exclude]
+    assert compiled.engram.vllm_versions == {
+        version: tuple(name for name, prop in properties.items() if version in prop.get("x-engram-vllm", ()))
+        for version in ("0.32", "0.33", "0.34")
+    }
 
 
 def test_output_is_deterministic_and_headed() -> None:

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engram.cli import main
-from tests.config.fields import KNOWN_FIELDS, shown
+from tests.config.fields import DEFAULTS, KNOWN_FIELDS, NEWEST_VLLM, shown, vllm_digest
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "schema" / "examples"
 
@@ -44,24 +44,13 @@ def test_examples(capsys: pytest.CaptureFixture[str], path: Path) -> None:
 
 def test_json_output_valid(capsys: pytest.CaptureFixture[str]) -> None:
     result = verdict(capsys, str(EXAMPLES / "valid-qwen-across-dp.json"))
+    given = {"embedding_across_dp": True, "dp_shared_memory": False}
     assert result == {
         "valid": True,
         "checked": ["engram", "model", "parallel", "platform"],
-        "engram": {
-            "cpu_offload": True,
-            "embedding_across_dp": True,
-            "dp_shared_memory": False,
-            "use_thp": False,
-            "file_backed": False,
-            "file_cache_bytes": 0,
-            "device_cache_bytes": 0,
-            "device_cache_profile": None,
-            "cache_admission": "online",
-            "ram_cache_bytes": 0,
-            "node_sharing": "off",
-            "shard_layout": "vllm",
-        },
-        "hash": "e87df57f9e72bd83b8d6387910722d6ad944df0b8fde4a41faf3bfb0238455ef",
+        "engram": DEFAULTS | given,
+        "hash": vllm_digest(given),
+        "hash_of": f"vLLM {NEWEST_VLLM}'s EngramConfig.compile_factors()",
         "parallel_size": 8,
         "errors": [],
     }
@@ -74,6 +63,7 @@ def test_json_output_invalid(capsys: pytest.CaptureFixture[str]) -> None:
         "checked": ["engram", "parallel", "load"],
         "engram": None,
         "hash": None,
+        "hash_of": None,
         "parallel_size": None,
         "errors": [
             {
@@ -97,7 +87,7 @@ def test_text_output(capsys: pytest.CaptureFixture[str]) -> None:
         "valid: engram checked; not given, not checked: model, parallel, load, platform",
         shown(use_thp=True),
         "dp_shared_memory: null, resolved once the parallel sizes are known (give --data-parallel-size)",
-        "hash: 4c517bbb9df857c329f5a6798d99bb46a18e83824656349b9d5c3580a9df2ae3",
+        f"hash: {vllm_digest({'use_thp': True})}  (vLLM {NEWEST_VLLM}'s EngramConfig.compile_factors())",
     ]
     code, out, err = run(capsys, "validate", str(EXAMPLES / "invalid-shared-without-offload.json"))
     assert (code, out) == (2, "")
@@ -121,20 +111,7 @@ def test_engram_flag_precedence(capsys: pytest.CaptureFixture[str]) -> None:
     def engram(*argv: str) -> object:
         return verdict(capsys, *argv)["engram"]
 
-    base = {
-        "cpu_offload": True,
-        "embedding_across_dp": False,
-        "dp_shared_memory": None,
-        "use_thp": False,
-        "file_backed": False,
-        "file_cache_bytes": 0,
-        "device_cache_bytes": 0,
-        "device_cache_profile": None,
-        "cache_admission": "online",
-        "ram_cache_bytes": 0,
-        "node_sharing": "off",
-        "shard_layout": "vllm",
-    }
+    base = dict(DEFAULTS)
     # later JSON wins over earlier JSON
     assert engram("--engram-config", '{"use_thp": true}', "--engram-config", '{"use_thp": false}') == base
     # a dotted field wins over JSON, even when the JSON comes later
@@ -165,20 +142,7 @@ def test_flag_errors_name_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_environment_reaches_the_cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ENGRAM_CPU_OFFLOAD", "0")
-    assert verdict(capsys)["engram"] == {
-        "cpu_offload": False,
-        "embedding_across_dp": False,
-        "dp_shared_memory": None,
-        "use_thp": False,
-        "file_backed": False,
-        "file_cache_bytes": 0,
-        "device_cache_bytes": 0,
-        "device_cache_profile": None,
-        "cache_admission": "online",
-        "ram_cache_bytes": 0,
-        "node_sharing": "off",
-        "shard_layout": "vllm",
-    }
+    assert verdict(capsys)["engram"] == DEFAULTS | {"cpu_offload": False}
     monkeypatch.setenv("ENGRAM_CPU_OFFLOAD", "sometimes")
     code, _, err = run(capsys, "validate")
     assert code == 2 and "ENGRAM_CPU_OFFLOAD='sometimes' is not a boolean" in err
@@ -193,7 +157,11 @@ def test_unreadable_and_malformed(capsys: pytest.CaptureFixture[str], tmp_path: 
 
 def test_hash_schema_docs(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "hash", "--engram-config.dp_shared_memory", "true")
-    assert (code, out) == (0, "0103d4fb0b496f6466971874ca0a01faaac0bac227aafbae6f39e56a1dc1bbb0\n")
+    digest = vllm_digest({"dp_shared_memory": True})
+    assert (code, out) == (0, f"{digest}  vLLM {NEWEST_VLLM}'s EngramConfig.compile_factors()\n")
+    code, out, _ = run(capsys, "hash", "--vllm", "0.33.0", "--engram-config.dp_shared_memory", "true")
+    digest = "0103d4fb0b496f6466971874ca0a01faaac0bac227aafbae6f39e56a1dc1bbb0"  # printed by vLLM 0.33.0 itself
+    assert (code, out) == (0, f"{digest}  vLLM 0.33's EngramConfig.compute_hash()\n")
     code, out, _ = run(capsys, "schema")
     assert code == 0 and json.loads(out) == json.loads((EXAMPLES.parent / "engram.schema.json").read_text())
     code, out, _ = run(capsys, "docs")

@@ -10,6 +10,7 @@ import pytest
 
 from engram.cli import main
 from engram.config import ConfigError, EngramConfig, ParallelConfig, load_config, load_deployment
+from tests.config.fields import shown
 
 
 @pytest.mark.parametrize(
@@ -46,9 +47,9 @@ def test_null_is_off_for_the_rules_and_stays_null_without_parallel_sizes() -> No
 def test_the_command_line_says_how_null_was_resolved(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", "--data-parallel-size", "4"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[1].startswith("engram: cpu_offload=true embedding_across_dp=false dp_shared_memory=true ")
+    assert lines[1] == shown(dp_shared_memory=True)
     assert lines[2] == (
-        "dp_shared_memory: null, resolved to true (vLLM 0.33: on exactly when cpu_offload, not use_thp, not "
+        "dp_shared_memory: null, resolved to true (vLLM's rule, file_backed added: on exactly when cpu_offload, not use_thp, not "
         "file_backed, data_parallel_size > 1 and no elastic EP)"
     )
     assert main(["validate", "--engram-config.dp_shared_memory", "null", "--data-parallel-size", "1"]) == 0

@@ -51,6 +51,10 @@ def test_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "use_thp=true" in out and "thp_packing" not in out
     assert main(["hash", "--engram-config", '{"thp_packing": true}']) == 0
-    assert capsys.readouterr().out == EngramConfig(use_thp=True).compute_hash() + "\n"
+    config = EngramConfig(use_thp=True)
+    assert capsys.readouterr().out == f"{config.compute_hash()}  {config.digest_name()}\n"
     assert main(["hash", "--older-names", "--engram-config.dp_shared_memory", "true"]) == 0
-    assert capsys.readouterr().out == "a56ef8a6cf7201e40893a008895a4eaff3695e00dd240da34b9d1ef61a66f083\n"
+    assert capsys.readouterr().out == (
+        "a56ef8a6cf7201e40893a008895a4eaff3695e00dd240da34b9d1ef61a66f083"
+        "  the seed's EngramConfig.compute_hash(), the fields under their first names\n"
+    )

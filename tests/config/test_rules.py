@@ -397,3 +397,55 @@ def test_node_sharing_rules(fields: dict[str, object], rule: str) -> None:
     assert load_config({"node_sharing": "numa", "cpu_offload": True}, env={}).node_sharing == "numa"
     with pytest.raises(ConfigError, match="node_sharing"):
         load_config({"node_sharing": "pod"}, env={})
+
+
+QWEN = {"architecture": "Qwen4ExpForCausalLM", "hf_text_config": {"ple_layer_ids": [1]}}
+DEEPSEEK = {"architecture": "DeepseekV41ForCausalLM", "hf_text_config": {"engram_layer_ids": [1, 3]}}
+DISK_OFFLOAD_MESSAGE = "disk_offload requires a Qwen4Exp model on CUDA"  # vLLM 0.34.0's, word for word
+
+
+@pytest.mark.parametrize(
+    ("deployment", "expected"),
+    [
+        ({"model": QWEN, "platform": "cuda"}, []),
+        ({"model": QWEN, "platform": "cpu"}, []),  # engram's CPU backend serves it as file-backed tables
+        ({"model": QWEN, "parallel": {"data_parallel_size": 2}}, []),
+        ({"model": DEEPSEEK}, [("/engram/disk_offload", "disk-offload-needs-qwen", DISK_OFFLOAD_MESSAGE)]),
+        (
+            {"model": QWEN, "platform": "rocm"},
+            [("/engram/disk_offload", "disk-offload-needs-cuda", DISK_OFFLOAD_MESSAGE)],
+        ),
+        (
+            {"model": QWEN, "parallel": {"enable_elastic_ep": True}},
+            [("/engram/disk_offload", "disk-offload-no-elastic-ep", "disk_offload is not supported with elastic EP.")],
+        ),
+    ],
+)
+def test_disk_offload_rules(deployment: dict[str, object], expected: list[tuple[str, str, str]]) -> None:
+    """vLLM 0.34's disk_offload rules, with its messages: a Qwen4Exp model, on CUDA (or engram's CPU
+    backend), without elastic EP; it takes precedence over cpu_offload, so cpu_offload false is fine."""
+    for engram in ({"disk_offload": True}, {"disk_offload": True, "cpu_offload": False}):
+        document = {"engram": engram, **deployment}
+        if not expected:
+            assert load_deployment(document, env={}).engram.disk_offload is True
+            continue
+        with pytest.raises(ConfigError) as exc:
+            load_deployment(document, env={})
+        assert problems(exc) == expected
+
+
+@pytest.mark.parametrize("field", ["ram_cache_bytes", "file_cache_bytes"])
+def test_tiers_over_checkpoint_files_take_disk_offload_too(field: str) -> None:
+    """The RAM tier and the page-cache bound serve tables read from the checkpoint's files: file_backed's,
+    or disk_offload's; a table in memory has neither, and both paths refuse it alike."""
+    assert getattr(load_config({field: 1 << 20, "disk_offload": True}, env={}), field) == 1 << 20
+    assert getattr(load_config({field: 1 << 20, "file_backed": True}, env={}), field) == 1 << 20
+    rule = "ram-cache-needs-file-backed" if field == "ram_cache_bytes" else "file-cache-needs-file-backed"
+    for document in ({field: 1 << 20}, json.dumps({field: 1 << 20}).encode()):
+        with pytest.raises(ConfigError) as exc:
+            load_config(document, env={})
+        assert [(path, r) for path, r, message in problems(exc)] == [(f"/engram/{field}", rule)]
+        assert "it requires file_backed=True (or disk_offload=True)" in problems(exc)[0][2]
+    with pytest.raises(ConfigError) as exc:
+        load_config({"node_sharing": "node", "disk_offload": True}, env={})
+    assert [(path, r) for path, r, _ in problems(exc)] == [("/engram/node_sharing", "node-sharing-not-disk-offload")]
