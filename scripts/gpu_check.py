@@ -17,7 +17,9 @@
   from pinned tables of 1, 8 and 32 GiB, uniform and real-text ids, decode (256 tokens, timed as CUDA-graph
   replays) and prefill (8,192 tokens), plain and sorted; the device cache of hot rows (a static 5% profile
   and a 1% online tier fed real text) against the uncached lookup; the host time of one
-  eager layer call; a decode step with prefetched lookups beside stand-in compute; hash tokens/s.
+  eager layer call; random-row gathers from one table in registered 4 KiB pages, registered THP and
+  host-NUMA cuMem (2 MiB GPU pages) side by side; a decode step with prefetched lookups beside stand-in
+  compute; hash tokens/s.
 
 The kernel build always runs first. Every stage is guarded: a failure is reported (ok/FAIL and the error)
 and the next stage still runs; with --json the report is rewritten after every stage, so a run cut short
@@ -53,9 +55,13 @@ from engram.apps.corpus import Corpus, load_corpus, text_rows
 from engram.apps.presets import get_preset, scaled_preset
 from engram.config import validate_deployment
 from engram.errors import EngramError
+from engram.memory.host_numa import map_host_numa
+from engram.memory.mapping import map_anonymous
 from engram.ops import GatherCall, cuda, gather, gather_into, gather_reference, kernel_ids, use_sorted
+from engram.ops.segments import dense
 from engram.runtime.embedding import EngramEmbedding
-from engram.runtime.placement.storage import Placement, ShardFormat, TableShard, allocate
+from engram.runtime.placement.hugepages import map_huge
+from engram.runtime.placement.storage import Placement, ShardFormat, TableShard, allocate, shard_over
 from engram.runtime.plan import TableShardPlan
 
 POISON = 0xA5
@@ -101,6 +107,7 @@ GROUPS = (
     "bench-sorted",
     "bench-cache",
     "bench-host",
+    "bench-host-pages",
     "bench-prefetch",
     "bench-hash",
 )
@@ -201,7 +208,7 @@ def _event_time(fn: Callable[[], object], calls: int, repeat: int) -> float:
 def fill_random(shard: TableShard, seed: int) -> None:
     """Random bytes (fp8 NaNs included), scales in a sane exponent range; tiled from a 64 MiB block."""
     generator = torch.Generator(device="cpu").manual_seed(seed)
-    data = shard.weight.view(torch.uint8).view(-1)
+    data = dense(shard.weight).view(torch.uint8).view(-1)
     block = torch.randint(0, 256, (min(data.numel(), 64 << 20),), dtype=torch.uint8, generator=generator).to(
         data.device
     )
@@ -209,9 +216,10 @@ def fill_random(shard: TableShard, seed: int) -> None:
         piece = data[start : start + block.numel()]
         piece.copy_(block[: piece.numel()])
     if shard.scale is not None:  # ue8m0 near 2^0; e4m3 block scales any byte (NaNs included)
-        low, high = (110, 140) if shard.scale.dtype == torch.float8_e8m0fnu else (0, 256)
-        shard.scale.view(torch.uint8).copy_(
-            torch.randint(low, high, shard.scale.shape, dtype=torch.uint8, generator=generator).to(shard.scale.device)
+        scale = dense(shard.scale)
+        low, high = (110, 140) if scale.dtype == torch.float8_e8m0fnu else (0, 256)
+        scale.view(torch.uint8).copy_(
+            torch.randint(low, high, scale.shape, dtype=torch.uint8, generator=generator).to(scale.device)
         )
     if shard.table_scale is not None:
         shard.table_scale.fill_(0.0123456789)
@@ -243,8 +251,9 @@ def launch_gather(
     argument checks."""
     flat, order, leader = kernel_ids(ids, sorted_form)
     table_scale = None if shard.table_scale is None else float(shard.table_scale[0])
+    scale = None if shard.scale is None else dense(shard.scale)
     cuda.gather_cuda(
-        library, shard.weight, shard.scale, flat, order, leader, shard.row_start, table_rows, out, flag, 0, table_scale
+        library, dense(shard.weight), scale, flat, order, leader, shard.row_start, table_rows, out, flag, 0, table_scale
     )
 
 
@@ -284,8 +293,8 @@ def check_gather(
         launch_gather(library, shard, ids, table_rows, out, flag, sorted_form)
         clean = int(flag.item())
         want = gather_reference(
-            shard.weight.cpu(),
-            None if shard.scale is None else shard.scale.cpu(),
+            dense(shard.weight).cpu(),
+            None if shard.scale is None else dense(shard.scale).cpu(),
             ids.cpu(),
             row_start,
             table_rows,
@@ -332,12 +341,13 @@ def check_op_paths(runtime: cuda.LibraryRuntime) -> dict[str, Any]:
     try:
         fill_random(shard, seed=11)
         assert shard.scale is not None
-        shard.scale.view(torch.uint8)[:40] = 0
-        shard.scale.view(torch.uint8)[40:80] = 0xFF
+        weight, scale = dense(shard.weight), dense(shard.scale)
+        scale.view(torch.uint8)[:40] = 0
+        scale.view(torch.uint8)[40:80] = 0xFF
         generator = torch.Generator().manual_seed(12)
         ids = torch.randint(-1, rows, (256, columns), generator=generator)
         ids[:5] = torch.arange(80).view(5, columns)  # the rows with extreme scales
-        want = gather_reference(shard.weight.cpu(), shard.scale.cpu(), ids, 0, rows, torch.bfloat16)
+        want = gather_reference(weight.cpu(), scale.cpu(), ids, 0, rows, torch.bfloat16)
         on_gpu = ids.cuda()
         before = raised(cuda.check_error_flags)
         plain = gather(shard.weight, shard.scale, on_gpu, 0, rows, torch.bfloat16)
@@ -623,6 +633,69 @@ def bench_sorted(
         torch.cuda.empty_cache()
 
 
+def host_page_tables(table_gib: float, runtime: cuda.LibraryRuntime) -> dict[str, TableShard | str]:
+    """One V4.1-shaped fp8 table (rows of 256 + 8 bytes of scales) in each kind of host memory a GPU can
+    read: registered ordinary pages, registered transparent huge pages, and host-NUMA cuMem (2 MiB GPU
+    pages); the reason instead where one cannot be had here."""
+    spec = scaled_preset("deepseek-v4.1-flash", int(2 * table_gib * 2**30))
+    fmt = ShardFormat(spec.layout.table_rows[0], spec.head_dim, "fp8")
+    made: dict[str, TableShard | str] = {}
+    small = map_anonymous(fmt.nbytes, kind="pinned")
+    made["registered 4 KiB pages"] = shard_over("pages", fmt, "pinned", small, runtime=runtime)
+    huge = map_huge(fmt.nbytes)
+    made["registered THP"] = shard_over("pages", fmt, "pinned", huge.mapping, runtime=runtime, note=huge.note)
+    cumem = map_host_numa(fmt.nbytes, runtime)
+    if isinstance(cumem, str):
+        made["host-NUMA cuMem"] = cumem
+    else:
+        made["host-NUMA cuMem"] = shard_over("pages", fmt, "pinned", cumem, pointer=cumem.addr)
+    for index, shard in enumerate(made.values()):
+        if not isinstance(shard, str):
+            fill_random(shard, seed=index)
+    return made
+
+
+def bench_host_pages(runtime: cuda.LibraryRuntime, table_gib: float) -> list[dict[str, Any]]:
+    """Random-row gathers of one table in each kind of host memory (host_page_tables), side by side in one
+    process: decode and prefill steps of uniform ids, plain and sorted, as GB/s of rows delivered and as a
+    ratio to the registered 4 KiB pages, which a GPU maps with small pages: the question vLLM 0.34 and
+    SGLang settle by claim (2 MiB GPU pages read random rows far faster), measured here."""
+    tables = host_page_tables(table_gib, runtime)
+    out_rows: list[dict[str, Any]] = []
+    try:
+        base: dict[tuple[str, bool], float] = {}
+        for kind, shard in tables.items():
+            if isinstance(shard, str):
+                out_rows.append({"rows": f"host pages: {kind}", "table": "unavailable", "why": shard})
+                continue
+            columns = 24
+            for shape, tokens in SHAPES.items():
+                ids = torch.randint(0, shard.rows, (tokens, columns), generator=torch.Generator().manual_seed(tokens))
+                ids = ids.cuda()
+                out = torch.empty((tokens, columns, shard.format.dim), dtype=torch.bfloat16, device="cuda")
+                for sorted_form in (False, True):
+                    call = functools.partial(
+                        gather_into, shard.weight, shard.scale, ids, 0, shard.rows, out, sorted_form
+                    )
+                    gbps = ids.numel() * shard.format.row_bytes / step_time(shape, call) / 1e9
+                    base.setdefault((shape, sorted_form), gbps)
+                    out_rows.append(
+                        {
+                            "rows": f"host pages: {kind}, {shape} {tokens}x{columns}, {'sorted' if sorted_form else 'plain'}",
+                            "table": kind,
+                            "table_gib": round(shard.format.nbytes / 2**30, 1),
+                            "gather_gbps": gbps,
+                            "vs_registered_4k": gbps / base[(shape, sorted_form)],
+                        }
+                    )
+        return out_rows
+    finally:
+        for shard in tables.values():
+            if not isinstance(shard, str):
+                shard.release()
+        torch.cuda.empty_cache()
+
+
 def bench_host_time(runtime: cuda.LibraryRuntime) -> list[dict[str, Any]]:
     """Host time of one eager layer call at 64 tokens (no sync in the call: the GPU runs behind), and
     the same step replayed from a CUDA graph."""
@@ -778,7 +851,7 @@ def bench_hash() -> list[dict[str, Any]]:
 def print_bench(table: list[dict[str, Any]]) -> None:
     print(f"\n{'rows':<44} {'table':<7} {'GiB':>5} {'GB/s':>7} {'ceiling':>11} {'GB/s':>6} {'ratio':>6}")
     for row in table:
-        if "gather_gbps" in row:
+        if "ceiling" in row:
             print(
                 f"{row['rows']:<44} {row['table']:<7} {row['table_gib']:>5} {row['gather_gbps']:>7.1f} {row['ceiling']:>11} {row['ceiling_gbps']:>6.1f} {row['ratio']:>5.2f}x"
             )
@@ -907,6 +980,11 @@ def run_benchmarks(
         )
     if report.wants("bench-host"):
         report.run("bench: eager host time", lambda: measure(bench_host_time(runtime)))
+    if report.wants("bench-host-pages"):
+        report.run(
+            f"bench: host pages, {min(sizes[-1], 8.0):g} GiB",
+            lambda: measure(bench_host_pages(runtime, min(sizes[-1], 8.0))),
+        )
     if report.wants("bench-prefetch"):
         report.run("bench: prefetch beside compute", lambda: measure(bench_prefetch(runtime, min(sizes[-1], 8.0))))
     if report.wants("bench-hash"):

@@ -87,13 +87,17 @@ class Mapping:
     path: str | None = None
     file_id: tuple[int, int] | None = None  # (device, inode) of the file mapped, to know it again by name
     direct_fd: int | None = None  # the file's descriptor for reads past the page cache (O_DIRECT), if kept
+    gpu_page: int | None = None  # the page size a GPU maps it with, where known (host-NUMA cuMem: 2 MiB)
+    unmap: Callable[[int, int], None] | None = field(default=None, repr=False)  # not munmap: its allocator's
     _array: ctypes.Array[ctypes.c_uint8] | None = field(default=None, repr=False)
     _hooks: list[Callable[[], None]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         self._array = (ctypes.c_uint8 * self.size).from_address(self.addr)
         # The finalizer holds only plain values, never the Mapping, so views alone decide its lifetime.
-        self._finalizer = weakref.finalize(self._array, _unmap, self.addr, self.length, self._hooks)
+        self._finalizer = weakref.finalize(
+            self._array, _unmap, self.addr, self.length, self._hooks, self.unmap or _munmap
+        )
 
     def on_release(self, hook: Callable[[], None]) -> None:
         """Run `hook` just before the memory is unmapped (e.g. cudaHostUnregister)."""
@@ -127,10 +131,10 @@ class Mapping:
         return not self._finalizer.alive
 
 
-def _unmap(addr: int, length: int, hooks: list[Callable[[], None]]) -> None:
+def _unmap(addr: int, length: int, hooks: list[Callable[[], None]], unmap: Callable[[int, int], None]) -> None:
     for hook in hooks:
         hook()
-    _munmap(addr, length)
+    unmap(addr, length)
 
 
 PINNED_KINDS = ("pinned", "hugepages")  # private mappings a GPU may register

@@ -5,6 +5,7 @@ an unrelated CUDA call. The runtime is injected, so the logic is tested without 
 
 from __future__ import annotations
 
+import functools
 from typing import Protocol
 
 from engram.errors import EngramError
@@ -94,6 +95,18 @@ def register(mapping: Mapping, runtime: CudaRuntime, *, chunk_bytes: int = CHUNK
     _live[key] = runtime
     mapping.on_release(undo)
     return mapping.addr
+
+
+def track(mapping: Mapping, runtime: CudaRuntime) -> None:
+    """Count `mapping` as host memory the GPU reads without registering it (cuMem host memory, mapped for
+    the GPU by its allocator), until it is released."""
+    key = (mapping.addr, mapping.length)
+    _live[key] = runtime
+    mapping.on_release(functools.partial(_forget, key))
+
+
+def _forget(key: tuple[int, int]) -> None:
+    _live.pop(key, None)
 
 
 def is_registered(runtime: CudaRuntime, addr: int, size: int, *, chunk_bytes: int = CHUNK_BYTES) -> bool:

@@ -4,13 +4,16 @@ its end), and raise nothing themselves."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
 
 from engram.errors import EngramError
+from engram.memory.outputs import empty_cpu
 from engram.ops.formats import FORMATS
+from engram.ops.segments import Rows, Segmented
 
 DEAD_ID = -1
 
@@ -31,7 +34,7 @@ QUANT_FP8_BLOCK32, QUANT_FP8_TABLE, QUANT_NVFP4 = 0, 1, 2
 NVFP4_BLOCK = FORMATS["nvfp4"].block
 
 
-def row_format(weight: torch.Tensor, scale: torch.Tensor | None, table_scale: float | None) -> tuple[int | None, int]:
+def row_format(weight: Rows, scale: Rows | None, table_scale: float | None) -> tuple[int | None, int]:
     """(quant, values per row) of a table: which dequantisation its rows take, and the output's width."""
     if table_scale is None:
         return (QUANT_FP8_BLOCK32 if scale is not None else None), weight.shape[1]
@@ -50,7 +53,7 @@ def check_ids(ids: torch.Tensor, table_rows: int) -> None:
         raise EngramError(f"row id {int(bad[0])} is outside the table's {table_rows} rows (DEAD_ID is {DEAD_ID})")
 
 
-def describe(t: torch.Tensor) -> str:
+def describe(t: Rows) -> str:
     return f"{t.dtype} {list(t.shape)} on {t.device}"
 
 
@@ -94,7 +97,7 @@ def check_gather_args(call: GatherCall) -> None:
         raise EngramError(f"fp8 rows dequantise into {' or '.join(map(str, OUT_KINDS))}; got {out_dtype}")
 
 
-def _check_table_scaled(weight: torch.Tensor, scale: torch.Tensor | None, out_dtype: torch.dtype) -> None:
+def _check_table_scaled(weight: Rows, scale: Rows | None, out_dtype: torch.dtype) -> None:
     """Rows with one float scale per table: fp8 (no per-row scales) or NVFP4 (e4m3 block-16 scales)."""
     rows, width = weight.shape
     if out_dtype not in OUT_KINDS:
@@ -145,7 +148,7 @@ class GatherCall:
     """One gather, every argument named: rows for the global row ids `ids` (int64 or int32, any shape
     [..]) from a shard holding rows [row_start, row_start + len(weight)) of a table of `table_rows` rows.
 
-    - `weight` [rows, width], as stored: fp8 (float8_e4m3fn), bf16, fp16, fp32, or NVFP4 (uint8, two e2m1
+    - `weight` [rows, width] (a tensor, or Segmented: rows in pieces, read on the CPU), as stored: fp8 (float8_e4m3fn), bf16, fp16, fp32, or NVFP4 (uint8, two e2m1
       values a byte); `scale` its block scales (ue8m0 [rows, dim/32] for fp8, e4m3 [rows, dim/16] for
       NVFP4), None for other formats; `table_scale` the one float scale per table of fp8-table and NVFP4.
     - `out` the output kind: a dtype (a fresh output [.., dim]) or a contiguous buffer [.., dim] the
@@ -162,8 +165,8 @@ class GatherCall:
     extent is checked against the others before a kernel runs (check_gather_args). The fields' order is
     the ops' argument order: engram.ops.library derives both op schemas from it."""
 
-    weight: torch.Tensor
-    scale: torch.Tensor | None
+    weight: Rows
+    scale: Rows | None
     ids: torch.Tensor
     row_start: int
     table_rows: int
@@ -193,7 +196,12 @@ class GatherCall:
         return [getattr(self, name) for name in GATHER_FIELDS]
 
     def run(self) -> torch.Tensor:
-        """The gather, through the torch op (engram::gather, or engram::gather_into for a kept buffer)."""
+        """The gather, through the torch op (engram::gather, or engram::gather_into for a kept buffer); rows
+        in pieces (Segmented: a torch op takes tensors only) through the op's body itself."""
+        if isinstance(self.weight, Segmented):
+            out = self.out if isinstance(self.out, torch.Tensor) else empty_cpu(self.out_shape, self.out_dtype)
+            RUN_DIRECT[0](replace(self, out=out))
+            return out
         if isinstance(self.out, torch.Tensor):
             torch.ops.engram.gather_into.default(*self.args())
             return self.out
@@ -201,6 +209,9 @@ class GatherCall:
 
 
 GATHER_FIELDS = tuple(f.name for f in fields(GatherCall))
+# The body of the ops, for a call the ops cannot take (rows in pieces): engram.ops.launch's run_gather, put
+# here when that module is imported (engram.ops imports it), as the devices' launchers are.
+RUN_DIRECT: list[Callable[[GatherCall], None]] = []
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from engram.ops.build import KERNELS, build_library
 from engram.ops.checks import DEAD_ID, OUT_KINDS, GatherCall, HashCall, check_ids, check_token_ids
 from engram.ops.ids import kernel_ids
 from engram.ops.reference import gather_reference, ngram_hash_reference
+from engram.ops.segments import Segmented, bases_at
 from engram.user_cache import load_library
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,9 @@ STATUS = {
     5: "a read from the file failed",
 }
 _I64P = ctypes.POINTER(ctypes.c_int64)
+_IP = ctypes.POINTER(ctypes.c_int)
 _VP = ctypes.c_void_p
+_VPP = ctypes.POINTER(ctypes.c_void_p)
 SIGNATURES: dict[str, list[type]] = {
     "engram_ngram_hash_cpu": [
         _I64P, _I64P, ctypes.c_int64, ctypes.c_int64, _I64P, _I64P, _I64P, _I64P,
@@ -38,11 +41,11 @@ SIGNATURES: dict[str, list[type]] = {
     ],
     "engram_vector_bytes_cpu": [_VP, ctypes.c_int64],
     "engram_readahead_cpu": [
-        _VP, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, _I64P, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-        _I64P, ctypes.c_int64, _I64P, _I64P,
+        _VPP, _I64P, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, _I64P, ctypes.c_int64,
+        ctypes.c_int64, ctypes.c_int64, _I64P, ctypes.c_int64, _I64P, _I64P,
     ],
     "engram_read_direct_cpu": [
-        ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, _I64P, _I64P, ctypes.c_int64,
+        _IP, _I64P, _I64P, _I64P, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, _I64P, _I64P, ctypes.c_int64,
         _VP, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, _I64P, _I64P, _I64P,
     ],
     "engram_tier_find": [_I64P, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, _I64P, ctypes.c_int64, _I64P],
@@ -54,6 +57,11 @@ SIGNATURES: dict[str, list[type]] = {
     "engram_gather_cpu": [
         _VP, _VP, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
         _I64P, _I64P, _I64P, ctypes.c_int64, _VP, ctypes.c_int, ctypes.c_int, ctypes.c_float, _I64P, ctypes.c_int,
+    ],
+    "engram_gather_segments_cpu": [
+        _VPP, _VPP, _I64P, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+        ctypes.c_int64, _I64P, _I64P, _I64P, ctypes.c_int64, _VP, ctypes.c_int, ctypes.c_int, ctypes.c_float, _I64P,
+        ctypes.c_int,
     ],
 }  # fmt: skip
 
@@ -119,6 +127,15 @@ def threads_for(items: int) -> int:
     return torch.get_num_threads() if items >= PARALLEL_MIN else 1
 
 
+def addresses(values: list[int]) -> ctypes.Array[ctypes.c_void_p]:
+    """A C array of addresses (a segmented part's pieces)."""
+    return (ctypes.c_void_p * len(values))(*values)
+
+
+def int64s(values: list[int]) -> ctypes.Array[ctypes.c_int64]:
+    return (ctypes.c_int64 * len(values))(*values)
+
+
 def launch_gather(call: GatherCall) -> None:
     """The native CPU kernel, or plain torch where it did not build."""
     weight, scale, ids, table_rows, out = call.weight, call.scale, call.ids, call.table_rows, call.out
@@ -132,16 +149,27 @@ def launch_gather(call: GatherCall) -> None:
     flat, order, leader = kernel_ids(ids, call.sorted)
     bad = ctypes.c_int64(0)
     quant = call.quant
-    status = library.engram_gather_cpu(
-        weight.data_ptr() or None, scale.data_ptr() if scale is not None else None, weight.shape[0], call.dim,
-        weight.shape[1] * weight.element_size(), call.row_start, table_rows, ptr(flat),
+    common = (
+        call.dim, weight.shape[1] * weight.element_size(), call.row_start, table_rows, ptr(flat),
         None if order is None else ptr(order), None if leader is None else ptr(leader), flat.numel(),
         out.data_ptr() or None, 0 if quant is None else OUT_KINDS[out.dtype], quant or 0,
         1.0 if call.table_scale is None else call.table_scale, ctypes.byref(bad), threads_for(flat.numel()),
     )  # fmt: skip
+    if isinstance(weight, Segmented):
+        scales = None if scale is None else addresses(bases_at(scale, weight.starts))
+        status = library.engram_gather_segments_cpu(
+            addresses(weight.bases()), scales, int64s(list(weight.starts)), len(weight.pieces), weight.shape[0], *common
+        )
+        what = "engram_gather_segments_cpu"
+    else:
+        assert not isinstance(scale, Segmented)
+        status = library.engram_gather_cpu(
+            weight.data_ptr() or None, scale.data_ptr() if scale is not None else None, weight.shape[0], *common
+        )
+        what = "engram_gather_cpu"
     if status == 2:
         raise EngramError(f"row id {bad.value} is outside the table's {table_rows} rows (DEAD_ID is {DEAD_ID})")
-    check(status, "engram_gather_cpu")
+    check(status, what)
 
 
 def _hash_native(call: HashCall) -> bool:

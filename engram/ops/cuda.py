@@ -28,9 +28,11 @@ from engram.memory.mapping import map_anonymous
 from engram.ops import DEAD_ID, HASHERS, LAUNCHERS, OUT_KINDS, cpu, gather, kernel_ids
 from engram.ops.build import KERNELS, build_library
 from engram.ops.checks import GatherCall, HashCall, row_format
+from engram.ops.segments import dense
 from engram.user_cache import load_library
 
 _VP, _I64, _I64P = ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)
+_U64P = ctypes.POINTER(ctypes.c_uint64)
 SIGNATURES: dict[str, list[type]] = {
     "engram_gather_cuda": [
         _VP,
@@ -61,7 +63,12 @@ SIGNATURES: dict[str, list[type]] = {
     "engram_device_attribute": [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int],
     "engram_cuda_get_last_error": [],
     "engram_cuda_last_error": [],
-}
+    "engram_host_numa_map": [
+        ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int, _U64P, _U64P, _U64P, ctypes.POINTER(ctypes.c_int),
+        ctypes.POINTER(ctypes.c_int),
+    ],
+    "engram_host_numa_unmap": [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64],
+}  # fmt: skip
 # Always built; newer ones are added when the toolkit knows them (Hopper is sm_90, the H200 too).
 BASE_ARCHS = ("80", "90")
 EXTRA_ARCHS = ("100", "120")
@@ -123,7 +130,8 @@ def check(library: ctypes.CDLL, status: int, what: str) -> None:
 
 
 class LibraryRuntime:
-    """registration.CudaRuntime over the kernel library's wrappers of cudaHostRegister and friends."""
+    """host_numa.HostNumaRuntime (registration.CudaRuntime and the host-NUMA cuMem calls) over the kernel
+    library's wrappers of cudaHostRegister and friends."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
         self.library = library
@@ -151,6 +159,21 @@ class LibraryRuntime:
 
     def get_last_error(self) -> int:
         return int(self.library.engram_cuda_get_last_error())
+
+    def host_numa_map(self, size: int, chunk: int, node: int) -> tuple[int, int, int, int, int]:
+        """engram_host_numa_map: (CUresult, address, padded bytes, page size, the step that failed)."""
+        addr, padded, granule = ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_uint64()
+        used, step = ctypes.c_int(), ctypes.c_int()
+        code = int(
+            self.library.engram_host_numa_map(
+                size, chunk, node, ctypes.byref(addr), ctypes.byref(padded), ctypes.byref(granule),
+                ctypes.byref(used), ctypes.byref(step),
+            )
+        )  # fmt: skip
+        return code, addr.value, padded.value, granule.value, step.value
+
+    def host_numa_unmap(self, addr: int, length: int, chunk: int) -> int:
+        return int(self.library.engram_host_numa_unmap(addr, length, chunk))
 
     def error_string(self, code: int) -> str:
         return str(self.library.engram_cuda_error_string(code).decode(errors="replace"))
@@ -260,7 +283,8 @@ def launch_cuda(call: GatherCall) -> None:
     device's error flag, which the engine reads once a step (EngramTables.check_errors)."""
     ids, out = call.ids, call.out
     assert isinstance(out, torch.Tensor)  # run_gather gives the kernels a buffer
-    check_readable(library_runtime(), call.weight, call.scale)
+    weight, scale = dense(call.weight), None if call.scale is None else dense(call.scale)
+    check_readable(library_runtime(), weight, scale)
     library = cuda_library()
     flag = error_flag(ids.device)
     with torch.cuda.device(ids.device):  # the launch goes to the ids' GPU, whichever is current
@@ -275,8 +299,8 @@ def launch_cuda(call: GatherCall) -> None:
         flat, order, leader = kernel_ids(ids, call.sorted)
         gather_cuda(
             library,
-            call.weight,
-            call.scale,
+            weight,
+            scale,
             flat,
             order,
             leader,

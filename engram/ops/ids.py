@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from engram.ops.segments import Rows
+
 # When the sorted form pays, in lookups per call (None: never). The GPU's translation of scattered host
 # addresses, not PCIe, limits random reads of host tables: on the H200 (issue 11) 1M uniform V4.1 lookups
 # ran at 7.1 GB/s plain and 41 GB/s sorted from an 8 GiB pinned table (4.9 and 22 from 32 GiB), and even
@@ -16,7 +18,7 @@ import torch
 SORT_MIN_LOOKUPS = {"uva": 4096, "device": None, "cpu": None}
 
 
-def use_sorted(lookups: int, weight: torch.Tensor, device: torch.device) -> bool:
+def use_sorted(lookups: int, weight: Rows, device: torch.device) -> bool:
     """Whether a gather of `lookups` rows of `weight` on `device` should take the sorted form."""
     where = "cpu" if device.type == "cpu" else "uva" if weight.device.type == "cpu" else "device"
     floor = SORT_MIN_LOOKUPS[where]

@@ -11,7 +11,8 @@ import torch
 
 from engram.errors import EngramError
 from engram.ops import cpu
-from engram.ops.checks import ID_DTYPES, GatherCall, HashCall, check_gather_args, check_out, describe
+from engram.ops.checks import ID_DTYPES, RUN_DIRECT, GatherCall, HashCall, check_gather_args, check_out, describe
+from engram.ops.segments import Segmented
 
 Launch = Callable[[GatherCall], None]
 
@@ -32,6 +33,10 @@ def run_gather(call: GatherCall) -> None:
         raise EngramError(
             f"no engram gather kernel for {ids.device.type} tensors (import engram.ops.cuda for CUDA); put the ids on the CPU or a GPU"
         )
+    if ids.device.type != "cpu" and isinstance(call.weight, Segmented):
+        raise EngramError(
+            f"the table's rows lie in {len(call.weight.pieces)} pieces of its checkpoint's files, read on the CPU only; look it up with CPU ids (the table layer stages such tables through host memory)"
+        )
     if ids.device.type == "cpu":
         for name, t in (("weight", call.weight), ("scale", call.scale), ("out", out)):
             if t is not None and t.device.type != "cpu":
@@ -47,6 +52,8 @@ def run_gather(call: GatherCall) -> None:
     else:
         launch(call)
 
+
+RUN_DIRECT.append(run_gather)
 
 HashLaunch = Callable[[HashCall], None]
 

@@ -37,6 +37,8 @@ def _gather_fake(*args: Any) -> torch.Tensor:
 SCHEMA_TYPES = {
     "torch.Tensor": "Tensor",
     "torch.Tensor | None": "Tensor?",
+    "Rows": "Tensor",  # the ops take tensors; rows in pieces (Segmented) never reach them (GatherCall.run)
+    "Rows | None": "Tensor?",
     "int": "int",
     "bool": "bool",
     "float | None": "float?",

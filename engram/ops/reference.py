@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from engram.errors import EngramError
 from engram.ops.checks import (
     NVFP4_BLOCK,
     QUANT_NVFP4,
@@ -25,6 +26,10 @@ def gather_reference(*args: Any, **named: Any) -> torch.Tensor:
     ops' arguments (engram.ops.gather), or one GatherCall; `sorted` and `check` change nothing here, and a
     kept buffer as `out` gives its dtype. Returns a fresh output."""
     call = args[0] if len(args) == 1 and isinstance(args[0], GatherCall) else GatherCall(*args, **named)
+    if not isinstance(call.weight, torch.Tensor) or not isinstance(call.scale, torch.Tensor | None):
+        raise EngramError(
+            "rows in pieces of a checkpoint's files are read by the native CPU kernels only; build them (a C compiler with OpenMP)"
+        )
     check_gather_args(call)
     check_ids(call.ids, call.table_rows)
     weight, scale, ids, row_start = call.weight, call.scale, call.ids, call.row_start

@@ -16,6 +16,7 @@ import torch
 
 from engram.errors import EngramError
 from engram.ops import DEAD_ID, GatherCall
+from engram.ops.segments import Rows, dense
 from engram.runtime.checkpoints.files import check_regular
 from engram.runtime.checkpoints.loader import SafetensorsFile
 from engram.runtime.placement.storage import TableShard
@@ -80,12 +81,12 @@ def read_profile(path: str | os.PathLike[str]) -> Profile:
         ) from None
 
 
-def stored_rows(shard: TableShard, part: torch.Tensor, rows: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+def stored_rows(shard: TableShard, part: Rows, rows: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     """Rows `rows` (global ids) of a shard's weight or scale, as stored, on `device`. Host rows are read
     by the guarded gather kernel, so a file-backed table whose file shrank is an error here too, never
     SIGBUS; a host table the GPU reads over UVA is gathered by the GPU, with no host copy."""
     if part.device.type != "cpu":
-        return part.index_select(0, rows.to(part.device) - shard.row_start).to(device)
+        return dense(part).index_select(0, rows.to(part.device) - shard.row_start).to(device)
     raw = part.view(torch.uint8) if part.dtype == torch.float8_e8m0fnu else part  # not a table dtype
     where = torch.device(device)
     if where.type == "cuda" and shard.device_pointer is not None:

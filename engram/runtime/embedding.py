@@ -17,6 +17,7 @@ from torch import nn
 
 from engram.errors import EngramError
 from engram.ops import DEAD_ID
+from engram.ops.segments import as_parameter
 from engram.runtime.dist import Group
 from engram.runtime.placement.residency import ResidentBudget
 from engram.runtime.placement.storage import TableShard
@@ -50,8 +51,8 @@ class EngramEmbedding(nn.Module):
                 f"{table.name}: the shard holds rows [{table.row_start}, {table.shard.row_stop}) of {table.table_rows}, the plan says [{plan.row_start}, {plan.row_stop}) of {plan.table_rows}"
             )
         self.table = table
-        self.weight = nn.Parameter(table.weight, requires_grad=False)
-        self.scale = nn.Parameter(table.scale, requires_grad=False) if table.scale is not None else None
+        self.weight = nn.Parameter(as_parameter(table.weight), requires_grad=False)
+        self.scale = nn.Parameter(as_parameter(table.scale), requires_grad=False) if table.scale is not None else None
         # fp8-table and nvfp4: one float32 in host memory, passed to the kernels by value (no device read)
         table_scale = table.table_scale
         self.table_scale = nn.Parameter(table_scale, requires_grad=False) if table_scale is not None else None

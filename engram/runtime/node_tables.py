@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import torch
 
+from engram.memory.host_numa import small_pages
 from engram.memory.mapping import Mapping
 from engram.memory.registration import CudaRuntime, read_only_supported
 from engram.runtime.checkpoints.loader import Checkpoint, load_shards
@@ -66,6 +67,8 @@ def node_shard(
             name,
         )
         runtime = None
+    if runtime is not None:
+        small_pages("a table every engine of the node shares (node_sharing) is a registered memfd")
     shard = shard_over(
         name, fmt, "node", copy.mapping, row_start=row_start, runtime=runtime, note=copy.note, read_only=True
     )

@@ -31,6 +31,7 @@ from engram.memory.registration import CudaRuntime
 from engram.ops import GatherCall, use_sorted
 from engram.ops.checks import check_ids
 from engram.ops.devices import ensure_kernels
+from engram.ops.segments import Rows, as_parameter
 from engram.runtime.cache import HotRows, Profile, cached_gather, read_profile
 from engram.runtime.checkpoints.loader import Checkpoint, shard_weight_loader, table_scale_loader
 from engram.runtime.dist import Group, timeout_s
@@ -39,7 +40,7 @@ from engram.runtime.placement.filemap import file_shard, in_files, private_scale
 from engram.runtime.placement.residency import ResidentBudget, storage_read_bytes
 from engram.runtime.placement.storage import Placement, ShardFormat, TableShard, allocate, placement_for
 from engram.runtime.rowindex import FREE
-from engram.runtime.tier import POLICIES, WINDOW_IDS, Tier, TierName, TierStats, capacity_for
+from engram.runtime.tier import POLICIES, WINDOW_IDS, Tier, TierName, TierStats, capacity_for, tier_bytes
 
 __all__ = [
     "PACKED",
@@ -52,7 +53,9 @@ __all__ = [
     "ShardFormat",
     "Table",
     "TableStats",
+    "Tier",
     "TierStats",
+    "as_parameter",
     "open_shard",
     "open_table",
     "placement_for",
@@ -229,11 +232,11 @@ class Table:
         return self.shard.rows
 
     @property
-    def weight(self) -> torch.Tensor:
+    def weight(self) -> Rows:
         return self.shard.weight
 
     @property
-    def scale(self) -> torch.Tensor | None:
+    def scale(self) -> Rows | None:
         return self.shard.scale
 
     @property
@@ -510,6 +513,13 @@ class Table:
         )
         if capacity == 0:
             self.tier = None
+            if budget_bytes > 0 and self.shard.rows:
+                need = scales + tier_bytes(1, self.shard.format.row_bytes, self.shard.rows, window, policy, self.shard.readahead)  # fmt: skip
+                log.warning(
+                    "engram: %s gets no %s tier of hot rows: its %s bytes hold no row once the tier's own state is "
+                    "paid; give its tier at least %s bytes (the rank's budget is split over its tables), or 0 for none",
+                    self.name, name, f"{budget_bytes:,}", f"{need:,}",
+                )  # fmt: skip
             return 0
         if scales:
             with self._disk_reads():

@@ -41,6 +41,7 @@ import torch
 
 from engram.errors import EngramError
 from engram.ops import cpu
+from engram.ops.segments import Rows
 from engram.runtime.cache import COUNTS, EMPTY_KEY, HotRows, find, merge, stored_rows
 from engram.runtime.placement.filemap import (
     direct_file,
@@ -81,6 +82,18 @@ def state_bytes(rows: int, table_rows: int, window_ids: int, policy: Policy, eag
     return rows * 16 + window_ids * 16 + DEPTH * 4 * width_for(rows, window_ids, table_rows)
 
 
+def tier_bytes(
+    rows: int,
+    row_bytes: int,
+    table_rows: int,
+    window_ids: int = WINDOW_IDS,
+    policy: Policy = "online",
+    eager: bool = False,
+) -> int:
+    """The bytes a tier holding `rows` rows takes: the rows and its own state (state_bytes)."""
+    return rows * row_bytes + state_bytes(rows, table_rows, window_ids, policy, eager)
+
+
 def capacity_for(
     budget_bytes: int,
     row_bytes: int,
@@ -94,7 +107,7 @@ def capacity_for(
     per_row = row_bytes + 16
 
     def needs(rows: int) -> int:
-        return rows * row_bytes + state_bytes(rows, table_rows, window_ids, policy, eager)
+        return tier_bytes(rows, row_bytes, table_rows, window_ids, policy, eager)
 
     low, high = 0, min(table_rows, max(0, budget_bytes) // per_row)  # needs(low) fits; the answer in [low, high]
     if needs(low) > budget_bytes:
@@ -491,7 +504,7 @@ class Tier:
         self.admissions += change.admitted.numel()
         self.evictions += change.evicted
         parts = self._parts() if change.admitted.numel() else []
-        past = [self.direct and direct_file(self.shard, part) is not None for part, _ in parts]
+        past = [self.direct and direct_file(self.shard, part) for part, _ in parts]
         pending = [
             reader().submit(read_direct, self.shard, part, change.admitted, change.slots, mine)
             for (part, mine), direct in zip(parts, past, strict=True) if direct
@@ -510,7 +523,7 @@ class Tier:
             self.admission.warm(change.admitted[:0])
             raise
 
-    def _parts(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _parts(self) -> list[tuple[Rows, torch.Tensor]]:
         """The shard's weight and scale, each with the tier's rows of it."""
         pairs = ((self.shard.weight, self.rows.weight), (self.shard.scale, self.rows.scale))
         return [(part, mine) for part, mine in pairs if part is not None and mine is not None]
@@ -530,7 +543,7 @@ class Tier:
             self.admission.warm(change.admitted[:0])
             raise
 
-    def _copy(self, change: Change, parts: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    def _copy(self, change: Change, parts: list[tuple[Rows, torch.Tensor]]) -> None:
         """The admitted rows of each (shard part, tier rows) pair copied from the part into their slots."""
         with files_named_on_fault(self.shard):
             for part, mine in parts:

@@ -29,25 +29,42 @@ static int64_t now_ms(void) {
     return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
 }
 
-/* The range of rows [first, last] is read as [lo, hi) of the file: their pages, aligned. */
+/* The shard's pieces: piece s holds shard-local rows [starts[s], starts[s + 1]) at offsets[s] of fds[s]. */
 typedef struct {
-    int64_t first, last, lo;
+    const int* fds;
+    const int64_t *offsets, *starts;
+    int64_t segments, shard_rows, row_bytes;
+} pieces_t;
+
+static int64_t piece_end(const pieces_t* p, int64_t s) { return s + 1 < p->segments ? p->starts[s + 1] : p->shard_rows; }
+
+/* The file offset of shard-local row `row`, in piece s. */
+static int64_t row_offset(const pieces_t* p, int64_t s, int64_t row) {
+    return p->offsets[s] + (row - p->starts[s]) * p->row_bytes;
+}
+
+/* The range of rows [first, last], all of piece `piece`, is read as [lo, hi) of its file: their pages,
+ * aligned. */
+typedef struct {
+    int64_t first, last, lo, piece;
     int64_t need; /* bytes of the read that must come back: through the last row's end */
 } range_t;
 
-/* The next range from rows[*k]: rows whose pages lie at most gap_bytes past the range's end, while it
- * spans at most max_range_bytes (one row longer than that is a range of its own). */
-static range_t next_range(const int64_t* rows, int64_t n, int64_t* k, int64_t offset, int64_t row_bytes,
-                          int64_t gap_bytes, int64_t max_range_bytes) {
+/* The next range from rows[*k] (in piece *s, which advances with the rows): rows of the same piece whose
+ * pages lie at most gap_bytes past the range's end, while it spans at most max_range_bytes (one row longer
+ * than that is a range of its own). */
+static range_t next_range(const pieces_t* p, const int64_t* rows, int64_t n, int64_t* k, int64_t* s, int64_t gap_bytes,
+                          int64_t max_range_bytes) {
+    while (rows[*k] >= piece_end(p, *s)) ++*s;
     range_t r;
-    r.first = r.last = *k;
-    const int64_t start = offset + rows[*k] * row_bytes;
+    r.first = r.last = *k, r.piece = *s;
+    const int64_t start = row_offset(p, *s, rows[*k]), end_row = piece_end(p, *s);
     r.lo = start / ALIGN * ALIGN;
-    int64_t end = start + row_bytes;
-    for (++*k; *k < n; ++*k) {
-        const int64_t s = offset + rows[*k] * row_bytes, e = s + row_bytes;
+    int64_t end = start + p->row_bytes;
+    for (++*k; *k < n && rows[*k] < end_row; ++*k) {
+        const int64_t b = row_offset(p, *s, rows[*k]), e = b + p->row_bytes;
         const int64_t hi = (end + ALIGN - 1) / ALIGN * ALIGN;
-        if (s / ALIGN * ALIGN > hi + gap_bytes || (e + ALIGN - 1) / ALIGN * ALIGN - r.lo > max_range_bytes) break;
+        if (b / ALIGN * ALIGN > hi + gap_bytes || (e + ALIGN - 1) / ALIGN * ALIGN - r.lo > max_range_bytes) break;
         end = e, r.last = *k;
     }
     r.need = end - r.lo;
@@ -60,19 +77,28 @@ static void* scratch(size_t bytes) {
     return p == MAP_FAILED ? NULL : p;
 }
 
-int engram_read_direct_cpu(int fd, int64_t file_size, int64_t offset, int64_t shard_rows, int64_t row_bytes,
-                           const int64_t* rows, const int64_t* slots, int64_t n, uint8_t* dst, int64_t dst_rows,
-                           int64_t gap_bytes, int64_t max_range_bytes, int64_t depth, int64_t timeout_ms,
-                           int64_t* ranges, int64_t* bytes, int64_t* os_error) {
+int engram_read_direct_cpu(const int* fds, const int64_t* file_sizes, const int64_t* offsets, const int64_t* starts,
+                           int64_t segments, int64_t shard_rows, int64_t row_bytes, const int64_t* rows,
+                           const int64_t* slots, int64_t n, uint8_t* dst, int64_t dst_rows, int64_t gap_bytes,
+                           int64_t max_range_bytes, int64_t depth, int64_t timeout_ms, int64_t* ranges, int64_t* bytes,
+                           int64_t* os_error) {
     if (!os_error) return ENGRAM_ERR_ARGUMENT;
     *os_error = 0;
-    if (fd < 0 || file_size < 0 || offset < 0 || shard_rows < 0 || n < 0 || dst_rows < 0) return ENGRAM_ERR_ARGUMENT;
+    if (!fds || !file_sizes || !offsets || !starts || segments < 1 || shard_rows < 0 || n < 0 || dst_rows < 0)
+        return ENGRAM_ERR_ARGUMENT;
     if (row_bytes < 1 || row_bytes > MAX_RANGE || (n && (!rows || !slots || !dst))) return ENGRAM_ERR_ARGUMENT;
     if (gap_bytes < 0 || depth < 1 || depth > MAX_DEPTH || timeout_ms < 1) return ENGRAM_ERR_ARGUMENT;
     if (max_range_bytes < ALIGN || max_range_bytes % ALIGN || max_range_bytes > MAX_RANGE) return ENGRAM_ERR_ARGUMENT;
-    if (shard_rows > (INT64_MAX - offset) / row_bytes || offset + shard_rows * row_bytes > file_size)
-        return ENGRAM_ERR_ARGUMENT; /* the shard lies within the file */
-    if (dst_rows > INT64_MAX / row_bytes) return ENGRAM_ERR_ARGUMENT;
+    if (shard_rows > INT64_MAX / row_bytes || dst_rows > INT64_MAX / row_bytes || starts[0] != 0)
+        return ENGRAM_ERR_ARGUMENT;
+    const pieces_t p = {fds, offsets, starts, segments, shard_rows, row_bytes};
+    for (int64_t s = 0; s < segments; ++s) { /* every piece ascending, and lying within its file */
+        if ((s && starts[s] <= starts[s - 1]) || (shard_rows && starts[s] >= shard_rows)) return ENGRAM_ERR_ARGUMENT;
+        const int64_t piece_rows = piece_end(&p, s) - starts[s];
+        if (fds[s] < 0 || offsets[s] < 0 || file_sizes[s] < 0) return ENGRAM_ERR_ARGUMENT;
+        if (piece_rows > (INT64_MAX - offsets[s]) / row_bytes || offsets[s] + piece_rows * row_bytes > file_sizes[s])
+            return ENGRAM_ERR_ARGUMENT;
+    }
     for (int64_t i = 0; i < n; ++i) { /* every row and slot in bounds, rows ascending, before any read */
         if (rows[i] < 0 || rows[i] >= shard_rows || (i && rows[i] <= rows[i - 1])) return ENGRAM_ERR_ARGUMENT;
         if (slots[i] < 0 || slots[i] >= dst_rows) return ENGRAM_ERR_ARGUMENT;
@@ -105,7 +131,7 @@ int engram_read_direct_cpu(int fd, int64_t file_size, int64_t offset, int64_t sh
     int64_t free_count = depth;
     for (int64_t b = 0; b < depth; ++b) free_buffers[b] = b;
 
-    int64_t k = 0, queued = 0, made = 0, read_bytes = 0;
+    int64_t k = 0, piece = 0, queued = 0, made = 0, read_bytes = 0;
     const int64_t deadline = now_ms() + timeout_ms;
     unsigned unconsumed = 0; /* entries queued that the kernel has not taken yet: not in flight */
     int error = 0;           /* the first failure: -errno, or 1 for a short read */
@@ -113,10 +139,10 @@ int engram_read_direct_cpu(int fd, int64_t file_size, int64_t offset, int64_t sh
         unsigned tail = *ring.sq_tail, added = 0;
         for (; !error && k < n && free_count; ++added, ++tail) {
             const int64_t b = free_buffers[--free_count];
-            const range_t r = in_flight[b] = next_range(rows, n, &k, offset, row_bytes, gap_bytes, span);
+            const range_t r = in_flight[b] = next_range(&p, rows, n, &k, &piece, gap_bytes, span);
             struct io_uring_sqe* e = &ring.sqes[tail & *ring.sq_mask];
             memset(e, 0, sizeof *e);
-            e->opcode = IORING_OP_READ, e->fd = fd, e->off = (uint64_t)r.lo;
+            e->opcode = IORING_OP_READ, e->fd = fds[r.piece], e->off = (uint64_t)r.lo;
             e->addr = (uint64_t)(uintptr_t)(buffers + (size_t)b * (size_t)span);
             e->len = (unsigned)((r.need + ALIGN - 1) / ALIGN * ALIGN), e->user_data = (uint64_t)b;
             ring.sq_array[tail & *ring.sq_mask] = tail & *ring.sq_mask;
@@ -147,7 +173,7 @@ int engram_read_direct_cpu(int fd, int64_t file_size, int64_t offset, int64_t sh
             } else {
                 const uint8_t* got = buffers + (size_t)b * (size_t)span;
                 for (int64_t i = r.first; i <= r.last; ++i)
-                    memcpy(dst + slots[i] * row_bytes, got + (offset + rows[i] * row_bytes - r.lo), (size_t)row_bytes);
+                    memcpy(dst + slots[i] * row_bytes, got + (row_offset(&p, r.piece, rows[i]) - r.lo), (size_t)row_bytes);
                 read_bytes += c->res;
             }
             free_buffers[free_count++] = b;

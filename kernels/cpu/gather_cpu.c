@@ -6,7 +6,10 @@
  * to the other positions that asked for it: the access pattern that makes host tables fast on a GPU.
  *
  * Table reads run guarded (guard_cpu.h): a table whose file was truncated under it makes the call return
- * ENGRAM_ERR_FAULT, not kill the process. */
+ * ENGRAM_ERR_FAULT, not kill the process.
+ *
+ * A shard may lie in segments (engram_gather_segments_cpu: a table a checkpoint splits into parts, served
+ * from the files as they are): a row's address is its segment's base plus its offset there. */
 #define _POSIX_C_SOURCE 200809L
 #include <omp.h>
 #include <stdlib.h>
@@ -50,12 +53,35 @@ static void dequant_row_cpu(const uint8_t* w, const uint8_t* s, int64_t dim, int
 int engram_vector_bytes_cpu(const void* base, int64_t row_bytes) { return engram_vector_bytes((uintptr_t)base, row_bytes); }
 
 typedef struct {
-    const uint8_t* weight;
-    const uint8_t* scale;
-    int64_t shard_rows, dim, row_bytes, row_start, out_bytes;
+    const uint8_t* const* weights; /* each segment's first row, and its scales' (NULL without row scales) */
+    const uint8_t* const* scales;
+    const int64_t* starts; /* the shard-local row each segment starts at: 0, then ascending */
+    int64_t segments, shard_rows, dim, row_bytes, scale_bytes, row_start, out_bytes;
     int out_kind, vec, quant;
     float table_scale; /* FP8_TABLE and NVFP4 (engram_table_scale for FP8_TABLE) */
 } table_t;
+
+/* The segment holding shard-local row `local` (in [0, shard_rows)): the last one starting at or before it. */
+static inline int64_t segment_of(const table_t* t, int64_t local) {
+    int64_t lo = 0, hi = t->segments; /* starts[lo] <= local < starts[hi] (starts[segments]: shard_rows) */
+    while (hi - lo > 1) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (t->starts[mid] <= local) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
+static inline const uint8_t* weight_row(const table_t* t, int64_t local) {
+    const int64_t s = t->segments == 1 ? 0 : segment_of(t, local);
+    return t->weights[s] + (local - t->starts[s]) * t->row_bytes;
+}
+
+static inline const uint8_t* scale_row(const table_t* t, int64_t local) {
+    if (!t->scales) return NULL;
+    const int64_t s = t->segments == 1 ? 0 : segment_of(t, local);
+    return t->scales[s] + (local - t->starts[s]) * t->scale_bytes;
+}
 
 /* A row stored one scale per table (FP8_TABLE) or as NVFP4, value by value. */
 static void dequant_scaled_row_cpu(const table_t* t, const uint8_t* w, const uint8_t* s, uint8_t* out) {
@@ -69,7 +95,7 @@ static void dequant_scaled_row_cpu(const table_t* t, const uint8_t* w, const uin
 static void prefetch_row(const table_t* t, int64_t id) {
     const int64_t local = id - t->row_start;
     if (id < 0 || local < 0 || local >= t->shard_rows) return;
-    const uint8_t* row = t->weight + local * t->row_bytes;
+    const uint8_t* row = weight_row(t, local);
     for (int64_t b = 0; b < t->row_bytes; b += 64) __builtin_prefetch(row + b, 0, 3);
 }
 
@@ -79,12 +105,11 @@ static void read_row(const table_t* t, int64_t id, uint8_t* dst) {
     if (id < 0 || local < 0 || local >= t->shard_rows) {
         memset(dst, 0, (size_t)t->out_bytes);
     } else if (t->out_kind == ENGRAM_OUT_RAW) {
-        memcpy(dst, t->weight + local * t->row_bytes, (size_t)t->row_bytes);
+        memcpy(dst, weight_row(t, local), (size_t)t->row_bytes);
     } else if (t->quant != ENGRAM_QUANT_FP8_BLOCK32) {
-        const int64_t scale_bytes = engram_quant_scale_bytes(t->quant, t->dim);
-        dequant_scaled_row_cpu(t, t->weight + local * t->row_bytes, t->scale ? t->scale + local * scale_bytes : NULL, dst);
+        dequant_scaled_row_cpu(t, weight_row(t, local), scale_row(t, local), dst);
     } else {
-        dequant_row_cpu(t->weight + local * t->row_bytes, t->scale + local * (t->dim / 32), t->dim, t->out_kind, t->vec, dst);
+        dequant_row_cpu(weight_row(t, local), scale_row(t, local), t->dim, t->out_kind, t->vec, dst);
     }
 }
 
@@ -92,14 +117,16 @@ static void read_row(const table_t* t, int64_t id, uint8_t* dst) {
  * (outstanding cache and TLB misses), with no per-row dispatch, so the core keeps the next rows' loads in
  * flight beside the prefetches. */
 static void copy_rows(const table_t* t, const int64_t* ids, int64_t lo, int64_t hi, uint8_t* out) {
-    const uint8_t* weight = t->weight;
+    const uint8_t* weight = t->weights[0];
     const size_t row_bytes = (size_t)t->row_bytes;
     const int64_t row_start = t->row_start, shard_rows = t->shard_rows;
+    const int one = t->segments == 1;
     for (int64_t i = lo; i < hi; ++i) {
         if (i + ENGRAM_PREFETCH < hi) prefetch_row(t, ids[i + ENGRAM_PREFETCH]);
         const int64_t local = ids[i] - row_start;
         uint8_t* dst = out + i * (int64_t)row_bytes;
-        if (ids[i] >= 0 && local >= 0 && local < shard_rows) memcpy(dst, weight + local * (int64_t)row_bytes, row_bytes);
+        if (ids[i] >= 0 && local >= 0 && local < shard_rows)
+            memcpy(dst, one ? weight + local * (int64_t)row_bytes : weight_row(t, local), row_bytes);
         else memset(dst, 0, row_bytes);
     }
 }
@@ -166,24 +193,45 @@ static __attribute__((noinline)) int read_part(const table_t* t, const int64_t* 
     return 0;
 }
 
-int engram_gather_cpu(const uint8_t* weight, const uint8_t* scale, int64_t shard_rows, int64_t dim, int64_t row_bytes,
-                      int64_t row_start, int64_t table_rows, const int64_t* ids, const int64_t* order,
-                      const int64_t* leader, int64_t n, uint8_t* out, int out_kind, int quant, float table_scale,
-                      int64_t* bad_id, int num_threads) {
+/* The segments' contract, checked in O(segments): starts[0] = 0, strictly ascending, below shard_rows; a
+ * base for each (and a scale base where rows have scales). */
+static int check_segments(const uint8_t* const* weights, const uint8_t* const* scales, const int64_t* starts,
+                          int64_t segments, int64_t shard_rows, int needs_scale) {
+    if (segments < 1 || !weights || !starts || starts[0] != 0 || (needs_scale && !scales)) return ENGRAM_ERR_ARGUMENT;
+    for (int64_t s = 0; s < segments; ++s) {
+        if ((s && starts[s] <= starts[s - 1]) || (shard_rows && starts[s] >= shard_rows)) return ENGRAM_ERR_ARGUMENT;
+        if (shard_rows && (!weights[s] || (needs_scale && !scales[s]))) return ENGRAM_ERR_ARGUMENT;
+    }
+    return ENGRAM_OK;
+}
+
+int engram_gather_segments_cpu(const uint8_t* const* weights, const uint8_t* const* scales, const int64_t* starts,
+                               int64_t segments, int64_t shard_rows, int64_t dim, int64_t row_bytes, int64_t row_start,
+                               int64_t table_rows, const int64_t* ids, const int64_t* order, const int64_t* leader,
+                               int64_t n, uint8_t* out, int out_kind, int quant, float table_scale, int64_t* bad_id,
+                               int num_threads) {
     if (n < 0 || shard_rows < 0 || dim < 1 || row_bytes < 1 || num_threads < 1 || row_start < 0) return ENGRAM_ERR_ARGUMENT;
     if (out_kind != ENGRAM_OUT_RAW && out_kind != ENGRAM_OUT_F32 && out_kind != ENGRAM_OUT_BF16) return ENGRAM_ERR_ARGUMENT;
     const int scaled = out_kind != ENGRAM_OUT_RAW;
     if (scaled && (engram_quant_row_bytes(quant, dim) == 0 || row_bytes != engram_quant_row_bytes(quant, dim))) return ENGRAM_ERR_ARGUMENT;
     const int needs_scale = scaled && engram_quant_scale_bytes(quant, dim) > 0;
     if ((order == NULL) != (leader == NULL)) return ENGRAM_ERR_ARGUMENT;
+    if (check_segments(weights, needs_scale ? scales : NULL, starts, segments, shard_rows, needs_scale) != ENGRAM_OK)
+        return ENGRAM_ERR_ARGUMENT;
     if (n == 0) return ENGRAM_OK;
-    if (!ids || !out || !bad_id || (shard_rows && (!weight || (needs_scale && !scale)))) return ENGRAM_ERR_ARGUMENT;
+    if (!ids || !out || !bad_id) return ENGRAM_ERR_ARGUMENT;
     const int range = check_range(ids, n, table_rows, bad_id, num_threads);
     if (range != ENGRAM_OK) return range;
     const float factor = quant == ENGRAM_QUANT_FP8_TABLE ? engram_table_scale(table_scale, out_kind) : table_scale;
-    const table_t t = {weight, scale, shard_rows, dim, row_bytes, row_start,
+    int vec = 16; /* the load width every segment's alignment allows: the CUDA gather's, for one segment */
+    for (int64_t s = 0; s < segments && shard_rows; ++s) {
+        const int v = engram_vector_bytes((uintptr_t)weights[s], row_bytes);
+        vec = v < vec ? v : vec;
+    }
+    const table_t t = {weights, needs_scale ? scales : NULL, starts, segments, shard_rows, dim, row_bytes,
+                       engram_quant_scale_bytes(quant, dim), row_start,
                        out_kind == ENGRAM_OUT_RAW ? row_bytes : dim * (out_kind == ENGRAM_OUT_F32 ? 4 : 2), out_kind,
-                       engram_vector_bytes((uintptr_t)weight, row_bytes), quant, factor};
+                       vec, quant, factor};
     if (order != NULL) {
         const int sorted = check_sorted(ids, order, leader, n);
         if (sorted != ENGRAM_OK) return sorted;
@@ -205,4 +253,13 @@ int engram_gather_cpu(const uint8_t* weight, const uint8_t* scale, int64_t shard
         if (leader[i] != i) memcpy(out + order[i] * t.out_bytes, out + order[leader[i]] * t.out_bytes, (size_t)t.out_bytes);
     }
     return ENGRAM_OK;
+}
+
+int engram_gather_cpu(const uint8_t* weight, const uint8_t* scale, int64_t shard_rows, int64_t dim, int64_t row_bytes,
+                      int64_t row_start, int64_t table_rows, const int64_t* ids, const int64_t* order,
+                      const int64_t* leader, int64_t n, uint8_t* out, int out_kind, int quant, float table_scale,
+                      int64_t* bad_id, int num_threads) {
+    const int64_t start = 0; /* one segment: the whole shard from `weight` */
+    return engram_gather_segments_cpu(&weight, &scale, &start, 1, shard_rows, dim, row_bytes, row_start, table_rows,
+                                      ids, order, leader, n, out, out_kind, quant, table_scale, bad_id, num_threads);
 }

@@ -104,4 +104,40 @@ inline cudaError_t cudaHostUnregister(void*) { return cudaErrorNoDevice; }
 inline cudaError_t cudaHostGetDevicePointer(void** device, void*, unsigned int) { *device = nullptr; return cudaErrorNoDevice; }
 inline cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void*) { a->type = 0; return cudaSuccess; }
 
+// The driver entry points, by name, from the emulated driver (kernels/emulate/cuda.h).
+#include <string.h>
+
+#include "cuda.h"
+enum cudaDriverEntryPointQueryResult { cudaDriverEntryPointSuccess = 0, cudaDriverEntryPointSymbolNotFound = 1 };
+enum { cudaEnableDefault = 0, cudaErrorSymbolNotFound = 500 };
+inline cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned int, unsigned long long,
+                                                    cudaDriverEntryPointQueryResult* found) {
+    struct Named {
+        const char* name;
+        void* fn;
+    };
+    const Named table[] = {
+        {"cuDeviceGet", reinterpret_cast<void*>(&cuDeviceGet)},
+        {"cuDeviceGetAttribute", reinterpret_cast<void*>(&cuDeviceGetAttribute)},
+        {"cuMemGetAllocationGranularity", reinterpret_cast<void*>(&cuMemGetAllocationGranularity)},
+        {"cuMemCreate", reinterpret_cast<void*>(&cuMemCreate)},
+        {"cuMemRelease", reinterpret_cast<void*>(&cuMemRelease)},
+        {"cuMemAddressReserve", reinterpret_cast<void*>(&cuMemAddressReserve)},
+        {"cuMemAddressFree", reinterpret_cast<void*>(&cuMemAddressFree)},
+        {"cuMemMap", reinterpret_cast<void*>(&cuMemMap)},
+        {"cuMemUnmap", reinterpret_cast<void*>(&cuMemUnmap)},
+        {"cuMemSetAccess", reinterpret_cast<void*>(&cuMemSetAccess)},
+    };
+    for (const Named& n : table) {
+        if (strcmp(n.name, symbol) == 0) {
+            *fn = n.fn;
+            *found = cudaDriverEntryPointSuccess;
+            return cudaSuccess;
+        }
+    }
+    *fn = nullptr;
+    *found = cudaDriverEntryPointSymbolNotFound;
+    return cudaSuccess;
+}
+
 #endif

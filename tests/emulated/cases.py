@@ -390,9 +390,9 @@ def test_direct_reads_stay_inside_their_arrays_and_read_the_files_bytes(
             asked, where = exact_i64(wanted), exact_i64(slots)
             ranges, nbytes, error = ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int64()
             status = library.engram_read_direct_cpu(
-                fd, len(data), offset, shard_rows, row_bytes, cpu.ptr(asked), cpu.ptr(where), len(wanted),
-                dst.data_ptr(), len(wanted), gap, most, depth, 60_000, ctypes.byref(ranges), ctypes.byref(nbytes),
-                ctypes.byref(error),
+                (ctypes.c_int * 1)(fd), cpu.int64s([len(data)]), cpu.int64s([offset]), cpu.int64s([0]), 1, shard_rows,
+                row_bytes, cpu.ptr(asked), cpu.ptr(where), len(wanted), dst.data_ptr(), len(wanted), gap, most, depth,
+                60_000, ctypes.byref(ranges), ctypes.byref(nbytes), ctypes.byref(error),
             )  # fmt: skip
         finally:
             os.close(fd)
@@ -402,3 +402,120 @@ def test_direct_reads_stay_inside_their_arrays_and_read_the_files_bytes(
     for row, slot in zip(wanted, slots, strict=True):
         start = offset + row * row_bytes
         assert bytes(got[slot].tolist()) == data[start : start + row_bytes]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.sampled_from([8, 264, 5000]),
+    st.lists(st.integers(1, 199), max_size=6, unique=True),
+    st.sets(st.integers(0, 199), max_size=60),
+    st.integers(1, 9),
+    st.sampled_from([0, 4096]),
+    st.randoms(use_true_random=False),
+)
+def test_direct_reads_of_pieces_in_several_files_stay_inside_their_arrays(
+    row_bytes: int, cuts: list[int], rows: set[int], depth: int, gap: int, shuffle: random.Random
+) -> None:
+    """engram_read_direct_cpu over a shard in pieces (a table its checkpoint splits into parts), each piece
+    at its own offset of one of two files: under AddressSanitizer every row's bytes land in its slot alone,
+    equal to its piece's file's, and a range never joins rows of two pieces (the reads are each piece's
+    own, as the one-piece rule counts them)."""
+    library = sanitized_tier()
+    shard_rows = 200
+    starts = [0, *sorted(cuts)]
+    ends = [*starts[1:], shard_rows]
+    with tempfile.TemporaryDirectory() as directory:
+        contents = [bytearray(random.Random(row_bytes + k).randbytes(shuffle.randrange(0, 9000))) for k in range(2)]
+        placed = []  # (file, offset) of each piece, appended to its file after random padding
+        for start, end in zip(starts, ends, strict=True):
+            k = shuffle.randrange(2)
+            contents[k] += random.Random(start).randbytes(shuffle.randrange(0, 5000))
+            placed.append((k, len(contents[k])))
+            contents[k] += random.Random(start * 31 + row_bytes).randbytes((end - start) * row_bytes)
+        fds = []
+        try:
+            for k, data in enumerate(contents):
+                path = os.path.join(directory, f"part{k}.bin")
+                with open(path, "wb") as f:
+                    f.write(data)
+                try:
+                    fds.append(os.open(path, os.O_RDONLY | os.O_DIRECT))
+                except OSError:
+                    pytest.skip("this file system refuses O_DIRECT")
+            wanted = sorted(rows)
+            slots = list(range(len(wanted)))
+            shuffle.shuffle(slots)
+            dst = exact(len(wanted) * row_bytes)
+            asked, where = exact_i64(wanted), exact_i64(slots)
+            sizes, offsets = exact_i64([len(contents[k]) for k, _ in placed]), exact_i64([o for _, o in placed])
+            firsts = exact_i64(starts)
+            ranges, nbytes, error = ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int64()
+            status = library.engram_read_direct_cpu(
+                (ctypes.c_int * len(placed))(*(fds[k] for k, _ in placed)),
+                cpu.ptr(sizes), cpu.ptr(offsets), cpu.ptr(firsts), len(starts), shard_rows, row_bytes, cpu.ptr(asked), cpu.ptr(where), len(wanted),
+                dst.data_ptr(), len(wanted), gap, 4096, depth, 60_000, ctypes.byref(ranges), ctypes.byref(nbytes),
+                ctypes.byref(error),
+            )  # fmt: skip
+        finally:
+            for fd in fds:
+                os.close(fd)
+    assert (status, error.value) == (0, 0)
+    expected_reads = 0
+    for (k, offset), start, end in zip(placed, starts, ends, strict=True):
+        mine = [row - start for row in wanted if start <= row < end]
+        expected_reads += direct_ranges(len(contents[k]), offset, row_bytes, mine, gap, 4096)[0]
+    assert ranges.value == expected_reads
+    got = dst.view(-1, row_bytes) if wanted else dst
+    for row, slot in zip(wanted, slots, strict=True):
+        piece = max(j for j, s in enumerate(starts) if s <= row)
+        k, offset = placed[piece]
+        at = offset + (row - starts[piece]) * row_bytes
+        assert bytes(got[slot].tolist()) == bytes(contents[k][at : at + row_bytes])
+
+
+def driver_state(library: ctypes.CDLL) -> tuple[int, int, int]:
+    """What the emulated CUDA driver holds now: (allocation handles, bytes reserved, bytes mapped)."""
+    handles, reserved, mapped = ctypes.c_long(), ctypes.c_uint64(), ctypes.c_uint64()
+    library.engram_emu_driver_state(ctypes.byref(handles), ctypes.byref(reserved), ctypes.byref(mapped))
+    return handles.value, reserved.value, mapped.value
+
+
+@pytest.mark.parametrize("size", [1, (2 << 20) - 1, 5 << 20, 9 << 20])
+def test_host_numa_tables_are_all_there_or_not_at_all(size: int) -> None:
+    """engram_host_numa_map over the emulated driver (kernels/emulate/cuda.h), chunks of 4 MiB: a table
+    maps to padded, granular bytes the host reads and writes end to end, and unmapping leaves the driver
+    holding nothing; made to fail at each of its driver calls in turn, it reports that call's step and
+    leaves nothing allocated, reserved or mapped (under AddressSanitizer)."""
+    library = emulated()
+    library.engram_emu_driver_fail_at.argtypes = [ctypes.c_long]
+    chunk = 4 << 20
+    granule = 2 << 20
+
+    def map_one() -> tuple[int, int, int, int, int, int]:
+        addr, padded, grain = ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_uint64()
+        node, step = ctypes.c_int(), ctypes.c_int()
+        code = library.engram_host_numa_map(
+            size, chunk, -1, ctypes.byref(addr), ctypes.byref(padded), ctypes.byref(grain), ctypes.byref(node),
+            ctypes.byref(step),
+        )  # fmt: skip
+        return code, addr.value, padded.value, grain.value, node.value, step.value
+
+    library.engram_emu_driver_fail_at(-1)
+    code, addr, padded, grain, node, step = map_one()
+    assert (code, grain, node, step) == (0, granule, 0, 0)
+    assert padded == -(-size // granule) * granule and driver_state(library) == (0, padded, padded)
+    view = (ctypes.c_uint8 * padded).from_address(addr)
+    ctypes.memset(addr, 0xA5, padded)  # every byte, across every chunk, written and read by the host
+    assert view[0] == view[padded - 1] == view[padded // 2] == 0xA5
+    assert library.engram_host_numa_unmap(addr, padded, chunk) == 0
+    assert driver_state(library) == (0, 0, 0)
+    chunks = -(-padded // chunk)
+    # the driver calls in order: device, its NUMA node, the granularity, each chunk's create, the address
+    # range, each chunk's map, the access: the steps they report
+    steps = [2, 3, 4, *[5] * chunks, 6, *[7] * chunks, 8]
+    for at, want_step in enumerate(steps):
+        library.engram_emu_driver_fail_at(at)
+        code, addr, _, _, _, step = map_one()
+        assert code != 0 and step == want_step and addr == 0, (at, step)
+        assert driver_state(library) == (0, 0, 0), at
+    library.engram_emu_driver_fail_at(-1)

@@ -50,7 +50,9 @@ def test_the_section_with_vllms_fields_beside_it(monkeypatch: pytest.MonkeyPatch
     assert from_env is not None and from_env.shard_layout == "vllm"
     with pytest.raises(ConfigError, match=r"^/engram/shard_layout: .*\[enum\]$"):
         engram_config(vllm_config({"engram": {"shard_layout": "rows"}}))
-    with pytest.raises(ConfigError, match=r"^/engram/file_cache_bytes: .* it requires file_backed=True \["):
+    with pytest.raises(
+        ConfigError, match=r"^/engram/file_cache_bytes: .* it requires file_backed=True \(or disk_offload=True\) \["
+    ):
         engram_config(vllm_config({"engram": {"file_cache_bytes": 1 << 30}}))
 
 

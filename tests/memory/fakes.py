@@ -63,3 +63,41 @@ class FakeRuntime:
 
     def error_string(self, code: int) -> str:
         return {1: "invalid argument", 2: "out of memory", 801: "operation not supported"}.get(code, "unknown")
+
+
+class FakeHostNumaRuntime(FakeRuntime):
+    """FakeRuntime with the host-NUMA cuMem calls: a map is a fresh anonymous mapping rounded to 2 MiB at
+    NUMA node `node` (-1: none), or fails at `fail_step` with `fail_code`; every unmap is recorded."""
+
+    GRANULE = 2 << 20
+
+    def __init__(self, node: int = 0, fail_step: int | None = None, fail_code: int = 2) -> None:
+        super().__init__()
+        self.node, self.fail_step, self.fail_code = node, fail_step, fail_code
+        self.mapped: dict[int, int] = {}
+        self.unmapped: list[tuple[int, int]] = []
+
+    def device_attribute(self, attribute: int) -> tuple[int, int]:
+        return (0, self.node) if attribute == 134 else super().device_attribute(attribute)
+
+    def host_numa_map(self, size: int, chunk: int, node: int) -> tuple[int, int, int, int, int]:
+        import mmap
+
+        from engram.memory.mapping import _mmap
+
+        self.calls.append(("host_numa_map", size, chunk, node))
+        if self.fail_step is not None:
+            self.sticky = self.fail_code
+            return self.fail_code, 0, 0, 0, self.fail_step
+        padded = -(-size // self.GRANULE) * self.GRANULE
+        addr = _mmap(padded, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self.mapped[addr] = padded
+        return 0, addr, padded, self.GRANULE, 0
+
+    def host_numa_unmap(self, addr: int, length: int, chunk: int) -> int:
+        from engram.memory.mapping import _munmap
+
+        self.unmapped.append((addr, length))
+        assert self.mapped.pop(addr) == length
+        _munmap(addr, length)
+        return 0

@@ -50,14 +50,22 @@ int engram_pointer_memory_type(int* type, const void* pointer) {
     *type = registered > 0 && !lie ? 1 : 0;
     return 0;
 }
-/* Device attribute 113 (read-only host registration supported) answers stub_set_read_only's value. */
+/* Device attribute 113 (read-only host registration supported) answers stub_set_read_only's value; 134
+ * (the host NUMA node) -1: no host-NUMA cuMem here, so tables are registered. */
 static int read_only_supported = 1;
 void stub_set_read_only(int value) { read_only_supported = value; }
 int engram_device_attribute(int* value, int attribute, int device) {
     (void)device;
-    *value = attribute == 113 ? read_only_supported : 0;
+    *value = attribute == 113 ? read_only_supported : attribute == 134 ? -1 : 0;
     return 0;
 }
+int engram_host_numa_map(uint64_t bytes, uint64_t chunk, int node, uint64_t* address, uint64_t* padded,
+                         uint64_t* granularity, int* node_used, int* step) {
+    (void)bytes; (void)chunk; (void)node;
+    *address = *padded = *granularity = 0, *node_used = -1, *step = 3;
+    return 801; /* CUDA_ERROR_NOT_SUPPORTED */
+}
+int engram_host_numa_unmap(uint64_t address, uint64_t padded, uint64_t chunk) { (void)address; (void)padded; (void)chunk; return 801; }
 int engram_cuda_get_last_error(void) { int code = sticky; sticky = 0; return code; }
 int engram_cuda_last_error(void) { return cuda_error; }
 const char* engram_cuda_error_string(int code) { return code == 2 ? "out of memory" : code == 1 ? "invalid argument" : "unknown error"; }

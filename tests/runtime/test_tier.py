@@ -214,7 +214,7 @@ def reads_as_told(table: Table, read_path: str) -> Tier:
     cannot work: a file system that refuses O_DIRECT)."""
     tier = table.tier
     assert tier is not None and tier.eager
-    if read_path == "direct" and not tier.direct and direct_file(table.shard, table.shard.weight) is None:
+    if read_path == "direct" and not tier.direct and not direct_file(table.shard, table.shard.weight):
         pytest.skip("this file system refuses O_DIRECT")
     assert tier.direct == (read_path == "direct")
     return tier
@@ -526,3 +526,31 @@ def test_a_large_lookup_without_a_tier_reads_in_batches_bit_equal(
         table.lookup(torch.cat([ids.view(-1), torch.tensor([rows])]).view(-1, 1))
     table.release()
     plain.release()
+
+
+@pytest.mark.parametrize("budget", [1, 1 << 20, 8 << 20])
+def test_a_budget_too_small_for_one_row_says_the_smallest_that_holds_one(
+    budget: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An online device tier's own state (its window's ring and its sketch) takes a few MiB before it holds
+    a row: a budget below that gives no tier and one warning naming the smallest budget that holds a row,
+    which does hold one, where one byte less does not."""
+    import logging
+
+    shard = random_shard(1 << 20, "fp8", seed=3, dim=256)
+    table = Table(shard, 1 << 20)
+    smallest = tier_module.tier_bytes(1, shard.format.row_bytes, shard.rows)
+    with caplog.at_level(logging.WARNING, logger="engram"):
+        held = table.keep_hot(budget, "cpu")
+    if budget >= smallest:
+        assert held > 0 and table.tier is not None and caplog.records == []
+        return
+    assert held == 0 and table.tier is None
+    assert [r.getMessage() for r in caplog.records] == [
+        f"engram: {shard.name} gets no device tier of hot rows: its {budget:,} bytes hold no row once the tier's "
+        f"own state is paid; give its tier at least {smallest:,} bytes (the rank's budget is split over its "
+        "tables), or 0 for none"
+    ]
+    assert capacity_for(smallest, shard.format.row_bytes, shard.rows) == 1
+    assert capacity_for(smallest - 1, shard.format.row_bytes, shard.rows) == 0
+    assert Table(shard, 1 << 20).keep_hot(smallest, "cpu") == 1

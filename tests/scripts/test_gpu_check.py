@@ -103,8 +103,9 @@ def test_stage_groups_are_selected_by_name_or_prefix(gpu_check: ModuleType) -> N
         "file",
     }
     benches = {g for g in groups if g.startswith("bench-")}
-    assert gpu_check.selected_groups(["bench"], []) == benches and len(benches) == 6
+    assert gpu_check.selected_groups(["bench"], []) == benches and len(benches) == 7
     assert gpu_check.selected_groups(["bench"], ["bench-cache"]) == benches - {"bench-cache"}
+    assert gpu_check.selected_groups(["bench-host"], []) == {"bench-host", "bench-host-pages"}  # a prefix
     assert gpu_check.selected_groups(None, ["bench"]) == set(groups) - benches
     with pytest.raises(SystemExit) as raised:
         gpu_check.selected_groups(["kernel"], [])

@@ -1,7 +1,8 @@
-"""engram's EngramConfig against the real vLLM 0.33.0 package (tests/vllm/runner.py): for every setting of the four
-fields (dp_shared_memory true, false or null), at TP 1/2 x DP 1/4 with and without elastic EP, the same
-constructor verdict and message, the same digest before and after dp_shared_memory is resolved, the same
-resolution, the same verify_parallel_config verdict and message, and the same embedding group size."""
+"""engram's EngramConfig against the real vLLM package (tests/vllm/runner.py; 0.33.0 and 0.34.0): for every
+setting of that version's fields (dp_shared_memory true, false or null; 0.34's disk_offload), at TP 1/2 x
+DP 1/4 with and without elastic EP, the same constructor verdict and message, the same digest (that
+version's: 0.33's compute_hash, 0.34's compile_factors) before and after dp_shared_memory is resolved, the
+same resolution, the same verify_parallel_config verdict and message, and the same embedding group size."""
 
 from __future__ import annotations
 
@@ -10,33 +11,40 @@ from typing import Any
 
 from engram.config import EngramConfig, ParallelConfig
 from engram.errors import ConfigError
-from tests.vllm.runner import ask_vllm, needs_vllm
+from tests.config.fields import VLLM_VERSIONS
+from tests.vllm.runner import ask_vllm, needs_vllm, vllm_version
 
 pytestmark = needs_vllm
-FIELDS = ("cpu_offload", "embedding_across_dp", "dp_shared_memory", "use_thp")
-CASES = [
-    {
-        "engram": dict(zip(FIELDS, values, strict=True)),
-        "parallel": {"tensor_parallel_size": tp, "data_parallel_size": dp, "enable_elastic_ep": elastic},
-    }
-    for values in itertools.product((False, True), (False, True), (False, True, None), (False, True))
-    for tp, dp, elastic in itertools.product((1, 2), (1, 4), (False, True))
-]
+
+
+def cases() -> list[dict[str, Any]]:
+    """Every setting of the fields the vLLM under test has, at each parallel shape."""
+    fields = VLLM_VERSIONS["{}.{}".format(*vllm_version())]
+    choices = [(False, True, None) if name == "dp_shared_memory" else (False, True) for name in fields]
+    return [
+        {
+            "engram": dict(zip(fields, values, strict=True)),
+            "parallel": {"tensor_parallel_size": tp, "data_parallel_size": dp, "enable_elastic_ep": elastic},
+        }
+        for values in itertools.product(*choices)
+        for tp, dp, elastic in itertools.product((1, 2), (1, 4), (False, True))
+    ]
 
 
 def engram_side(case: dict[str, Any]) -> dict[str, Any]:
+    version = "{}.{}".format(*vllm_version())
     try:
         config = EngramConfig(**case["engram"])
     except ConfigError as exc:
         return {"constructed": False, "error": exc.errors[0].message}
     parallel = ParallelConfig(**case["parallel"])
-    unresolved = config.compute_hash()
+    unresolved = config.compute_hash(vllm=version)
     config = config.resolve_dp_shared_memory(parallel)
     out: dict[str, Any] = {
         "constructed": True,
         "unresolved_hash": unresolved,
         "dp_shared_memory": config.dp_shared_memory,
-        "hash": config.compute_hash(),
+        "hash": config.compute_hash(vllm=version),
         "parallel_size": config.get_parallel_size(parallel),
     }
     try:
@@ -48,12 +56,16 @@ def engram_side(case: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_every_setting_agrees_with_vllm() -> None:
-    theirs = ask_vllm("config", CASES)
-    assert len(theirs) == len(CASES) == 192
+    every = cases()
+    theirs = ask_vllm("config", every)
+    newer = vllm_version() >= (0, 34)
+    assert len(theirs) == len(every) == (384 if newer else 192)
     differ = [
-        (case, engram_side(case), vllm) for case, vllm in zip(CASES, theirs, strict=True) if engram_side(case) != vllm
+        (case, engram_side(case), vllm) for case, vllm in zip(every, theirs, strict=True) if engram_side(case) != vllm
     ]
     assert differ == []
-    assert sum(v["constructed"] for v in theirs) == 112  # 14 of the 24 field settings pass the rules
+    # 14 of the 24 settings of 0.33's four fields pass the rules, each with disk_offload either way on 0.34
+    assert sum(v["constructed"] for v in theirs) == (224 if newer else 112)
     assert {v["dp_shared_memory"] for v in theirs if v["constructed"]} == {False, True}
-    assert len({v.get("parallel_error") for v in theirs if v["constructed"]}) == 4
+    # 0.34 adds "disk_offload is not supported with elastic EP."
+    assert len({v.get("parallel_error") for v in theirs if v["constructed"]}) == (5 if newer else 4)

@@ -1,4 +1,4 @@
-"""engram's vLLM plugin (engram.integrations.vllm) inside vLLM 0.33.0 (tests/vllm/runner.py): vLLM loads it
+"""engram's vLLM plugin (engram.integrations.vllm) inside the real vLLM (tests/vllm/runner.py): vLLM loads it
 from the `vllm.general_plugins` entry point with its own plugin loader; vLLM's Qwen4ExpNGramEmbedding is
 then built, loaded through its load_weights from a checkpoint make-checkpoint wrote, and run on vLLM's own
 ids. Not enabled, the swapped class returns vLLM's rows from vLLM's storage; enabled, the table lives in an
@@ -7,7 +7,8 @@ tables, one ETP rank or one of two; with cpu_offload (vLLM's pinned-host class) 
 mapping, on huge pages, or file-backed: the checkpoint's own pages, loaded by no copy (under a resident-set
 budget too); and with a device cache of a profile's hot rows (in host memory here, on the GPU there), hits
 and misses alike. Settings engram's schema refuses, or the plugin cannot honour, are one-line errors naming
-the setting, and `vllm serve` refuses them when it creates its engine config, before any worker starts."""
+the setting, and `vllm serve` refuses them when it creates its engine config, before any worker starts.
+Run against each vLLM release `make test-vllm` installs (0.33.0 and 0.34.0)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from engram.runtime.checkpoints.writer import hf_config, write_checkpoint
 from engram.runtime.placement.filemap import in_memory_fs
 from engram.runtime.placement.storage import ShardFormat
 from tests.runtime.specs import QWEN
-from tests.vllm.runner import VLLM_PYTHON, ask_vllm, needs_vllm
+from tests.vllm.runner import VLLM_PYTHON, ask_vllm, needs_vllm, vllm_version
 
 pytestmark = needs_vllm
 DS = ModelSpec(
@@ -66,10 +67,14 @@ def assert_partly_cached(table: dict[str, object], rows: int) -> None:
     assert 0 < table["cached_rows"] < rows and table["hits"] > 0, table  # type: ignore[operator]
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "fp8-table", "nvfp4"])
-def test_the_plugin_serves_qwen_tables_as_vllm_does(dtype: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("dtype", "parts"), [("bf16", None), ("bf16", 37), ("fp8-table", None), ("fp8-table", 5), ("nvfp4", 3)]
+)
+def test_the_plugin_serves_qwen_tables_as_vllm_does(dtype: str, parts: int | None, tmp_path: Path) -> None:
+    """Whole tables, and tables split into shard_<k> parts (NVFP4's only form), every placement: file-backed
+    ones from the parts' own pages."""
     spec = dataclasses.replace(QWEN, dtype=dtype)
-    write_checkpoint(spec, tmp_path, seed=5, split_parts=3 if dtype == "nvfp4" else None)
+    write_checkpoint(spec, tmp_path, seed=5, split_parts=parts)
     cache = device_cache(spec, tmp_path / "hot.profile", min(spec.layout.table_rows) // 2)
     cases = [
         {"path": str(tmp_path), "etp": etp, "etp_rank": etp - 1, "enabled": ENABLED, "cache": cache} for etp in (1, 2)
@@ -85,13 +90,7 @@ def test_the_plugin_serves_qwen_tables_as_vllm_does(dtype: str, tmp_path: Path) 
             assert disabled[layer]["rows"] == vllm[layer]["rows"] == on[layer]["rows"]
             assert any(vllm[layer]["rows"])
         assert answer["bad"]["error"].startswith("ConfigError: /engram/nope: unknown field 'nope'")
-        if dtype == "nvfp4":  # written as shard_<k> parts (all vLLM loads NVFP4 from): no one tensor to map
-            assert answer["file"]["error"] == (
-                "EngramError: file_backed tables are served from one tensor per table, but "
-                "layers.0.ple.ple_embedding.ngram_embedding is split into shard_<k> parts; set file_backed to "
-                "false, or write the table whole"
-            )
-        for placement in (*PINNED, "bounded") if dtype != "nvfp4" else PINNED[:3]:  # a node copy loads the parts
+        for placement in (*PINNED, "bounded"):
             for layer in vllm:
                 table = answer[placement][layer]
                 assert table["class"] == "EngramQwenPinnedHostEmbedding", table
@@ -201,9 +200,11 @@ def test_file_backed_tables_under_a_budget_keep_the_page_cache_near_it(tmp_path:
 
 def test_a_table_class_another_plugin_replaced_stays_theirs_and_engram_says_so() -> None:
     [answer] = ask_vllm("plugin_collision", [{}])
+    disk = {"Qwen4ExpPLEDiskOffloadEmbedding": "EngramQwenDiskOffloadEmbedding"} if vllm_version() >= (0, 34) else {}
     assert answer["classes"] == {
         "Qwen4ExpPLEDeviceEmbedding": "Theirs",
         "Qwen4ExpPLEPinnedHostEmbedding": "EngramQwenPinnedHostEmbedding",
+        **disk,
     }
     warning = (
         "engram: vLLM's Qwen4ExpPLEDeviceEmbedding is already replaced by "
@@ -294,6 +295,35 @@ def test_the_plugins_online_tier_learns_and_its_counters_reach_vllms_metrics(
         ):
             assert metric_values(text, f"vllm:engram_tier_{metric}_total")[name] == tier[key], metric
         assert metric_values(text, "vllm:engram_lookups_total")[name] == ours["stats"]["ids"]
+        assert metric_values(text, "vllm:engram_tier_rows")[name] == tier["rows"]
+
+
+def test_a_ram_tiers_counters_reach_vllms_metrics_on_their_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ram_cache_bytes over file-backed tables inside vLLM: its rows equal vLLM's own table's, and the
+    plugin itself publishes the RAM tier's counters (it admits as it reads and never refreshes, so they go
+    out at its first lookup and every PUBLISH_EVERY lookups after): after 1 + PUBLISH_EVERY, vLLM's /metrics
+    serves every tier series labelled tier="ram" with the tier's values."""
+    from engram.integrations.vllm.metrics import PUBLISH_EVERY
+
+    write_checkpoint(DS, tmp_path, seed=9)
+    metrics_dir = tmp_path / "prometheus"
+    metrics_dir.mkdir()
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(metrics_dir))
+    hf = hf_config(DS, "fp8", 0)["text_config"]
+    ids = DS.hasher().hash(torch.randint(0, DS.vocab, (512,), generator=torch.Generator().manual_seed(4)))
+    settings = {"file_backed": True, "ram_cache_bytes": 4 << 20}
+    case = {"path": str(tmp_path), "hf": hf, "ids": ids.transpose(0, 1).tolist(), "repeat": 1 + PUBLISH_EVERY}
+    [answer] = ask_vllm("plugin_tier", [{**case, "settings": settings, "publish": False}])
+    assert "error" not in answer, answer
+    text = answer["metrics"]
+    for theirs, ours in zip(answer["vllm"], answer["tiered"], strict=True):
+        assert ours["digests"] == theirs["digests"]
+        tier, name = ours["stats"]["tier"], ours["stats"]["name"]
+        assert tier["tier"] == "ram" and tier["rows"] > 0 and tier["hits"] > 0
+        for metric in ("hits", "misses", "lookups", "admissions"):
+            series = [line for line in text.splitlines() if line.startswith(f"vllm:engram_tier_{metric}_total{{")]
+            assert any('tier="ram"' in line for line in series), metric
+            assert metric_values(text, f"vllm:engram_tier_{metric}_total")[name] == tier[metric], metric
         assert metric_values(text, "vllm:engram_tier_rows")[name] == tier["rows"]
 
 

@@ -1,5 +1,5 @@
-"""Run inside the vLLM 0.33 venv (never imported by engram's tests): reads cases as JSON lines on stdin,
-each naming its `kind`, and answers each with what vLLM's own code says, as JSON lines on stdout."""
+"""Run inside a vLLM venv (0.33 or 0.34; never imported by engram's tests): reads cases as JSON lines on
+stdin, each naming its `kind`, and answers each with what vLLM's own code says, as JSON lines on stdout."""
 
 import contextlib
 import json
@@ -29,19 +29,35 @@ def reason(exc: Exception) -> str:
     return str(errors()[0]["ctx"]["error"]) if callable(errors) else str(exc)
 
 
+def digest(config: Any) -> str:
+    """vLLM's digest of its EngramConfig: compute_hash() until 0.33; from 0.34, the digest of
+    compile_factors(), which VllmConfig.compile_factors() nests under "engram"."""
+    if hasattr(config, "compile_factors"):
+        from vllm.config.utils import hash_factors
+
+        return hash_factors(config.compile_factors())
+    return config.compute_hash()
+
+
+def version_case(case: dict) -> dict:
+    import vllm
+
+    return {"version": vllm.__version__}
+
+
 def config_case(case: dict) -> dict:
     try:
         config = EngramConfig(**case["engram"])
     except ValueError as exc:
         return {"constructed": False, "error": reason(exc)}
     parallel = SimpleNamespace(**case["parallel"])
-    unresolved = config.compute_hash()
+    unresolved = digest(config)
     config.resolve_dp_shared_memory(parallel)  # as VllmConfig does, before the parallel checks
     out = {
         "constructed": True,
         "unresolved_hash": unresolved,
         "dp_shared_memory": config.dp_shared_memory,
-        "hash": config.compute_hash(),
+        "hash": digest(config),
         "parallel_size": config.get_parallel_size(parallel),
     }
     try:
@@ -284,7 +300,8 @@ def qwen_layout_case(case: dict) -> dict:
 
 def deepseek_ids_case(case: dict) -> dict:
     """Row ids of one batch step from vLLM's own NgramHashState.forward (its Triton hash kernel, V2 runner:
-    lookback ids instead of the slot cache), with an identity token map: the ids given are compressed."""
+    lookback ids instead of 0.33's slot cache, which 0.34 dropped), with an identity token map: the ids
+    given are compressed."""
     import vllm.models.deepseek_v41.common.engram as engram
     from vllm.transformers_utils.configs.deepseek_v41 import DeepseekV41Config
 
@@ -302,7 +319,9 @@ def deepseek_ids_case(case: dict) -> dict:
             layout.layer_ids, layout.max_ngram_size, layout.compressed_vocab_size
         ),
     )
-    ids = engram.NgramHashState.forward(
+    import inspect
+
+    arguments = [
         state,
         torch.tensor(case["input_ids"], dtype=torch.int32),
         torch.tensor(case["positions"], dtype=torch.int64),
@@ -310,9 +329,10 @@ def deepseek_ids_case(case: dict) -> dict:
         torch.tensor(case["dead"], dtype=torch.bool),
         torch.tensor(case["lookback_ids"], dtype=torch.int32),
         torch.tensor(case["lookback_dead"], dtype=torch.bool),
-        None,
-        None,
-    )
+    ]
+    if "slot_mapping" in inspect.signature(engram.NgramHashState.forward).parameters:  # 0.33's V1 slot cache
+        arguments += [None, None]
+    ids = engram.NgramHashState.forward(*arguments)
     return {"ids": ids.tolist()}
 
 
@@ -433,8 +453,7 @@ def qwen_load_case(case: dict) -> dict:
 def engram_table(module: Any) -> Any:
     """The engram table (engram.runtime.table.Table) serving a vLLM table module, or None where the module's
     storage is vLLM's own."""
-    table = getattr(module, "engram_table", None)
-    return table if table is not None and table.weight.data_ptr() == module.weight.data_ptr() else None
+    return getattr(module, "engram_table", None)
 
 
 def plugin_qwen_case(case: dict) -> dict:
@@ -460,7 +479,9 @@ def plugin_qwen_case(case: dict) -> dict:
         """With cpu_offload vLLM builds its pinned-host table; this CPU has no UVA, so vLLM's check for it
         is told yes, the "accelerator view" of a host tensor is the tensor, and the rows are read by the
         table's sync_lookup (vLLM's prefetch path needs CUDA streams)."""
-        theirs = SimpleNamespace(cpu_offload=True, dp_shared_memory=False, use_thp=use_thp, embedding_across_dp=False)
+        theirs = SimpleNamespace(
+            cpu_offload=True, disk_offload=False, dp_shared_memory=False, use_thp=use_thp, embedding_across_dp=False
+        )
         current = SimpleNamespace(
             engram_config=theirs if cpu_offload else None,
             additional_config=additional,
@@ -527,7 +548,11 @@ def deepseek_config(path: str, additional: dict, cpu_offload: bool = False, use_
     return SimpleNamespace(
         additional_config=additional,
         engram_config=SimpleNamespace(
-            cpu_offload=cpu_offload, dp_shared_memory=False, use_thp=use_thp, embedding_across_dp=False
+            cpu_offload=cpu_offload,
+            disk_offload=False,
+            dp_shared_memory=False,
+            use_thp=use_thp,
+            embedding_across_dp=False,
         ),
         model_config=SimpleNamespace(model=path),
         load_config=SimpleNamespace(load_format="safetensors"),
@@ -698,14 +723,15 @@ def plugin_collision_case(case: dict) -> dict:
 
     from vllm.model_executor.custom_op import op_registry_oot
 
-    from engram.integrations.vllm import SWAPPED, register
+    from engram.integrations.vllm import register, swaps
 
     class Theirs:
         pass
 
-    for name in SWAPPED:
+    swapped = list(swaps())
+    for name in swapped:
         op_registry_oot.pop(name, None)
-    op_registry_oot[SWAPPED[0]] = Theirs
+    op_registry_oot["Qwen4ExpPLEDeviceEmbedding"] = Theirs
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append  # type: ignore[method-assign]
@@ -713,16 +739,17 @@ def plugin_collision_case(case: dict) -> dict:
     register()
     register()  # vLLM may load the plugins again in the same process
     return {
-        "classes": {name: op_registry_oot[name].__name__ for name in SWAPPED},
+        "classes": {name: op_registry_oot[name].__name__ for name in swapped},
         "warnings": [r.getMessage() for r in records if r.levelno == logging.WARNING],
     }
 
 
 def plugin_tier_case(case: dict) -> dict:
-    """DeepSeek tables with engram's online device tier and no profile (cpu_offload), each layer looked
-    up case["repeat"] times on the same ids: a digest of the rows of every lookup, against vLLM's own
-    table's; the tier's stats once published; and what vLLM's /metrics registry serves, which with
-    PROMETHEUS_MULTIPROC_DIR (set by the caller) reads the files the counters were written to."""
+    """DeepSeek tables with a tier of engram's (case["settings"]; by default the online device tier with no
+    profile), each layer looked up case["repeat"] times on the same ids: a digest of the rows of every
+    lookup, against vLLM's own table's; the tier's stats, published at the end unless case["publish"] is
+    false (then only the plugin's own publishing has run); and what vLLM's /metrics registry serves, which
+    with PROMETHEUS_MULTIPROC_DIR (set by the caller) reads the files the counters were written to."""
     import dataclasses
     import hashlib
 
@@ -756,7 +783,8 @@ def plugin_tier_case(case: dict) -> dict:
                 if ours is not None:
                     from engram.integrations.vllm.metrics import METRICS
 
-                    METRICS.publish(name, ours)  # what a refresh publishes, now, for the comparison
+                    if case.get("publish", True):  # what a refresh publishes, now, for the comparison
+                        METRICS.publish(name, ours)
                     stats = dataclasses.asdict(ours.stats())
                 out.append({"digests": digests, "stats": stats})
         return out
@@ -765,7 +793,7 @@ def plugin_tier_case(case: dict) -> dict:
         answer: dict = {"vllm": build({}, False)}
         for func in load_plugins_by_group(DEFAULT_PLUGINS_GROUP).values():
             func()
-        answer["tiered"] = build({"engram": {"device_cache_bytes": 8 << 20}}, True)
+        answer["tiered"] = build({"engram": case.get("settings", {"device_cache_bytes": 8 << 20})}, True)
         answer["metrics"] = generate_latest(get_prometheus_registry()).decode()
         return answer
     except Exception as exc:  # the message is the answer
@@ -773,6 +801,7 @@ def plugin_tier_case(case: dict) -> dict:
 
 
 KINDS = {
+    "version": version_case,
     "config": config_case,
     "qwen_ids": qwen_ids_case,
     "checkpoint_config": checkpoint_config_case,
@@ -814,7 +843,7 @@ def shared_replica(rank: int, case: dict, port: int, results: Any) -> None:
         current = SimpleNamespace(
             additional_config={"engram": {}},
             engram_config=SimpleNamespace(
-                cpu_offload=True, dp_shared_memory=True, use_thp=False, embedding_across_dp=False
+                cpu_offload=True, disk_offload=False, dp_shared_memory=True, use_thp=False, embedding_across_dp=False
             ),
         )
         ours = sys.modules["engram.integrations.vllm.deepseek"]
@@ -978,7 +1007,154 @@ def plugin_node_shared_case(case: dict) -> dict:
 
 KINDS["plugin_node_shared"] = plugin_node_shared_case
 
+
+def plugin_register_case(case: dict) -> dict:
+    """engram's entry point as vLLM calls it, in a fresh process, with vLLM's version string replaced by
+    case["version"] (None: as installed) and, with case["break"], one internal engram needs removed first:
+    whether it raised, what it swapped or routed, what it logged, and what vLLM's config check then makes
+    of no engram section and of one (the error, or None)."""
+    import logging
+
+    import vllm
+    import vllm.models.deepseek_v41.common.engram as vllm_engram
+    from vllm.config.vllm import VllmConfig
+    from vllm.model_executor.custom_op import op_registry_oot
+
+    if case.get("version"):
+        vllm.__version__ = case["version"]
+    if case.get("break"):
+        import vllm.models.qwen4_exp.common.ngram_embedding as common
+
+        del common.Qwen4ExpPLEFp8EmbeddingMethod  # an internal engram imports, gone
+    factory = vllm_engram.Engram._create_embedding
+    check = VllmConfig._resolve_and_verify_engram_config
+    before = dict(op_registry_oot)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logging.getLogger("engram").addHandler(handler)
+    from engram.integrations.vllm import register
+
+    raised = None
+    try:
+        register()
+        register()  # vLLM may load the plugins again in the same process
+    except BaseException as exc:
+        raised = f"{type(exc).__name__}: {exc}"
+
+    def verdict(additional: dict) -> str | None:
+        current = SimpleNamespace(
+            additional_config=additional,
+            engram_config=None,
+            model_config=None,
+            speculative_config=None,
+            parallel_config=SimpleNamespace(use_ubatching=False),
+        )
+        try:
+            VllmConfig._resolve_and_verify_engram_config(current)
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    return {
+        "raised": raised,
+        "swapped": sorted(name for name in op_registry_oot if name not in before),
+        "factory_routed": vllm_engram.Engram._create_embedding is not factory,
+        "check_wrapped": VllmConfig._resolve_and_verify_engram_config is not check,
+        "warnings": [r.getMessage() for r in records if r.levelno >= logging.WARNING],
+        "without_section": verdict({}),
+        "with_section": verdict({"engram": {"file_backed": True}}),
+    }
+
+
+KINDS["plugin_register"] = plugin_register_case
+
+
+def plugin_disk_offload_case(case: dict) -> dict:
+    """vLLM 0.34's disk offload (EngramConfig.disk_offload) of a Qwen4Exp checkpoint split into parts: each
+    PLE layer's Qwen4ExpNGramEmbedding built by vLLM's constructor, loaded by its load_weights (the parts
+    handed over as the safetensors library maps them), bound by its process_weights_after_loading, staged
+    by its own stage_checkpoint_rows and read by its forward; once as vLLM serves it, then after the plugins
+    are loaded with each engram section of case["sections"]. Answers each build's rows, table class and
+    whether engram's file-backed table served it (with its tier's stats)."""
+    import dataclasses
+
+    import vllm.models.qwen4_exp.nvidia.ngram_embedding as nvidia
+    from safetensors import safe_open
+    from transformers import Qwen4ExpTextConfig
+    from vllm.model_executor.custom_op import op_registry_oot
+    from vllm.plugins import DEFAULT_PLUGINS_GROUP, load_plugins_by_group
+
+    config = Qwen4ExpTextConfig.from_pretrained(case["path"])
+    weights = {}
+    for path in sorted(os.listdir(case["path"])):
+        if path.endswith(".safetensors"):
+            handle = safe_open(os.path.join(case["path"], path), framework="pt")  # kept open: its tensors map the file
+            weights.update({name: handle.get_tensor(name) for name in handle.keys()})  # noqa: SIM118
+    generator = torch.Generator().manual_seed(1)
+    steps = []
+    for tokens in case["steps"]:
+        input_ids = torch.randint(0, config.vocab_size, (tokens,), generator=generator)
+        half = tokens // 2
+        steps.append(
+            (input_ids, torch.tensor([0, half, tokens]), torch.full((2, config.ngram_size - 1), config.eos_token_id))
+        )
+
+    def build(additional: dict) -> dict:
+        theirs = SimpleNamespace(
+            cpu_offload=True, disk_offload=True, dp_shared_memory=False, use_thp=False, embedding_across_dp=False
+        )
+        current = SimpleNamespace(
+            engram_config=theirs,
+            additional_config=additional,
+            model_config=SimpleNamespace(model=case["path"]),
+            load_config=SimpleNamespace(load_format="safetensors"),
+        )
+        out = {}
+        try:
+            from unittest import mock
+
+            with contextlib.ExitStack() as stack, qwen_parallel_state(1, 0, current):
+                stack.enter_context(mock.patch.object(nvidia, "get_current_vllm_config", lambda: current))
+                if "engram.integrations.vllm.qwen_disk" in sys.modules:
+                    ours = sys.modules["engram.integrations.vllm.qwen_disk"]
+                    stack.enter_context(mock.patch.object(ours, "get_current_vllm_config", lambda: current))
+                modules = list(qwen_modules(config, weights, max(case["steps"])))
+                for _, module, _ in modules:
+                    table = module.ngram_embedding
+                    table.embedding_method.process_weights_after_loading(table)
+                for layer_id, module, _ in modules:
+                    table = module.ngram_embedding
+                    rows = []
+                    for input_ids, query_start_loc, ngram_context in steps:
+                        nvidia.stage_checkpoint_rows([(module, table)], input_ids, query_start_loc, ngram_context)
+                        got = module(torch.empty(input_ids.shape[0], 1), input_ids, query_start_loc, ngram_context)
+                        rows.append(got.contiguous().view(torch.uint8).flatten().tolist())
+                    engram = getattr(table, "engram_table", None)
+                    stats = None if engram is None else dataclasses.asdict(engram.stats())
+                    out[str(layer_id)] = {"class": type(table).__name__, "rows": rows, "stats": stats}
+        except Exception as exc:  # the message is the answer
+            return {"error": f"{type(exc).__name__}: {exc}"}
+        return out
+
+    op_registry_oot.pop("Qwen4ExpPLEDiskOffloadEmbedding", None)
+    answer = {"vllm": build({})}
+    for func in load_plugins_by_group(DEFAULT_PLUGINS_GROUP).values():
+        func()
+    answer["disabled"] = build({})
+    for name, section in case["sections"].items():
+        answer[name] = build({"engram": section})
+    return answer
+
+
+KINDS["plugin_disk_offload"] = plugin_disk_offload_case
+
+
 if __name__ == "__main__":
+    # Answers go to the stdout the caller reads, alone: anything else any process writes there (vLLM logs to
+    # stdout, and the processes a case starts inherit it) goes to stderr instead.
+    answers = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
     for line in sys.stdin:
         case = json.loads(line)
-        print(json.dumps(KINDS[case["kind"]](case)), flush=True)
+        print(json.dumps(KINDS[case["kind"]](case)), file=answers, flush=True)

@@ -4,6 +4,7 @@ vLLM's one factory for it, when engram is enabled for the model."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -16,7 +17,7 @@ from engram.integrations.vllm import files
 from engram.integrations.vllm.cache import keep_hot
 from engram.integrations.vllm.metrics import METRICS
 from engram.integrations.vllm.settings import engram_config, open_vllm_table, placement
-from engram.runtime.table import PACKED, ShardFormat, Table, shared_group
+from engram.runtime.table import PACKED, ShardFormat, Table, as_parameter, shared_group
 
 
 class EngramParallelEmbedding(vllm_engram.ParallelEngramEmbedding):
@@ -45,7 +46,9 @@ class EngramParallelEmbedding(vllm_engram.ParallelEngramEmbedding):
 
     def _allocate_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         where = placement(self._engram, "deepseek")
-        if where is None or torch.get_default_device().type == "meta" or self.peer_rows:
+        if (
+            where is None or torch.get_default_device().type == "meta" or getattr(self, "peer_rows", False)
+        ):  # 0.32: none
             return super()._allocate_weights()
         group = None
         if where == "shm":  # one copy for vLLM's node-local Engram DP group, loaded by its leader
@@ -59,7 +62,20 @@ class EngramParallelEmbedding(vllm_engram.ParallelEngramEmbedding):
         )  # fmt: skip
         self.engram_table = table
         assert table.scale is not None
-        return table.weight, table.scale.view(torch.uint8)  # vLLM keeps ue8m0 scales as bytes
+        return as_parameter(table.weight), as_parameter(table.scale).view(
+            torch.uint8
+        )  # vLLM keeps ue8m0 scales as bytes
+
+    @property
+    def _uses_small_host_pages(self) -> bool:
+        """vLLM 0.34's question before its kernel reads a host table (it sorts the ids where the GPU maps
+        the table with small pages): for engram's table, whether it is memory the GPU maps with small pages,
+        not host-NUMA cuMem."""
+        table = self.engram_table
+        if table is None:
+            return bool(getattr(super(), "_uses_small_host_pages", self.cpu_offload))
+        mapping = table.shard.mapping
+        return bool(self.cpu_offload and not (mapping is not None and mapping.gpu_page))
 
     def lookup(self, indices: torch.Tensor, out: torch.Tensor, background: bool = False) -> None:
         """As vLLM's: this rank's heads of `indices` [T, n_hash_cols] into `out`, dequantised bf16 [T, heads,
@@ -113,7 +129,13 @@ def create_embedding(self: Any, layout: Any, layer_hash_index: int) -> Any:
     )
 
 
-def install() -> None:
-    """Route vLLM's factory through create_embedding (once per process)."""
-    if vllm_engram.Engram._create_embedding is not create_embedding:
-        vllm_engram.Engram._create_embedding = create_embedding
+def install() -> Callable[[], None]:
+    """Route vLLM's factory through create_embedding (once per process); returns the undo."""
+    if vllm_engram.Engram._create_embedding is create_embedding:
+        return lambda: None
+    vllm_engram.Engram._create_embedding = create_embedding
+
+    def undo() -> None:
+        vllm_engram.Engram._create_embedding = _VLLMS_FACTORY
+
+    return undo

@@ -59,23 +59,19 @@ def layer_tail(prefix: str) -> str:
     return prefix[prefix.find("layers.") :] if "layers." in prefix else prefix
 
 
-def table_named(found: Checkpoint, prefix: str, *, split: bool = False) -> str:
+def table_named(found: Checkpoint, prefix: str) -> str:
     """The checkpoint's name for the table a vLLM module under `prefix` holds: the one `<...>.weight` whose
-    name ends as the prefix does from `layers.` on (with `split`, also a table written as `<...>.shard_0`
-    and on: a node copy loads the parts; a file-backed table needs one tensor)."""
+    name ends as the prefix does from `layers.` on, or the one table written as `<...>.shard_0.weight` and
+    on (vLLM's split_ngram_parts: file-backed tables are served from the parts, node copies load them)."""
     tail = layer_tail(prefix)
     whole = {n.removesuffix(".weight") for n in found.shapes if n.endswith(f"{tail}.weight")}
     first_part = f"{tail}.shard_0.weight"
-    parts = {n.removesuffix(first_part) + tail for n in found.shapes if n.endswith(first_part)} if split else set()
+    parts = {n.removesuffix(first_part) + tail for n in found.shapes if n.endswith(first_part)}
     names = sorted(whole | parts)
-    if not names and any(f"{tail}.shard_" in n for n in found.shapes):
-        raise EngramError(
-            f"file_backed tables are served from one tensor per table, but {tail} is split into shard_<k> parts; set file_backed to false, or write the table whole"
-        )
     if len(names) != 1:
         where = "none" if not names else f"{len(names)} ({', '.join(names[:3])})"
         raise EngramError(
-            f"engram: the checkpoint should hold one table ending in {tail}.weight for vLLM's {prefix}, it holds {where}"
+            f"engram: the checkpoint should hold one table ending in {tail}.weight (or in {tail}.shard_<k>.weight parts) for vLLM's {prefix}, it holds {where}"
         )
     return names[0]
 

@@ -20,12 +20,13 @@ before `vllm serve`). Published after each refresh of a tier, when its device co
 from __future__ import annotations
 
 import os
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from engram.runtime.table import Table
+from engram.runtime.table import Table, Tier
 
 PUBLISH_EVERY = 64
 LABELS = ("table", "tier", "rank")
@@ -60,11 +61,15 @@ def _figures(table: Table) -> dict[str, int]:
 
 @dataclass
 class Published:
-    """What a table's counters stood at when last published, and its refreshes and lookups then."""
+    """What a table's counters stood at when last published, and its tier, refreshes and lookups then."""
 
     figures: dict[str, int] = field(default_factory=dict)
     refreshes: int = 0
     lookups: int = 0
+    tier: weakref.ref[Tier] | None = None
+
+    def same_tier(self, tier: Tier | None) -> bool:
+        return (self.tier() if self.tier is not None else None) is tier
 
 
 class Metrics:
@@ -72,7 +77,8 @@ class Metrics:
 
     def __init__(self) -> None:
         self._metrics: dict[str, Any] | None = None
-        self._published: dict[int, Published] = {}
+        # by the table itself, weakly: a table built where a freed one was must not inherit its figures
+        self._published: weakref.WeakKeyDictionary[Table, Published] = weakref.WeakKeyDictionary()
 
     def _made(self) -> dict[str, Any]:
         if self._metrics is None:
@@ -86,14 +92,15 @@ class Metrics:
         return self._metrics
 
     def observe(self, name: str, table: Table, on: torch.device) -> None:
-        """After a lookup of `table` (vLLM's name for it, `name`): publish its counters when its tier has
-        refreshed since they were last published, or every PUBLISH_EVERY lookups without a tier."""
-        seen = self._published.setdefault(id(table), Published())
+        """After a lookup of `table` (vLLM's name for it, `name`): publish its counters when its device tier
+        has refreshed (or been replaced) since they were last published, or every PUBLISH_EVERY lookups of
+        a table with a RAM tier or none."""
+        seen = self._published.setdefault(table, Published())
         tier = table.tier
-        if tier is not None:
-            if tier.refreshes == seen.refreshes:
+        if tier is not None and not tier.eager:
+            if tier.refreshes == seen.refreshes and seen.same_tier(tier):
                 return
-        elif table.lookups - seen.lookups < PUBLISH_EVERY:
+        elif table.lookups - seen.lookups < PUBLISH_EVERY and seen.same_tier(tier):
             return
         if on.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return
@@ -101,18 +108,22 @@ class Metrics:
 
     def publish(self, name: str, table: Table) -> None:
         """Add what `table`'s counters gained since the last publish to the metrics."""
-        seen = self._published.setdefault(id(table), Published())
+        seen = self._published.setdefault(table, Published())
         figures = _figures(table)
+        if not seen.same_tier(table.tier):  # a new tier: its counters start at zero, not at the old one's
+            seen.figures = {key: value for key, value in seen.figures.items() if not key.startswith("engram_tier_")}
         labels = (name, "none" if table.tier is None else table.tier.name, os.environ.get("RANK", "0"))
         metrics = self._made()
         for key, value in figures.items():
+            series = metrics[key].labels(*labels)  # every series is served from the first publish, zeros too
             if key == "engram_tier_rows":
-                metrics[key].labels(*labels).set(value)
+                series.set(value)
             elif value > seen.figures.get(key, 0):
-                metrics[key].labels(*labels).inc(value - seen.figures.get(key, 0))
+                series.inc(value - seen.figures.get(key, 0))
         seen.figures = figures
         seen.refreshes = 0 if table.tier is None else table.tier.refreshes
         seen.lookups = table.lookups
+        seen.tier = None if table.tier is None else weakref.ref(table.tier)
 
 
 METRICS = Metrics()

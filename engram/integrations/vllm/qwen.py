@@ -1,6 +1,7 @@
-"""Qwen4Exp's PLE tables served by engram's table layer: subclasses of vLLM 0.33's own table classes (their
-constructors, quantisation methods and collectives stay vLLM's), swapped in by name. Where engram is not
-enabled for the model every method is vLLM's own."""
+"""Qwen4Exp's PLE tables served by engram's table layer: subclasses of vLLM's own table classes (their
+constructors, quantisation methods and collectives stay vLLM's), swapped in by name (swaps). Where engram
+is not enabled for the model every method is vLLM's own. vLLM 0.32 has no NVFP4 PLE tables; 0.34's
+disk-offload table is served by engram where vLLM has it (qwen_disk)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from vllm.config import get_current_vllm_config
 from vllm.models.qwen4_exp.common.ngram_embedding import (
     Qwen4ExpPLEDeviceEmbedding,
     Qwen4ExpPLEFp8EmbeddingMethod,
-    Qwen4ExpPLENvFp4EmbeddingMethod,
     Qwen4ExpPLEPinnedHostEmbedding,
 )
 
@@ -24,17 +24,22 @@ from engram.integrations.vllm import files
 from engram.integrations.vllm.cache import keep_hot
 from engram.integrations.vllm.metrics import METRICS
 from engram.integrations.vllm.settings import engram_config, open_vllm_table, placement
-from engram.runtime.table import Part, ShardFormat, Table
+from engram.runtime.table import Part, ShardFormat, Table, as_parameter
 
 UNQUANTIZED = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+NVFP4_METHOD = getattr(vllm_ple, "Qwen4ExpPLENvFp4EmbeddingMethod", None)  # vLLM 0.33 and newer
 
 
 def _row_format(method: Any, dtype: torch.dtype) -> str:
     """engram's name for the rows vLLM's quantisation method stores (engram.ops.formats)."""
-    if isinstance(method, Qwen4ExpPLENvFp4EmbeddingMethod):
+    if NVFP4_METHOD is not None and isinstance(method, NVFP4_METHOD):
         return "nvfp4"
     if isinstance(method, Qwen4ExpPLEFp8EmbeddingMethod):
         return "fp8-table"
+    if dtype == torch.uint8 and NVFP4_METHOD is None:
+        raise EngramError(
+            "engram: PLE tables stored as uint8 are NVFP4, which this vLLM (0.32) has no PLE method for; use vLLM 0.33 or newer"
+        )
     if dtype not in UNQUANTIZED:
         raise EngramError(f"engram: PLE tables stored as {dtype} are not an engram row format")
     return UNQUANTIZED[dtype]
@@ -47,6 +52,7 @@ class EngramStorage:
 
     _engram: EngramConfig | None
     engram_table: Table | None
+    _engram_params: dict[int, Part]  # the tensors handed to vLLM as the table's parameters, by address
     _cache_built: bool
     _tables: int  # the model's PLE tables, over which a tier's budget is split
     _cacheable = False  # device_cache_bytes serves host tables only
@@ -56,6 +62,7 @@ class EngramStorage:
     embedding_method: Any
     embedding_dim: int
     prefix: str
+    weight: torch.Tensor
     num_embeddings_padded: int
     org_vocab_size: int
 
@@ -73,14 +80,16 @@ class EngramStorage:
             if where in ("file", "node"):  # the checkpoint's tensor, of the vocabulary's rows
                 model_dir = files.checkpoint_dir(get_current_vllm_config(), config)
                 found = files.checkpoint(model_dir)
-                name, table_rows = files.table_named(found, name, split=where == "node"), self.org_vocab_size
+                name, table_rows = files.table_named(found, name), self.org_vocab_size
             self.engram_table = open_vllm_table(
                 config, name, fmt, where, row_start=start, table_rows=table_rows, model_dir=model_dir
             )
         table = self.engram_table
-        for part in (table.weight, table.scale):
-            if part is not None and part.dtype == dtype and tuple(part.shape) == (rows, width):
-                return part
+        for part, rows_of in (("weight", table.weight), ("scale", table.scale)):
+            if rows_of is not None and rows_of.dtype == dtype and tuple(rows_of.shape) == (rows, width):
+                param = as_parameter(rows_of)  # rows in pieces of the checkpoint's parts: a stand-in of no memory
+                self._engram_params[param.data_ptr()] = "weight" if part == "weight" else "scale"
+                return param
         raise EngramError(f"engram: vLLM asks for {dtype} [{rows}, {width}] rows the table {table.name} does not hold")
 
     def weight_loader(
@@ -93,10 +102,7 @@ class EngramStorage:
         if table is None:
             super().weight_loader(param, loaded_weight, checkpoint_start)  # type: ignore[misc]
             return
-        parts: dict[int | None, Part] = {table.weight.data_ptr(): "weight"}
-        if table.scale is not None:
-            parts[table.scale.data_ptr()] = "scale"
-        part = parts.get(param.data_ptr())
+        part = self._engram_params.get(param.data_ptr())
         if part is not None:
             table.weight_loader(part)(param, loaded_weight, checkpoint_start)
             return
@@ -114,7 +120,10 @@ class EngramStorage:
         if not self._cache_built and self._cacheable:
             keep_hot(self._engram, self.prefix, table, self._tables)
         self._cache_built = True
-        rows = table.lookup(ids, output=self.embedding_method.lookup_dtype(self))
+        method = self.embedding_method  # 0.32's has no lookup_dtype: its lookups return the rows as stored
+        rows = table.lookup(
+            ids, output=method.lookup_dtype(self) if hasattr(method, "lookup_dtype") else self.weight.dtype
+        )
         METRICS.observe(self.prefix, table, ids.device)
         return rows
 
@@ -125,6 +134,7 @@ def _init_engram(module: Any) -> None:
     text_config = getattr(getattr(vllm_config, "model_config", None), "hf_text_config", None)
     module._tables = len(getattr(text_config, "ple_layer_ids", None) or [1])  # the tier budget's share
     module.engram_table = None
+    module._engram_params = {}
     module._cache_built = False
 
 
@@ -178,6 +188,8 @@ class EngramQwenPinnedHostEmbedding(EngramStorage, Qwen4ExpPLEPinnedHostEmbeddin
 
     _cacheable = True
 
+    _host_rows: torch.Tensor | None = None  # a CPU step's rows, from start_prefetch to finalize_prefetch
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         _init_engram(self)
         with _host_views_of_staged(self):
@@ -193,3 +205,25 @@ class EngramQwenPinnedHostEmbedding(EngramStorage, Qwen4ExpPLEPinnedHostEmbeddin
             return super()._lookup(input_ids, output)
         rows = self._engram_rows(input_ids)
         return rows if output is None else output.copy_(rows)
+
+    def start_prefetch(self, ngram_ids: torch.Tensor) -> None:
+        """vLLM reads the step's rows on a side stream; a CPU (vLLM's CPU platform) has none, so engram reads
+        them now, as that stream would (this DP group's ids gathered), and finalize_prefetch hands them over."""
+        if self._engram is None or ngram_ids.is_cuda:
+            super().start_prefetch(ngram_ids)
+            return
+        slot_size, _ = self._get_dp_gather_slot(ngram_ids.shape[0])
+        self._host_rows = self._lookup(self._gather_dp_ids(ngram_ids, slot_size))
+
+    def finalize_prefetch(self, total_tokens: int) -> torch.Tensor:
+        """vLLM's _finalize_prefetch on the rows start_prefetch read on the CPU: the ETP reduction where it
+        reduces, and this DP rank's rows, [total_tokens, heads * dim]."""
+        rows = self._host_rows
+        if self._engram is None or rows is None:
+            return super().finalize_prefetch(total_tokens)
+        self._host_rows = None
+        slot_size, slot_offset = self._get_dp_gather_slot(total_tokens)
+        rows = rows[: slot_size * self.etp_data_parallel_size]
+        if self.reduce_results:
+            rows = self._reduce_etp_embeddings(rows)
+        return self._select_embeddings(rows, total_tokens, slot_offset).flatten(-2)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -44,7 +45,7 @@ def engram_config(vllm_config: Any) -> EngramConfig | None:
     if found is None:
         return None
     theirs = getattr(vllm_config, "engram_config", None)
-    document = {name: getattr(theirs, name) for name in VLLM_FIELDS if theirs is not None}
+    document = {name: getattr(theirs, name) for name in VLLM_FIELDS if hasattr(theirs, name)}  # this vLLM's fields
     clash = sorted(set(found) & set(VLLM_FIELDS))
     if clash:
         raise EngramError(
@@ -62,38 +63,47 @@ def engram_config(vllm_config: Any) -> EngramConfig | None:
     return config
 
 
-def install_check() -> None:
+def install_check(refusal: str | None = None) -> Callable[[], None]:
     """Check the section where vLLM checks its own Engram fields (VllmConfig's
     _resolve_and_verify_engram_config, in the process that parses the arguments), so a mistake fails
-    `vllm serve` before any worker starts, as vLLM's own config errors do (once per process)."""
+    `vllm serve` before any worker starts, as vLLM's own config errors do (once per process). With
+    `refusal`, on a vLLM engram stands aside from, any engram section is that error. Returns the undo."""
     from vllm.config.vllm import VllmConfig
 
     theirs = VllmConfig._resolve_and_verify_engram_config
     if getattr(theirs, "engram_checks", False):
-        return
+        return lambda: None
 
     def resolve_and_verify(vllm_config: Any) -> None:
         theirs(vllm_config)
         try:
-            engram_config(vllm_config)
+            if refusal is None:
+                engram_config(vllm_config)
+            elif section(vllm_config) is not None:
+                raise EngramError(refusal)
         except EngramError as exc:  # as a ValueError, pydantic shows it as vLLM's own config errors
             raise ValueError(f"engram: {exc}") from None
 
     resolve_and_verify.engram_checks = True  # type: ignore[attr-defined]
     VllmConfig._resolve_and_verify_engram_config = resolve_and_verify
 
+    def undo() -> None:
+        VllmConfig._resolve_and_verify_engram_config = theirs
+
+    return undo
+
 
 def placement(config: EngramConfig, family: str) -> Placement | None:
     """Where engram keeps a table of `family` ("deepseek" or "qwen") inside vLLM: the engine's rule
     (placement_for), or None where vLLM's layout leaves the table to vLLM: a device table on a GPU is
     vLLM's own tensor, read by vLLM's kernels. vLLM 0.33 gives Qwen4Exp's PLE tables no node-local group
-    of replicas, so there dp_shared_memory leaves each DP replica its own ETP shard."""
+    of replicas (0.34 neither), so there dp_shared_memory leaves each DP replica its own ETP shard."""
     on_gpu = torch.cuda.is_available()
     if on_gpu and not config.cpu_offload:
         return None
     if family == "qwen" and config.dp_shared_memory and config.cpu_offload and not config.file_backed:
         log.warning(
-            "engram: dp_shared_memory applies to DeepSeek V4.1's Engram tables; vLLM 0.33 gives Qwen4Exp's PLE "
+            "engram: dp_shared_memory applies to DeepSeek V4.1's Engram tables; vLLM gives Qwen4Exp's PLE "
             "tables no node-local group of replicas, so each DP replica keeps its own ETP shard (embedding_across_dp "
             "spreads one copy over the replicas instead)"
         )

@@ -38,8 +38,15 @@ from engram.errors import EngramError
 from engram.memory.mapping import HUGETLBFS_MAGIC, PAGE, Mapping, madvise, map_readonly_file
 from engram.memory.registration import ATTRIBUTE_READ_ONLY_REGISTER, CudaRuntime, read_only_supported, register
 from engram.ops import GatherCall, cpu
+from engram.ops.segments import Rows, Segmented, pieces_of, row_addresses
 from engram.runtime.checkpoints.files import open_regular
-from engram.runtime.checkpoints.loader import Checkpoint, SafetensorsFile, expected_parts, table_scale_tensor
+from engram.runtime.checkpoints.loader import (
+    Checkpoint,
+    SafetensorsFile,
+    expected_parts,
+    table_pieces,
+    table_scale_tensor,
+)
 from engram.runtime.placement.residency import RESIDENCY_PROBES, ResidentBudget, page_resident
 from engram.runtime.placement.storage import TABLE_SCALE_DTYPE, ShardFormat, TableShard
 
@@ -65,15 +72,12 @@ class MappedFile:
     uva: bool = False  # registered read-only: the GPU reads its pages directly
 
 
-def all_resident(part: torch.Tensor, row_start: int, flat: torch.Tensor, probes: int = RESIDENCY_PROBES) -> bool:
+def all_resident(part: Rows, row_start: int, flat: torch.Tensor, probes: int = RESIDENCY_PROBES) -> bool:
     """Whether an evenly spaced sample of these rows' pages of `part` is in the page cache (mincore)."""
-    row_bytes = part.shape[1] * part.element_size()
     step = max(1, flat.numel() // probes)
-    for row in flat[::step][:probes].tolist():
-        local = row - row_start
-        if 0 <= local < part.shape[0] and not page_resident((part.data_ptr() + local * row_bytes) // PAGE * PAGE):
-            return False
-    return True
+    local = flat[::step][:probes] - row_start
+    local = local[(local >= 0) & (local < part.shape[0])]
+    return all(page_resident(address // PAGE * PAGE) for address in row_addresses(part, local).tolist())
 
 
 class Asked(NamedTuple):
@@ -108,17 +112,18 @@ def ask_for(shard: TableShard, flat: torch.Tensor) -> Asked:
     for part in (shard.weight, shard.scale):
         if part is not None and in_files(shard, part):
             row_bytes = part.shape[1] * part.element_size()
+            pieces = pieces_of(part)
             status = library.engram_readahead_cpu(
-                part.data_ptr(), part.shape[0], row_bytes, shard.row_start, cpu.ptr(flat), flat.numel(),
-                READAHEAD_GAP, READAHEAD_MAX_RANGE, cpu.ptr(scratch), scratch.numel(), ctypes.byref(ranges),
-                ctypes.byref(nbytes),
+                cpu.addresses([p.data_ptr() for _, p in pieces]), cpu.int64s([s for s, _ in pieces]), len(pieces),
+                part.shape[0], row_bytes, shard.row_start, cpu.ptr(flat), flat.numel(), READAHEAD_GAP,
+                READAHEAD_MAX_RANGE, cpu.ptr(scratch), scratch.numel(), ctypes.byref(ranges), ctypes.byref(nbytes),
             )  # fmt: skip
             cpu.check(status, "engram_readahead_cpu")
             asked = Asked(asked.ranges + ranges.value, asked.bytes + nbytes.value)
     return asked
 
 
-def in_files(shard: TableShard, part: torch.Tensor) -> bool:
+def in_files(shard: TableShard, part: Rows) -> bool:
     """Whether `part` of a shard is a view of one of its files (not a private copy: private_scales)."""
     return any(m.addr <= part.data_ptr() < m.addr + m.length for m in shard.files)
 
@@ -135,10 +140,9 @@ def private_scales(shard: TableShard) -> int:
         return 0
     if in_files(shard, part):
         raw = part.view(torch.uint8)
-        copy = torch.empty_like(raw)
-        madvise(
-            raw.data_ptr() // PAGE * PAGE, raw.data_ptr() % PAGE + raw.numel(), MADV_WILLNEED
-        )  # one sequential read
+        copy = torch.empty(raw.shape, dtype=torch.uint8)
+        for _, piece in pieces_of(raw):  # one sequential read a piece
+            madvise(piece.data_ptr() // PAGE * PAGE, piece.data_ptr() % PAGE + piece.numel(), MADV_WILLNEED)
         with files_named_on_fault(shard):
             for start in range(shard.row_start, shard.row_stop, SCALE_CHUNK_ROWS):
                 rows = torch.arange(start, min(shard.row_stop, start + SCALE_CHUNK_ROWS))
@@ -255,25 +259,52 @@ DIRECT_GAP = 0  # pages between rows are not read: a direct read keeps only the 
 _direct_warned: set[str] = set()
 
 
-def direct_file(shard: TableShard, part: torch.Tensor) -> Mapping | None:
-    """The mapping of the file that `part` of a shard is a view of, where that file is read past the page
-    cache (keep_direct); None for a part in memory, or a file read through the page cache."""
-    for mapping in shard.files:
-        if mapping.addr <= part.data_ptr() < mapping.addr + mapping.length:
-            return mapping if mapping.direct_fd is not None else None
-    return None
+def mapping_of(shard: TableShard, address: int) -> Mapping | None:
+    """The mapping of one of `shard`'s files that `address` lies in, or None (memory of its own)."""
+    return next((m for m in shard.files if m.addr <= address < m.addr + m.length), None)
 
 
-def read_direct(
-    shard: TableShard, part: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, into: torch.Tensor
-) -> Asked:
+@dataclass(frozen=True)
+class DirectPieces:
+    """Where a part of a file-backed shard lies on disk, as engram_read_direct_cpu takes it: each piece's
+    file (its O_DIRECT descriptor and size), the piece's file offset, and the shard-local row it starts at."""
+
+    fds: list[int]
+    sizes: list[int]
+    offsets: list[int]
+    starts: list[int]
+    paths: list[str]
+
+
+def direct_pieces(shard: TableShard, part: Rows) -> DirectPieces | None:
+    """Where `part` of a shard lies in its files, when every one of them is read past the page cache
+    (keep_direct); None for a part in memory, or one in a file read through the page cache."""
+    found = DirectPieces([], [], [], [], [])
+    for start, piece in pieces_of(part):
+        mapping = mapping_of(shard, piece.data_ptr())
+        if mapping is None or mapping.direct_fd is None:
+            return None
+        found.fds.append(mapping.direct_fd)
+        found.sizes.append(mapping.size)
+        found.offsets.append(piece.data_ptr() - mapping.addr)
+        found.starts.append(start)
+        found.paths.append(str(mapping.path))
+    return found
+
+
+def direct_file(shard: TableShard, part: Rows) -> bool:
+    """Whether every file `part` of a shard lies in is read past the page cache."""
+    return direct_pieces(shard, part) is not None
+
+
+def read_direct(shard: TableShard, part: Rows, rows: torch.Tensor, slots: torch.Tensor, into: torch.Tensor) -> Asked:
     """Rows `rows` (global ids of the shard's, ascending, distinct) of `part` read from the disk into
     `into[slots]` past the page cache (engram_read_direct_cpu), so the page cache gains no page; what was
     read. A read that fails is an error naming the file, and one that comes back short names it as shrunk
     (check_files)."""
-    mapping = direct_file(shard, part)
+    pieces = direct_pieces(shard, part)
     library = cpu.cpu_library()
-    assert mapping is not None and mapping.direct_fd is not None and library is not None
+    assert pieces is not None and library is not None
     if into.dtype != part.dtype or into.shape[1:] != part.shape[1:] or not into.is_contiguous():
         raise EngramError(
             f"internal: {shard.name}'s rows are read into {into.dtype} {list(into.shape)} rows, not {part.dtype} {list(part.shape)}"
@@ -282,16 +313,17 @@ def read_direct(
     where = slots.to(torch.int64).contiguous()
     ranges, nbytes, error = ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int64()
     status = library.engram_read_direct_cpu(
-        mapping.direct_fd, mapping.size, part.data_ptr() - mapping.addr, part.shape[0],
-        part.shape[1] * part.element_size(), cpu.ptr(local), cpu.ptr(where), local.numel(), into.data_ptr(),
-        into.shape[0], DIRECT_GAP, DIRECT_MAX_RANGE, DIRECT_DEPTH, READAHEAD_TIMEOUT_S * 1000,
-        ctypes.byref(ranges), ctypes.byref(nbytes), ctypes.byref(error),
+        (ctypes.c_int * len(pieces.fds))(*pieces.fds), cpu.int64s(pieces.sizes), cpu.int64s(pieces.offsets),
+        cpu.int64s(pieces.starts), len(pieces.fds), part.shape[0], part.shape[1] * part.element_size(),
+        cpu.ptr(local), cpu.ptr(where), local.numel(), into.data_ptr(), into.shape[0], DIRECT_GAP, DIRECT_MAX_RANGE,
+        DIRECT_DEPTH, READAHEAD_TIMEOUT_S * 1000, ctypes.byref(ranges), ctypes.byref(nbytes), ctypes.byref(error),
     )  # fmt: skip
     if status == cpu.STATUS_IO:
         check_files(shard)  # a file that shrank is named as such
         why = "a read came back short" if error.value == 0 else os.strerror(error.value)
+        names = ", ".join(sorted(set(pieces.paths)))
         raise EngramError(
-            f"{mapping.path}: reading {shard.name}'s rows from the disk failed ({why}); check the device (dmesg), "
+            f"{names}: reading {shard.name}'s rows from the disk failed ({why}); check the device (dmesg), "
             "or set ENGRAM_DIRECT_READS=0 to read them through the page cache"
         )
     cpu.check(status, "engram_read_direct_cpu")
@@ -304,7 +336,7 @@ def direct_reads_work(shard: TableShard) -> bool:
     io_uring, or one a sandbox forbids; a file system that takes O_DIRECT but reads it wrong), say so once
     per file, and lookups read through the page cache."""
     parts = [part for part in (shard.weight, shard.scale) if part is not None and in_files(shard, part)]
-    if not parts or not shard.rows or any(direct_file(shard, part) is None for part in parts):
+    if not parts or not shard.rows or not all(direct_file(shard, part) for part in parts):
         return False
     row = torch.tensor([shard.row_start])
     for part in parts:
@@ -318,11 +350,12 @@ def direct_reads_work(shard: TableShard) -> bool:
         else:
             why = "the bytes read differ from the file's"
         if not same:
-            mapping = direct_file(shard, part)
-            assert mapping is not None
-            if str(mapping.path) not in _direct_warned:
-                _direct_warned.add(str(mapping.path))
-                log.warning("engram: %s is read through the page cache, not past it: %s", mapping.path, why)
+            pieces = direct_pieces(shard, part)
+            assert pieces is not None
+            path = pieces.paths[0]
+            if path not in _direct_warned:
+                _direct_warned.add(path)
+                log.warning("engram: %s is read through the page cache, not past it: %s", path, why)
             return False
     return True
 
@@ -340,15 +373,16 @@ def direct_reads_problem() -> str | None:
         scratch.write(bytes(PAGE))
         scratch.flush()
         status = library.engram_read_direct_cpu(
-            scratch.fileno(), PAGE, 0, 1, PAGE, cpu.ptr(row), cpu.ptr(row), 1, into.data_ptr(), 1, 0,
-            DIRECT_MAX_RANGE, 1, 10_000, None, None, ctypes.byref(error),
+            (ctypes.c_int * 1)(scratch.fileno()), cpu.int64s([PAGE]), cpu.int64s([0]), cpu.int64s([0]), 1, 1, PAGE,
+            cpu.ptr(row), cpu.ptr(row), 1, into.data_ptr(), 1, 0, DIRECT_MAX_RANGE, 1, 10_000, None, None,
+            ctypes.byref(error),
         )  # fmt: skip
     if status == cpu.STATUS_IO:
         return f"io_uring cannot read here: {os.strerror(error.value)}"
     return None if status == 0 else f"engram_read_direct_cpu failed: {cpu.STATUS.get(status, status)}"
 
 
-def stored_part_rows(shard: TableShard, part: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+def stored_part_rows(shard: TableShard, part: Rows, rows: torch.Tensor) -> torch.Tensor:
     """Rows `rows` (global ids) of a file-backed shard's `part`, as stored bytes, read by the guarded gather."""
     raw = part.view(torch.uint8)
     return GatherCall(raw, None, rows, shard.row_start, shard.row_stop, torch.uint8).run()
@@ -414,12 +448,8 @@ def uva_readable(mapped: MappedFile, runtime: CudaRuntime) -> bool:
     return True
 
 
-def _safetensors_file(checkpoint: Checkpoint, table: str, tensor: str) -> SafetensorsFile:
+def _safetensors_file(checkpoint: Checkpoint, tensor: str) -> SafetensorsFile:
     file = checkpoint.files.get(tensor)
-    if file is None and any(t.startswith(f"{table}.shard_") for t in checkpoint.shapes):
-        raise EngramError(
-            f"file_backed tables are served from one tensor per table, but {table} is split into shard_<k> parts; set file_backed to false, or write the table whole"
-        )
     if file is None:
         where = "is missing" if tensor not in checkpoint.shapes else "is not in a safetensors file"
         raise EngramError(f"file_backed tables are served from safetensors checkpoints; {tensor} {where}")
@@ -439,9 +469,12 @@ def _mapped(checkpoint: Checkpoint, file: SafetensorsFile, runtime: CudaRuntime 
 def file_shard(
     name: str, fmt: ShardFormat, row_start: int, table_rows: int, checkpoint: Checkpoint, runtime: CudaRuntime | None
 ) -> TableShard:
-    """Rows [row_start, row_start + fmt.rows) of table `name`, viewed in place in the checkpoint's file.
-    With a CUDA runtime, a file on tmpfs or hugetlbfs is registered (read-only) for UVA, so the GPU gathers
-    from the page cache's own pages; any other file is gathered on host threads (EngramEmbedding)."""
+    """Rows [row_start, row_start + fmt.rows) of table `name`, viewed in place in the checkpoint's file: one
+    tensor of the table's, or where the checkpoint splits it into `shard_<k>` parts (table_pieces), the
+    pieces of the parts the rows span, read as one (engram.ops.segments). With a CUDA runtime, a table in one
+    tensor of a file on tmpfs or hugetlbfs is registered (read-only) for UVA, so the GPU gathers from the
+    page cache's own pages; any other file, and every split table, is gathered on host threads
+    (EngramEmbedding)."""
     if cpu.cpu_library() is None:
         raise EngramError(
             f"file_backed tables are read only by the guarded native CPU kernels, unavailable here: {cpu.unavailable_reason()}"
@@ -450,37 +483,48 @@ def file_shard(
         raise EngramError(
             f"{name}: rows [{row_start:,}, {row_start + fmt.rows:,}) are not all in its {table_rows:,} rows; a file-backed shard must lie within its table"
         )
-    views = {}
+    views: dict[str, Rows] = {}
     files: list[MappedFile] = []
-    parts = {part: (f"{name}.{suffix}", width, dtype) for part, (suffix, width, dtype) in expected_parts(fmt).items()}
+    problems: list[str] = []
+    parts = {part: table_pieces(checkpoint.shapes, name, suffix, table_rows, width, dtype) for part, (suffix, width, dtype) in expected_parts(fmt).items()}  # fmt: skip
     scale_name, problem = table_scale_tensor(checkpoint, name, fmt)
-    if problem:
-        raise EngramError(f"checkpoint does not match the model: {problem}")
-    for part, (tensor, width, dtype) in parts.items():
-        file = _safetensors_file(checkpoint, name, tensor)
-        entry = file.entries[tensor]
-        if entry.shape != (table_rows, width) or entry.dtype != dtype:
-            raise EngramError(
-                f"checkpoint does not match the model: {tensor} is {entry.dtype} {list(entry.shape)}, the model needs {dtype} {[table_rows, width]}"
-            )
-        mapped = _mapped(checkpoint, file, runtime)
-        offset = file.data_start + entry.begin + row_start * width * dtype.itemsize
-        views[part] = mapped.mapping.view(offset, (fmt.rows, width), dtype)
-        files += [mapped] if mapped not in files else []
+    problems += [wrong for _, found in parts.values() for wrong in found] + ([problem] if problem else [])
+    if problems:
+        raise EngramError("checkpoint does not match the model: " + "; ".join(problems))
+    for part, (pieces, _) in parts.items():
+        width, dtype = expected_parts(fmt)[part][1:]
+        mine: list[tuple[int, torch.Tensor]] = []  # (shard-local start, view) of each piece the rows span
+        for piece in pieces:
+            lo, hi = max(piece.start, row_start), min(piece.start + piece.rows, row_start + fmt.rows)
+            if hi <= lo:
+                continue
+            file = _safetensors_file(checkpoint, piece.tensor)
+            mapped = _mapped(checkpoint, file, runtime if len(pieces) == 1 else None)
+            offset = file.data_start + file.entries[piece.tensor].begin + (lo - piece.start) * width * dtype.itemsize
+            mine.append((lo - row_start, mapped.mapping.view(offset, (hi - lo, width), dtype)))
+            files += [mapped] if mapped not in files else []
+        if len(mine) == 1:
+            views[part] = mine[0][1]
+        elif mine:
+            views[part] = Segmented(tuple(v for _, v in mine), tuple(s for s, _ in mine))
+        else:  # a shard of no rows
+            views[part] = torch.empty((0, width), dtype=dtype)
+    table_scale = None
     if scale_name is not None:  # one float32, read in place like the rows
-        file = _safetensors_file(checkpoint, name, scale_name)
+        file = _safetensors_file(checkpoint, scale_name)
         mapped = _mapped(checkpoint, file, runtime)
-        views["table_scale"] = mapped.mapping.view(
-            file.data_start + file.entries[scale_name].begin, (1,), TABLE_SCALE_DTYPE
-        )
+        table_scale = mapped.mapping.view(file.data_start + file.entries[scale_name].begin, (1,), TABLE_SCALE_DTYPE)
         files += [mapped] if mapped not in files else []
+    split = any(len(pieces) > 1 for pieces, _ in parts.values())
     in_memory = all(f.in_memory_fs for f in files)
-    uva = all(f.uva for f in files)
+    uva = bool(files) and all(f.uva for f in files) and not split
     readahead = any(f.readahead for f in files)
-    note = "mapped from " + ", ".join(str(f.file.path) for f in files)
+    shown = [str(f.file.path) for f in files]
+    note = "mapped from " + ", ".join(shown[:3]) + (f" and {len(shown) - 3} more files" if len(shown) > 3 else "")
+    note += f" ({len(parts['weight'][0])} parts)" if split else ""
     note += (" (in-memory file system)" if in_memory else "") + (" (read ahead per lookup)" if readahead else "")
     pointer = views["weight"].data_ptr() if uva else None
     return TableShard(
         name, row_start, fmt, "file", views["weight"], views.get("scale"), None, pointer, note,
-        files=tuple(f.mapping for f in files), readahead=readahead, table_scale=views.get("table_scale"),
+        files=tuple(f.mapping for f in files), readahead=readahead, table_scale=table_scale,
     )  # fmt: skip

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engram.memory.mapping import PAGE, Mapping, madvise
+from engram.ops.segments import Rows, row_addresses
 
 if TYPE_CHECKING:
     from engram.runtime.placement.storage import TableShard
@@ -126,14 +127,15 @@ def _gone(path: str) -> None:
     )
 
 
-def page_spans(part: torch.Tensor, row_start: int, ids: torch.Tensor) -> torch.Tensor:
+def page_spans(part: Rows, row_start: int, ids: torch.Tensor) -> torch.Tensor:
     """int64 [k, 2]: the page-aligned address ranges [start, stop) that the rows `ids` (global) of the
     shard view `part` (holding rows from row_start) lie in, one a row, in address order."""
     row_bytes = part.shape[1] * part.element_size()
     local = torch.unique(ids.reshape(-1).to(device="cpu", dtype=torch.int64)) - row_start
     local = local[(local >= 0) & (local < part.shape[0])]
-    start = part.data_ptr() + local * row_bytes
-    return torch.stack([start // PAGE * PAGE, (start + row_bytes + PAGE - 1) // PAGE * PAGE], 1)
+    start = row_addresses(part, local)
+    spans = torch.stack([start // PAGE * PAGE, (start + row_bytes + PAGE - 1) // PAGE * PAGE], 1)
+    return spans[torch.argsort(spans[:, 0])]
 
 
 def merged(spans: torch.Tensor) -> torch.Tensor:

@@ -21,9 +21,11 @@ import torch
 
 from engram.config import EngramConfig
 from engram.errors import EngramError
+from engram.memory.host_numa import pinned_for_gpu, small_pages
 from engram.memory.mapping import Mapping, map_anonymous, round_up
 from engram.memory.registration import CudaRuntime, register
 from engram.ops.formats import FORMATS, RowFormat
+from engram.ops.segments import Rows
 from engram.runtime.dist import Group
 from engram.runtime.placement import shm
 from engram.runtime.placement.hugepages import map_huge
@@ -117,8 +119,8 @@ class TableShard:
     row_start: int
     format: ShardFormat
     placement: Placement
-    weight: torch.Tensor
-    scale: torch.Tensor | None
+    weight: Rows  # a tensor; rows in pieces (Segmented) for a file-backed table its checkpoint splits
+    scale: Rows | None
     mapping: Mapping | None = None  # the memory this shard owns (none for device and file-backed shards)
     device_pointer: int | None = None  # UVA pointer of a registered host shard
     note: str = ""
@@ -181,10 +183,16 @@ def allocate(
     elif placement == "hugepages":
         report = map_huge(fmt.nbytes)
         mapping, note = report.mapping, report.note
+    elif placement == "pinned" and runtime is not None:  # 2 MiB GPU pages where the driver gives them
+        mapping = pinned_for_gpu(fmt.nbytes, runtime)
+        note = "host-NUMA cuMem (2 MiB GPU pages)" if mapping.gpu_page else "registered host memory"
+        return shard_over(name, fmt, placement, mapping, row_start=row_start, note=note, pointer=mapping.addr)
     elif placement in ("pinned", "host"):
         mapping = map_anonymous(fmt.nbytes, kind=placement)
     else:
         raise EngramError(f"unknown placement {placement!r}")
+    if placement == "shm" and runtime is not None:
+        small_pages("a table the node's replicas share (dp_shared_memory) is a registered memfd")
     return shard_over(name, fmt, placement, mapping, row_start=row_start, runtime=runtime, note=note)
 
 
@@ -198,11 +206,12 @@ def shard_over(
     runtime: CudaRuntime | None = None,
     note: str = "",
     read_only: bool = False,
+    pointer: int | None = None,
 ) -> TableShard:
     """A shard whose weights, block scales and table scale are views of `mapping` (the layout of
-    ShardFormat), registered for UVA when `runtime` is given (`read_only`: a mapping the GPU may only read)."""
+    ShardFormat), registered for UVA when `runtime` is given (`read_only`: a mapping the GPU may only read),
+    or read by the GPU at `pointer` already (memory its allocator mapped for it)."""
     f = fmt.row_format
-    pointer = None
     if runtime is not None:
         pointer = register(mapping, runtime, read_only=read_only)
     weight = mapping.view(0, fmt.weight_shape, f.weight)

@@ -60,8 +60,9 @@ def call(
     local, where = torch.tensor(rows, dtype=torch.int64), torch.tensor(slots, dtype=torch.int64)
     ranges, nbytes, error = ctypes.c_int64(-1), ctypes.c_int64(-1), ctypes.c_int64(-1)
     status = library().engram_read_direct_cpu(
-        fd, size, offset, shard_rows, row_bytes, cpu.ptr(local), cpu.ptr(where), local.numel(), dst.data_ptr(),
-        dst.shape[0], gap, most, depth, timeout_ms, ctypes.byref(ranges), ctypes.byref(nbytes), ctypes.byref(error),
+        (ctypes.c_int * 1)(fd), cpu.int64s([size]), cpu.int64s([offset]), cpu.int64s([0]), 1, shard_rows, row_bytes,
+        cpu.ptr(local), cpu.ptr(where), local.numel(), dst.data_ptr(), dst.shape[0], gap, most, depth, timeout_ms,
+        ctypes.byref(ranges), ctypes.byref(nbytes), ctypes.byref(error),
     )  # fmt: skip
     return status, ranges.value, nbytes.value, error.value
 
@@ -175,7 +176,7 @@ def test_a_file_that_shrank_is_a_short_read(on_disk: Path) -> None:
 @pytest.fixture
 def shard(on_disk: Path) -> TableShard:
     shard = file_shard("t", ShardFormat(ROWS, DIM, "bf16"), 0, ROWS, Checkpoint(table(on_disk)), None)
-    if direct_file(shard, shard.weight) is None:
+    if not direct_file(shard, shard.weight):
         pytest.skip("this file system refuses O_DIRECT")
     return shard
 

@@ -123,14 +123,18 @@ def test_pt_checkpoints_are_refused_with_the_fix(tmp_path: Path) -> None:
         open_tables(DS3, Checkpoint(tmp_path), "file", progress=False)
 
 
-def test_split_parts_are_refused_for_file_backed_tables_with_the_fix(tmp_path: Path) -> None:
+def test_split_parts_that_do_not_tile_the_table_are_refused_naming_the_missing_one(tmp_path: Path) -> None:
+    """A table split into parts is served from them (test_split_tables.py), but only when the parts cover
+    it: a missing part is refused before anything is mapped, naming it."""
     [name] = DS3.table_names()[:1]
     rows = DS3.layout.table_rows[0]
     weight = torch.zeros((rows, DS3.head_dim), dtype=torch.bfloat16)
+    size = -(-rows // 3)
     save_file(
-        {f"{name}.shard_0.weight": weight[:-1], f"{name}.shard_1.weight": weight[-1:]}, str(tmp_path / "m.safetensors")
+        {f"{name}.shard_0.weight": weight[:size], f"{name}.shard_2.weight": weight[2 * size :]},
+        str(tmp_path / "m.safetensors"),
     )
-    with pytest.raises(EngramError, match=rf"{name} is split into shard_<k> parts; set file_backed to false"):
+    with pytest.raises(EngramError, match=rf"checkpoint does not match the model: {name}\.shard_1\.weight is missing"):
         open_tables(DS3, Checkpoint(tmp_path), "file", progress=False)
 
 
@@ -268,7 +272,7 @@ def test_a_lookup_asks_for_its_rows_pages_only_when_some_are_cold(
     library = cpu.cpu_library()
     asked: list[int] = []
     real = library.engram_readahead_cpu
-    monkeypatch.setattr(library, "engram_readahead_cpu", lambda *a: asked.append(a[5]) or real(*a))
+    monkeypatch.setattr(library, "engram_readahead_cpu", lambda *a: asked.append(a[7]) or real(*a))
     module = EngramEmbedding(mapped[0], plans[0], columns=SMALL.layout.columns)
     ids = torch.randint(0, plans[0].table_rows, (500, SMALL.layout.columns), generator=torch.Generator().manual_seed(1))
     ids[0, 0] = DEAD_ID

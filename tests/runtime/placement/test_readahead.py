@@ -34,8 +34,8 @@ def ranges_asked(
     flat = torch.tensor(ids, dtype=torch.int64)
     scratch, ranges, nbytes = torch.full_like(flat, -7), ctypes.c_int64(-1), ctypes.c_int64(-1)
     status = library().engram_readahead_cpu(
-        base, shard_rows, row_bytes, row_start, cpu.ptr(flat), flat.numel(), gap, most,
-        cpu.ptr(scratch), scratch.numel(), ctypes.byref(ranges), ctypes.byref(nbytes),
+        cpu.addresses([base]), cpu.int64s([0]), 1, shard_rows, row_bytes, row_start, cpu.ptr(flat), flat.numel(), gap,
+        most, cpu.ptr(scratch), scratch.numel(), ctypes.byref(ranges), ctypes.byref(nbytes),
     )  # fmt: skip
     assert status == 0
     return ranges.value, nbytes.value
@@ -108,8 +108,8 @@ def test_bad_arguments_are_refused_and_nothing_is_written(region: tuple[mmap.mma
     for scratch_n, gap, most, row_bytes in [(9, 0, PAGE, 8), (10, -1, PAGE, 8), (10, 0, 0, 8), (10, 0, PAGE, 0)]:
         scratch = torch.full((10,), -7, dtype=torch.int64)
         status = library().engram_readahead_cpu(
-            base, 40, row_bytes, 0, cpu.ptr(flat), 10, gap, most, cpu.ptr(scratch), scratch_n,
-            ctypes.byref(ranges), ctypes.byref(nbytes),
+            cpu.addresses([base]), cpu.int64s([0]), 1, 40, row_bytes, 0, cpu.ptr(flat), 10, gap, most,
+            cpu.ptr(scratch), scratch_n, ctypes.byref(ranges), ctypes.byref(nbytes),
         )  # fmt: skip
         assert status == 1
         assert (ranges.value, nbytes.value) == (-1, -1) and scratch.eq(-7).all()

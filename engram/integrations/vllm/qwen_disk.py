@@ -1,0 +1,111 @@
+"""vLLM 0.34's disk-offload PLE table (EngramConfig.disk_offload), served by engram where engram is enabled:
+the same rows from the same checkpoint files, but through engram's file-backed table (the safetensors
+pages of the whole table or of its `shard_<k>` parts, gathered by the guarded CPU kernel, the page cache
+read ahead per lookup) with its RAM tier (ram_cache_bytes) and page-cache bound (file_cache_bytes) over
+it, instead of vLLM's one pread per row. vLLM's own staging stays: its pinned host planes and the device
+buffers the forward reads (so CUDA graphs replay it), filled here from engram's lookup."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from vllm.config import get_current_vllm_config
+from vllm.models.qwen4_exp.nvidia.ngram_embedding import Qwen4ExpPLEDiskOffloadEmbedding
+
+from engram.config import EngramConfig
+from engram.errors import EngramError
+from engram.integrations.vllm import files
+from engram.integrations.vllm.cache import keep_hot
+from engram.integrations.vllm.metrics import METRICS
+from engram.integrations.vllm.qwen import _init_engram, _row_format
+from engram.integrations.vllm.settings import open_vllm_table
+from engram.runtime.table import PACKED, ShardFormat, Table
+
+
+class EngramQwenDiskOffloadEmbedding(Qwen4ExpPLEDiskOffloadEmbedding):
+    """Qwen4ExpPLEDiskOffloadEmbedding with engram's file-backed table behind stage_rows. As vLLM's, every
+    ETP rank stages full rows (the whole table, no ETP reduction) and nothing is allocated for the table;
+    the checkpoint tensors vLLM's loader hands over are checked and let go (engram maps the files itself)."""
+
+    _engram: EngramConfig | None
+    engram_table: Table | None
+    _tables: int
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        _init_engram(self)
+        self._parts_seen: set[tuple[str, int]] = set()
+        super().__init__(*args, **kwargs)
+
+    def accept_checkpoint_shard(
+        self, shard_index: int, loaded_weight: torch.Tensor, shard_size: int, name: str
+    ) -> None:
+        if self._engram is None:
+            super().accept_checkpoint_shard(shard_index, loaded_weight, shard_size, name)
+            return
+        dtype = getattr(self, name).dtype
+        if loaded_weight.dtype != dtype:  # as vLLM refuses it: rows are served as stored
+            raise ValueError(
+                f"PLE shard {name} dtype {loaded_weight.dtype} must match the embedding dtype {dtype}; disk offload serves rows as stored"
+            )
+        if (name, shard_index) in self._parts_seen:
+            raise ValueError(f"Duplicate PLE embedding shard {shard_index} {name}")
+        self._parts_seen.add((name, shard_index))
+
+    def weight_loader(self, param: torch.Tensor, loaded_weight: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """A table stored whole (vLLM's disk offload takes `shard_<k>` parts only; engram serves both):
+        its rows stay in the file, where engram maps them; the table scale and every other parameter load
+        as vLLM loads them."""
+        if self._engram is not None and param is self.weight:
+            if (
+                loaded_weight.dim() != 2
+                or loaded_weight.shape[1] != param.shape[1]
+                or loaded_weight.dtype != param.dtype
+            ):
+                raise ValueError(
+                    f"PLE table {self.prefix} is {loaded_weight.dtype} {list(loaded_weight.shape)}; the model needs {param.dtype} rows of {param.shape[1]}"
+                )
+            return
+        super().weight_loader(param, loaded_weight, *args, **kwargs)
+
+    def bind_file_shards(self) -> None:
+        """Open engram's file-backed table over the checkpoint once vLLM's loader is done (and give it its
+        RAM tier when one is configured)."""
+        config = self._engram
+        if config is None:
+            super().bind_file_shards()
+            return
+        if self.engram_table is not None:
+            raise RuntimeError("PLE disk offload does not support weight reload")
+        model_dir = files.checkpoint_dir(get_current_vllm_config(), config)
+        found = files.checkpoint(model_dir)
+        name = files.table_named(found, self.prefix)
+        fmt = ShardFormat(self.org_vocab_size, self.embedding_dim, _row_format(self.quant_method, self.weight.dtype))
+        self.engram_table = table = open_vllm_table(
+            config, name, fmt, "file", row_start=0, table_rows=self.org_vocab_size, model_dir=model_dir
+        )
+        row_bytes = sum(host.shape[-1] * host.element_size() for _, host, _ in self._planes.values())
+        if row_bytes != fmt.row_bytes:
+            raise EngramError(
+                f"engram: vLLM stages {row_bytes}-byte rows of {name}, engram's {fmt.dtype} table has {fmt.row_bytes}"
+            )
+        keep_hot(config, self.prefix, table, self._tables)
+        self._bound = True
+
+    def stage_rows(self, num_tokens: int) -> None:
+        """This step's rows (vLLM's _host_ids[:num_tokens], [T, H]) as stored, into vLLM's pinned planes
+        (rows, then NVFP4's block scales) and on to its device buffers, as vLLM's stage_rows leaves them."""
+        table = self.engram_table
+        if self._engram is None or table is None:
+            super().stage_rows(num_tokens)
+            return
+        ids = self._host_ids[:num_tokens]
+        rows = table.lookup(ids, output=PACKED)  # [T, H, row_bytes]: each row's stored bytes, its scales after
+        at = 0
+        for _, host, _ in self._planes.values():
+            width = host.shape[-1] * host.element_size()
+            host[:num_tokens].view(torch.uint8).copy_(rows[..., at : at + width])
+            at += width
+        for staging, host, _ in self._planes.values():
+            staging[:num_tokens].copy_(host[:num_tokens], non_blocking=True)
+        METRICS.observe(self.prefix, table, ids.device)
