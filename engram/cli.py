@@ -33,6 +33,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else list(argv)
+    if sys.stdout is None:  # started with stdout closed (`>&-`): Python leaves None in its place
+        if sys.stderr is not None:
+            print(
+                "error: standard output is closed; give the command somewhere to write (a file, a pipe)",
+                file=sys.stderr,
+            )
+        return 2
     named = next((a for a in arguments if not a.startswith("-")), None)
     parser = build_parser(named if named in COMMANDS else None)
     args = parser.parse_args(arguments)

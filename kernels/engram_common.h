@@ -29,6 +29,13 @@ ENGRAM_HD uint64_t engram_mod(uint64_t x, uint64_t p, uint64_t magic) {
     return r;
 }
 
+/* The shard-local row of table row `id`, or -1 when the shard does not hold it (DEAD_ID, another rank's
+ * row, any negative id). Compared before it is subtracted: an id near INT64_MIN minus row_start would
+ * overflow, which is undefined. Needs row_start >= 0, which every caller checks first. */
+ENGRAM_HD int64_t engram_local_row(int64_t id, int64_t row_start, int64_t shard_rows) {
+    return id >= row_start && id - row_start < shard_rows ? id - row_start : -1;
+}
+
 /* Store that bypasses the cache where the CPU has one: row ids are written once and read by someone
  * else, so pulling their lines into the cache first (read-for-ownership) only doubles the traffic. */
 ENGRAM_HD void engram_store_stream(int64_t* p, int64_t v) {

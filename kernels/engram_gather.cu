@@ -45,8 +45,8 @@ __device__ __forceinline__ RowPlan plan_row(int64_t i, int64_t n, const int64_t*
     const int64_t id = ids[i];
     if (id < -1 || id >= table_rows) {  // zeros, and the flag (0 -> 1 only: a plain store suffices, also in host memory)
         if (report) *reinterpret_cast<volatile int*>(error_flag) = 1;
-    } else if (id >= 0 && id - row_start >= 0 && id - row_start < shard_rows) {
-        p.local = id - row_start;
+    } else {
+        p.local = engram_local_row(id, row_start, shard_rows);
     }
     return p;
 }

@@ -86,7 +86,15 @@ class Mapping:
     kind: str
     path: str | None = None
     file_id: tuple[int, int] | None = None  # (device, inode) of the file mapped, to know it again by name
-    direct_fd: int | None = None  # the file's descriptor for reads past the page cache (O_DIRECT), if kept
+    fd: int | None = (
+        None  # a mapped file's own descriptor, kept: what it says is the mapped inode's, whatever the name now holds
+    )
+    stamp: tuple[int, int, int] | None = (
+        None  # that file's (size, mtime_ns, ctime_ns) when its pages were last taken as the table's
+    )
+    direct_fd: int | None = (
+        None  # the descriptor for reads past the page cache (fd with O_DIRECT set), where the file system takes it
+    )
     gpu_page: int | None = None  # the page size a GPU maps it with, where known (host-NUMA cuMem: 2 MiB)
     unmap: Callable[[int, int], None] | None = field(default=None, repr=False)  # not munmap: its allocator's
     _array: ctypes.Array[ctypes.c_uint8] | None = field(default=None, repr=False)

@@ -53,6 +53,12 @@ def check_ids(ids: torch.Tensor, table_rows: int) -> None:
         raise EngramError(f"row id {int(bad[0])} is outside the table's {table_rows} rows (DEAD_ID is {DEAD_ID})")
 
 
+def check_id_dtype(ids: torch.Tensor) -> None:
+    """Row ids are int64 or int32: a float id would be truncated to a row, a bool or uint8 one read as another."""
+    if ids.dtype not in ID_DTYPES:
+        raise EngramError(f"ids must be int64 or int32 row ids; got {describe(ids)}")
+
+
 def describe(t: Rows) -> str:
     return f"{t.dtype} {list(t.shape)} on {t.device}"
 
@@ -67,8 +73,7 @@ def check_gather_args(call: GatherCall) -> None:
             f"weight must be a contiguous 2-D table of {', '.join(map(str, TABLE_DTYPES))}; got {describe(weight)}"
         )
     rows, dim = weight.shape
-    if ids.dtype not in ID_DTYPES:
-        raise EngramError(f"ids must be int64 or int32 row ids; got {describe(ids)}")
+    check_id_dtype(ids)
     if not (row_start >= 0 and row_start + rows <= table_rows):
         raise EngramError(
             f"the shard's rows [{row_start}, {row_start + rows}) must lie inside the table's {table_rows} rows"

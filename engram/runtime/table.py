@@ -29,14 +29,22 @@ from engram.errors import EngramError
 from engram.memory.outputs import empty_cpu
 from engram.memory.registration import CudaRuntime
 from engram.ops import GatherCall, use_sorted
-from engram.ops.checks import check_ids
+from engram.ops.checks import check_id_dtype, check_ids
 from engram.ops.devices import ensure_kernels
 from engram.ops.segments import Rows, as_parameter
 from engram.runtime.cache import HotRows, Profile, cached_gather, read_profile
 from engram.runtime.checkpoints.loader import Checkpoint, shard_weight_loader, table_scale_loader
 from engram.runtime.dist import Group, timeout_s
 from engram.runtime.node_tables import node_shard
-from engram.runtime.placement.filemap import file_shard, in_files, private_scales, read_ahead, reading, watch_files
+from engram.runtime.placement.filemap import (
+    file_shard,
+    in_files,
+    private_scales,
+    read_ahead,
+    reading,
+    rewritten,
+    watch_files,
+)
 from engram.runtime.placement.residency import ResidentBudget, storage_read_bytes
 from engram.runtime.placement.storage import Placement, ShardFormat, TableShard, allocate, placement_for
 from engram.runtime.rowindex import FREE
@@ -275,9 +283,14 @@ class Table:
         the table raises on the CPU and is flagged on a GPU (GatherCall). `check`: the step's other ids,
         range-checked alike (a head shard's peers read them) and read ahead with these."""
         kind = output if output is not None else out.dtype if out is not None else self.out_dtype
+        for asked in (ids, check):  # before the tier records them: every path below serves these ids
+            if asked is not None:
+                check_id_dtype(asked)
         self.lookups += 1
         self.ids += ids.numel()
         if self.tier is not None:
+            if self.shard.files:
+                self._forget_if_rewritten(self.tier)
             if self.tier.due and not (ids.is_cuda and torch.cuda.is_current_stream_capturing()):
                 self.refresh()  # between this table's lookups of two steps
             self.tier.record(ids)
@@ -289,6 +302,18 @@ class Table:
             if ids.numel() > BATCHED_IDS:
                 return self._read_in_batches(ids, out, kind)
         return self._read(ids, out, kind, check)
+
+    def _forget_if_rewritten(self, tier: Tier) -> None:
+        """A file behind the table rewritten in place since the tier copied rows from it (`cp new old`: same
+        inode, same size) makes those rows stale: the tier lets them all go, and the traffic admits them
+        again from the file as it now is. Noticed at the first lookup after the rewrite's last write."""
+        changed = rewritten(self.shard)
+        if changed:
+            log.warning(
+                "engram: %s changed while mapped: %s's tier lets its %d rows go and reads them again from the file",
+                ", ".join(changed), self.name, tier.admission.used,
+            )  # fmt: skip
+            tier.forget()
 
     def _read(
         self,
@@ -405,6 +430,7 @@ class Table:
         """Start reading the pages of these rows of a file-backed table on disk, so that the lookup to come
         finds them in the page cache; the bytes asked for (0 where every probed page was resident, or the
         table is in memory)."""
+        check_id_dtype(ids)
         if not self.shard.readahead:
             return 0
         with self._disk_reads():

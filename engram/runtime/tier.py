@@ -449,6 +449,10 @@ class Tier:
         self._move(self.admission.warm(hot, counts), cold=True)
         return self.admission.used
 
+    def forget(self) -> None:
+        """Let every row go (their bytes are no longer the table's): the traffic admits them again."""
+        self.admission.warm(torch.empty(0, dtype=torch.int64))
+
     def refresh(self) -> int:
         """Admit the hottest rows of the latest window (module docstring); the rows admitted. Call it
         between steps, never while a CUDA stream captures. A tier that admits after every lookup has

@@ -93,16 +93,16 @@ static void dequant_scaled_row_cpu(const table_t* t, const uint8_t* w, const uin
 }
 
 static void prefetch_row(const table_t* t, int64_t id) {
-    const int64_t local = id - t->row_start;
-    if (id < 0 || local < 0 || local >= t->shard_rows) return;
+    const int64_t local = engram_local_row(id, t->row_start, t->shard_rows);
+    if (local < 0) return;
     const uint8_t* row = weight_row(t, local);
     for (int64_t b = 0; b < t->row_bytes; b += 64) __builtin_prefetch(row + b, 0, 3);
 }
 
 /* One row into dst: zeros for DEAD_ID and rows of other shards. */
 static void read_row(const table_t* t, int64_t id, uint8_t* dst) {
-    const int64_t local = id - t->row_start;
-    if (id < 0 || local < 0 || local >= t->shard_rows) {
+    const int64_t local = engram_local_row(id, t->row_start, t->shard_rows);
+    if (local < 0) {
         memset(dst, 0, (size_t)t->out_bytes);
     } else if (t->out_kind == ENGRAM_OUT_RAW) {
         memcpy(dst, weight_row(t, local), (size_t)t->row_bytes);
@@ -123,9 +123,9 @@ static void copy_rows(const table_t* t, const int64_t* ids, int64_t lo, int64_t 
     const int one = t->segments == 1;
     for (int64_t i = lo; i < hi; ++i) {
         if (i + ENGRAM_PREFETCH < hi) prefetch_row(t, ids[i + ENGRAM_PREFETCH]);
-        const int64_t local = ids[i] - row_start;
+        const int64_t local = engram_local_row(ids[i], row_start, shard_rows);
         uint8_t* dst = out + i * (int64_t)row_bytes;
-        if (ids[i] >= 0 && local >= 0 && local < shard_rows)
+        if (local >= 0)
             memcpy(dst, one ? weight + local * (int64_t)row_bytes : weight_row(t, local), row_bytes);
         else memset(dst, 0, row_bytes);
     }

@@ -8,6 +8,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "../engram_common.h"
 #include "../engram_kernels.h"
 
 static int ascending(const void* a, const void* b) {
@@ -28,8 +29,8 @@ int engram_readahead_cpu(const uint8_t* const* bases, const int64_t* starts, int
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     int64_t m = 0; /* the addresses of the shard's rows asked for; ids outside the shard are another rank's */
     for (int64_t i = 0; i < n; ++i) {
-        const int64_t local = ids[i] - row_start;
-        if (ids[i] < 0 || local < 0 || local >= shard_rows) continue;
+        const int64_t local = engram_local_row(ids[i], row_start, shard_rows);
+        if (local < 0) continue;
         int64_t lo = 0, hi = segments; /* the last segment starting at or before `local` */
         while (hi - lo > 1) {
             const int64_t mid = lo + (hi - lo) / 2;

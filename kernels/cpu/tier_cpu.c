@@ -5,6 +5,7 @@
  * step's few thousand ids take microseconds, less than waking a thread team. */
 #include <stdint.h>
 
+#include "../engram_common.h"
 #include "../engram_kernels.h"
 
 #define EMPTY_ENTRY (-1)
@@ -45,9 +46,9 @@ int engram_tier_find(const int64_t* table, int64_t buckets, int64_t row_start, i
     if (!table_ok(table, buckets, row_start, shard_rows, capacity) || n < 0 || (n && (!ids || !slots)))
         return ENGRAM_ERR_ARGUMENT;
     for (int64_t i = 0; i < n; ++i) {
-        const int64_t local = ids[i] - row_start;
+        const int64_t local = engram_local_row(ids[i], row_start, shard_rows);
         int64_t slot = -1;
-        if (ids[i] >= row_start && local < shard_rows) {
+        if (local >= 0) {
             const int64_t at = probe(table, buckets, local);
             if (at == INT64_MIN) return ENGRAM_ERR_ARGUMENT;
             if (at >= 0) slot = entry_slot(table[at]);

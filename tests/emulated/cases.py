@@ -288,8 +288,8 @@ def test_the_ram_tiers_index_answers_as_a_dict_inside_its_arrays(
     capacity: int, steps: list[tuple[bool, list[int]]]
 ) -> None:
     """kernels/cpu/tier_cpu.c under AddressSanitizer, every array exactly as long as the call says: inserts
-    and removes of a shard's rows [1000, 1100) (probes that collide and wrap), finds of them and of rows on
-    both sides of the shard, against a dict."""
+    and removes of a shard's rows [1000, 1100) (probes that collide and wrap), finds of them, of rows on
+    both sides of the shard and of ids at int64's ends (whose distance to the shard overflows), against a dict."""
     library = sanitized_tier()
     start, rows = 1000, 100
     buckets = buckets_for(capacity)
@@ -311,7 +311,7 @@ def test_the_ram_tiers_index_answers_as_a_dict_inside_its_arrays(
             status = library.engram_tier_remove(cpu.ptr(table), *shape, cpu.ptr(rows_in), len(gone))
             free += [held.pop(r) for r in gone]
         assert status == 0
-        queries = [*range(start - 3, start + rows + 3), DEAD_ID]
+        queries = [*range(start - 3, start + rows + 3), DEAD_ID, -(2**63), -(2**63) + start - 1, 2**63 - 1]
         asked, slots_out = exact_i64(queries), exact_i64([7] * len(queries))
         status = library.engram_tier_find(cpu.ptr(table), *shape, cpu.ptr(asked), len(queries), cpu.ptr(slots_out))
         assert status == 0 and slots_out.tolist() == [held.get(q, FREE) for q in queries]

@@ -7,8 +7,11 @@ file read only for its misses."""
 
 from __future__ import annotations
 
+import errno
 import gc
 import itertools
+import logging
+import os
 import time
 from pathlib import Path
 
@@ -24,6 +27,8 @@ from engram.runtime import table as table_module
 from engram.runtime import tier as tier_module
 from engram.runtime.cache import EMPTY_KEY
 from engram.runtime.checkpoints.loader import Checkpoint
+from engram.runtime.checkpoints.writer import write_checkpoint
+from engram.runtime.placement import filemap as filemap_module
 from engram.runtime.placement.filemap import DIRECT_GAP, DIRECT_MAX_RANGE, direct_file, in_files
 from engram.runtime.placement.residency import MADV_DONTNEED, drop_file_cache, resident_bytes, resident_pages
 from engram.runtime.plan import table_shards
@@ -434,6 +439,108 @@ def test_a_failed_ram_tier_lookup_leaves_no_row_pinned_and_no_row_wrong(
     plain.release()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.uint8, torch.bool, torch.int16])
+def test_ids_of_another_dtype_are_refused_with_a_tier_as_without(small_checkpoint: Path, dtype: torch.dtype) -> None:
+    """Row ids are int64 or int32 on every path: a float id through the RAM tier is not truncated to a row
+    (0.5 and 1.7 are not rows 0 and 1), nor a bool or a byte taken for one; the tier records nothing."""
+    table, plain, rows = file_tables(small_checkpoint)
+    assert table.keep_hot(64 * table.shard.format.row_bytes + state_bytes(64, rows, 0, "online", True), "cpu", "ram")
+    tier = table.tier
+    assert tier is not None and tier.eager
+    ids = torch.tensor([0.5, 1.7]).to(dtype)
+    for each in (table, plain):
+        with pytest.raises(EngramError, match=f"^ids must be int64 or int32 row ids; got {dtype} \\[2\\] on cpu$"):
+            each.lookup(ids)
+        with pytest.raises(EngramError, match="ids must be int64 or int32"):
+            each.prefetch(ids)
+    assert tier.admission.used == 0 and table.lookups == 0
+    table.release()
+    plain.release()
+
+
+def rewrite_in_place(checkpoint: Path, seed: int) -> None:
+    """Each file of `checkpoint` overwritten in place by the same layout's with other values (same inode,
+    same size: what `cp new.safetensors model.safetensors` does)."""
+    other = checkpoint.with_name(checkpoint.name + f"-seed{seed}")
+    write_checkpoint(SMALL, other, seed=seed)
+    for new in sorted(other.iterdir()):
+        old = checkpoint / new.name
+        if new.suffix == ".safetensors":
+            assert old.stat().st_size == new.stat().st_size
+            with open(old, "r+b") as f:
+                f.write(new.read_bytes())
+        else:
+            old.write_bytes(new.read_bytes())  # its manifest and config
+
+
+@pytest.mark.parametrize("tier", ["ram", "device"])
+def test_a_file_rewritten_in_place_is_served_as_it_now_is(
+    tmp_path: Path, read_path: str, tier: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After the checkpoint is rewritten in place, a tier's rows are the file's as it now is, hits as
+    misses (its admitted rows let go, with a word), as the same lookups without a tier are."""
+    checkpoint = tmp_path / "ckpt"
+    write_checkpoint(SMALL, checkpoint, seed=7)
+    table, _, rows = file_tables(checkpoint)
+    window = 2048
+    budget = 400 * table.shard.format.row_bytes + state_bytes(
+        400, rows, 0 if tier == "ram" else window, "online", tier == "ram"
+    )
+    assert table.keep_hot(budget, "cpu", tier, **({} if tier == "ram" else {"window_ids": window}))  # type: ignore[arg-type]
+    assert table.tier is not None
+    if tier == "ram":
+        reads_as_told(table, read_path)
+    ids = zipf_ids(torch.Generator().manual_seed(3), rows, 2048).view(256, 8)
+    for _ in range(3):
+        table.lookup(ids)
+        table.refresh()
+    held = table.tier.admission.used
+    assert held > 0
+    rewrite_in_place(checkpoint, seed=8)
+    fresh = file_tables(checkpoint)[1]  # loaded into memory from the rewritten file
+    with caplog.at_level(logging.WARNING, logger="engram"):
+        for _ in range(2):
+            assert same_bits(table.lookup(ids), fresh.lookup(ids))
+    assert [r.getMessage() for r in caplog.records if "changed while mapped" in r.getMessage()] == [
+        f"engram: {checkpoint / 'model.safetensors'} changed while mapped: {table.name}'s tier lets its "
+        f"{held} rows go and reads them again from the file"
+    ]
+    table.release()
+    fresh.release()
+
+
+def test_a_file_system_that_refuses_o_direct_is_said_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Where the checkpoint's file system refuses O_DIRECT, the RAM tier reads its misses through the page
+    cache, rows bit-equal, and says so once, naming the file and why."""
+    checkpoint = tmp_path / "ckpt"
+    write_checkpoint(SMALL, checkpoint, seed=7)
+    real = filemap_module.fcntl.fcntl
+
+    def refusing(fd: int, command: int, arg: int = 0) -> int:
+        if command == filemap_module.fcntl.F_SETFL and arg & os.O_DIRECT:
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+        return real(fd, command, arg)
+
+    monkeypatch.setattr(filemap_module.fcntl, "fcntl", refusing)
+    monkeypatch.delenv("ENGRAM_DIRECT_READS", raising=False)
+    with caplog.at_level(logging.WARNING, logger="engram"):
+        table, plain, rows = file_tables(checkpoint)
+        for _ in range(2):
+            assert table.keep_hot(
+                200 * table.shard.format.row_bytes + state_bytes(200, rows, 0, "online", True), "cpu", "ram"
+            )
+            assert table.tier is not None and not table.tier.direct
+        ids = zipf_ids(torch.Generator().manual_seed(4), rows, 512)
+        assert same_bits(table.lookup(ids), plain.lookup(ids))
+    assert [r.getMessage() for r in caplog.records] == [
+        f"engram: {checkpoint / 'model.safetensors'} is read through the page cache, not past it: its file system refuses O_DIRECT"
+    ]
+    table.release()
+    plain.release()
+
+
 def test_a_ram_tier_reads_only_its_misses_from_the_file(small_checkpoint: Path, read_path: str) -> None:
     """With the file's page cache dropped, a lookup of rows the tier holds brings in no page, and a lookup
     of rows it does not hold reads theirs alone, counted in disk_bytes_read: through the page cache, what
@@ -535,8 +642,6 @@ def test_a_budget_too_small_for_one_row_says_the_smallest_that_holds_one(
     """An online device tier's own state (its window's ring and its sketch) takes a few MiB before it holds
     a row: a budget below that gives no tier and one warning naming the smallest budget that holds a row,
     which does hold one, where one byte less does not."""
-    import logging
-
     shard = random_shard(1 << 20, "fp8", seed=3, dim=256)
     table = Table(shard, 1 << 20)
     smallest = tier_module.tier_bytes(1, shard.format.row_bytes, shard.rows)

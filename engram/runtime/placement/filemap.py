@@ -155,19 +155,38 @@ def private_scales(shard: TableShard) -> int:
 
 def check_files(shard: TableShard) -> None:
     """Raise, naming the file, when a file behind a file-backed shard shrank since it was mapped (a read
-    past its new end faulted; the guarded kernel turned that into an error)."""
+    past its new end faulted; the guarded kernel turned that into an error). Asked of the inode mapped:
+    a file renamed over it or unlinked leaves the mapped one as it was."""
     for mapping in shard.files:
-        try:
-            size = os.stat(mapping.path or "").st_size
-        except OSError as exc:
-            raise EngramError(
-                f"{mapping.path}: the file-backed checkpoint cannot be read any more: {exc.strerror}"
-            ) from None
+        size = _stat(mapping).st_size
         if size < mapping.size:
             raise EngramError(
                 f"{mapping.path}: truncated at offset {size:,}: the checkpoint shrank from {mapping.size:,} bytes while its tables "
                 "were mapped; restore the file and restart the engine"
             )
+
+
+def rewritten(shard: TableShard) -> list[str]:
+    """The files behind a file-backed shard rewritten in place since their pages were last taken as the
+    table's (size, mtime or ctime of the mapped inode changed: `cp new old`), each now taken as it is.
+    Rows copied out of them before (a tier's) are stale."""
+    changed = []
+    for mapping in shard.files:
+        info = _stat(mapping)
+        stamp = (info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+        if mapping.stamp is not None and stamp != mapping.stamp:
+            mapping.stamp = stamp
+            changed.append(mapping.path or "a checkpoint file")
+    return changed
+
+
+def _stat(mapping: Mapping) -> os.stat_result:
+    try:
+        return os.fstat(mapping.fd if mapping.fd is not None else -1)
+    except OSError as exc:
+        raise EngramError(
+            f"{mapping.path}: the file-backed checkpoint cannot be read any more: {exc.strerror}"
+        ) from None
 
 
 @contextlib.contextmanager
@@ -336,7 +355,18 @@ def direct_reads_work(shard: TableShard) -> bool:
     io_uring, or one a sandbox forbids; a file system that takes O_DIRECT but reads it wrong), say so once
     per file, and lookups read through the page cache."""
     parts = [part for part in (shard.weight, shard.scale) if part is not None and in_files(shard, part)]
-    if not parts or not shard.rows or not all(direct_file(shard, part) for part in parts):
+    if not parts or not shard.rows:
+        return False
+    refused = {
+        str(m.path)
+        for part in parts
+        for _, piece in pieces_of(part)
+        if (m := mapping_of(shard, piece.data_ptr())) and m.direct_fd is None
+    }
+    if refused:
+        if os.environ.get("ENGRAM_DIRECT_READS", "1") != "0":
+            for path in sorted(refused):
+                _page_cache_reads(path, "its file system refuses O_DIRECT")
         return False
     row = torch.tensor([shard.row_start])
     for part in parts:
@@ -352,12 +382,16 @@ def direct_reads_work(shard: TableShard) -> bool:
         if not same:
             pieces = direct_pieces(shard, part)
             assert pieces is not None
-            path = pieces.paths[0]
-            if path not in _direct_warned:
-                _direct_warned.add(path)
-                log.warning("engram: %s is read through the page cache, not past it: %s", path, why)
+            _page_cache_reads(pieces.paths[0], why)
             return False
     return True
+
+
+def _page_cache_reads(path: str, why: str) -> None:
+    """Say once per file that a RAM tier's misses of it are read through the page cache, and why."""
+    if path not in _direct_warned:
+        _direct_warned.add(path)
+        log.warning("engram: %s is read through the page cache, not past it: %s", path, why)
 
 
 def direct_reads_problem() -> str | None:
@@ -398,38 +432,39 @@ def in_memory_fs(path: str) -> bool:
 
 def map_file(file: SafetensorsFile) -> MappedFile:
     """One read-only mapping of a validated file, after checking it is still the file that was validated.
-    A file on disk keeps its descriptor for reads past the page cache (keep_direct), closed with the mapping."""
+    The mapping keeps the file's descriptor (closed with it): a later question about the file (did it
+    shrink, was it rewritten) is asked of the inode mapped, never of whatever the name holds by then. On
+    disk, O_DIRECT is set on it for reads past the page cache (keep_direct)."""
     fd = open_regular(file.path, "checkpoint file")
-    kept = False
     try:
         info = os.fstat(fd)
         if (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns) != file.identity:
             raise EngramError(f"{file.path}: the file changed between validation and mapping; start again")
         mapping = map_readonly_file(fd, info.st_size, str(file.path))
-        in_memory = in_memory_fs(str(file.path))
-        if not in_memory:  # random rows: the kernel's read-around would fetch pages nobody asked for
-            madvise(mapping.addr, mapping.length, MADV_RANDOM)
-            kept = keep_direct(mapping, fd)
-    finally:
-        if not kept:
-            os.close(fd)  # the mapping keeps the inode alive
+    except BaseException:
+        os.close(fd)
+        raise
+    mapping.fd, mapping.stamp = fd, (info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+    mapping.on_release(functools.partial(os.close, fd))
+    in_memory = in_memory_fs(str(file.path))
+    if not in_memory:  # random rows: the kernel's read-around would fetch pages nobody asked for
+        madvise(mapping.addr, mapping.length, MADV_RANDOM)
+        keep_direct(mapping, fd)
     return MappedFile(file, mapping, in_memory, not in_memory)
 
 
 def keep_direct(mapping: Mapping, fd: int) -> bool:
-    """Keep `fd` (the mapped file's own descriptor, never opened again by name) for reads past the page
-    cache: O_DIRECT set on it, and closed when the mapping goes. False where the file system refuses
-    O_DIRECT or ENGRAM_DIRECT_READS=0 says not to. O_NONBLOCK goes: io_uring would hand back EAGAIN for a
-    full device queue instead of waiting."""
+    """Set O_DIRECT on `fd` (the mapped file's own descriptor, never opened again by name) for reads past
+    the page cache. False where the file system refuses O_DIRECT or ENGRAM_DIRECT_READS=0 says not to. O_NONBLOCK goes: io_uring
+    would hand back EAGAIN for a full device queue instead of waiting."""
     if os.environ.get("ENGRAM_DIRECT_READS", "1") == "0":
         return False
     try:
         flags = fcntl.fcntl(fd, fcntl.F_GETFL)
         fcntl.fcntl(fd, fcntl.F_SETFL, (flags & ~os.O_NONBLOCK) | os.O_DIRECT)
     except OSError:
-        return False
+        return False  # said when a tier would read past the page cache (direct_reads_work)
     mapping.direct_fd = fd
-    mapping.on_release(functools.partial(os.close, fd))
     return True
 
 

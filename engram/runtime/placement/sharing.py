@@ -8,15 +8,19 @@ ShareKey), never by a path or a name.
 - Every process that maps copies serves them on one abstract Unix socket, @engram-node-<uid>-<random>,
   from a thread. Abstract names vanish with their socket; a process of another uid is dropped at accept,
   before anything is read (SO_PEERCRED).
-- An engine that needs a shard lists the node's such sockets (/proc/net/unix, its network namespace),
-  connects to those of its uid, checks the server's uid before it sends anything, and asks for the key.
+- An engine that needs a shard lists the node's such sockets of its uid (the kernel's sock_diag names
+  each one's owner, so another user's names hide none of ours; its network namespace), checks the
+  server's uid again before it sends anything, and asks for the key.
   It gets the memfd (SCM_RIGHTS) and checks it: an engram memfd of its uid, sealed against writes,
   shrinking and growing, of the size the key's shard takes, whose trailer page names the key.
 - Found nowhere, it takes the key's load lock (binding @engram-load-<uid>-<key>: atomic, and gone with
   its holder), asks once more, loads into a private memfd, drops its writable mapping, seals the memfd
   (F_SEAL_WRITE, F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL), maps it read-only and serves it. The others
-  wait for the copy or the lock, polling, until the timeout. A lock held by another uid is ignored (it
-  could only be a squatter): that engine loads without it.
+  wait for the copy or the lock, polling, until the timeout. A lock bound by another uid, or by one that
+  never answers a connect (bound without listening, a full queue), is a squatter's: that engine loads
+  without it at once.
+- Pids are the kernel's (SO_PEERCRED, translated into our pid namespace); a pid a server reports of
+  itself is used only when it shares our pid namespace.
 
 Nothing is attached before it is sealed, so no engine sees a partial table; the copy lives while any
 process maps it, and any of them hands it on. There is no helper process and no owner to lose."""
@@ -46,6 +50,7 @@ import torch
 
 from engram.errors import EngramError
 from engram.memory.mapping import PAGE, Mapping, map_sealed_file, map_shared_file, round_up
+from engram.runtime.placement import abstract_names
 from engram.runtime.placement.memfd import capacity_error
 from engram.runtime.placement.node import reserve
 from engram.runtime.placement.numa import preferring
@@ -60,6 +65,7 @@ ANSWER_LIMIT = 64 << 10
 MAX_SERVERS = 256  # sockets tried per attach: more of them (a stranger's flood) are not looked at
 CONNECT_S = 1.0  # per server: each answers from a thread in microseconds; a stopped one costs this
 POLL_S = 0.05
+SILENT_S = 2.0  # a lock holder that answers no connect this long is not ours (where uids are unknown)
 Stage = Callable[[str], None]  # told "locked", "loaded", "sealed", "serving", "handing over" (tests kill there)
 
 
@@ -268,7 +274,7 @@ class _Server:
             if entry is not None and fd is not None:
                 if entry.stage is not None:
                     entry.stage("handing over")
-                meta = {"loaded_by": entry.loaded_by, "size": entry.size, "describe": entry.key.describe}
+                meta = _listing(entry)
                 socket.send_fds(conn, [json.dumps(meta).encode()], [fd])
                 return
             if kind == b"L":
@@ -287,7 +293,7 @@ def _listing(entry: _Entry) -> dict[str, Any]:
         "describe": entry.key.describe,
         "size": entry.size,
         "loaded_by": entry.loaded_by,
-        "pid": os.getpid(),
+        "loaded_here": entry.loaded_by == os.getpid(),
     }
 
 
@@ -299,9 +305,23 @@ def lock_name(digest: str) -> str:
 
 
 def servers(uid: int | None = None) -> list[str]:
-    """The abstract names of the node's copy servers of `uid` (default ours), from /proc/net/unix."""
-    prefix = f"@engram-node-{os.geteuid() if uid is None else uid}-"
-    found = []
+    """The abstract names of the node's copy servers of `uid` (default ours). Owners are filtered before
+    the cap, so another user's listeners under our prefix hide nothing (abstract_names); where the kernel
+    cannot name owners, /proc/net/unix's first MAX_SERVERS listeners are tried and the owner is checked
+    at connect."""
+    wanted = os.geteuid() if uid is None else uid
+    prefix = f"@engram-node-{wanted}-"
+    owned = abstract_names.bound(prefix)
+    if owned is not None:
+        names = [b.name for b in owned if b.uid == wanted and b.listening and len(b.name) < 108]
+    else:
+        names = _listed(prefix)
+    return ["\0" + name[1:] for name in dict.fromkeys(names)][:MAX_SERVERS]
+
+
+def _listed(prefix: str) -> list[str]:
+    """Listening names under `prefix` in /proc/net/unix, whoever owns them (the first MAX_SERVERS)."""
+    found: list[str] = []
     try:
         with open("/proc/net/unix", encoding="latin-1") as f:
             for line in f:
@@ -314,7 +334,7 @@ def servers(uid: int | None = None) -> list[str]:
                     break
     except OSError:
         return []
-    return ["\0" + name[1:] for name in found]
+    return found
 
 
 @contextlib.contextmanager
@@ -329,37 +349,60 @@ def _connect(name: str, uid: int) -> Iterator[socket.socket | None]:
             yield None
 
 
-def ask(name: str, kind: bytes, key: ShareKey | None) -> tuple[int | None, Any]:
-    """One server's answer: (fd, meta) for a copy of `key`, else (None, its listing of copies)."""
+def ask(name: str, kind: bytes, key: ShareKey | None) -> tuple[int | None, Any, int]:
+    """One server's answer: (fd, meta) for a copy of `key`, else (None, its listing of copies); then the
+    server's pid as the kernel gives it to us (SO_PEERCRED: in our pid namespace, 0 where it has none)."""
     uid = os.geteuid()
     request = kind + ((key.digest + key.family).encode() if key else b"0" * 128)
     with _connect(name, uid) as sock:
         if sock is None:
-            return None, []
+            return None, [], 0
         try:
+            server = _peer(sock)[0]
             sock.sendall(request)
             data, fds, _, _ = socket.recv_fds(sock, ANSWER_LIMIT, 1)
             while not fds and len(data) < ANSWER_LIMIT and (more := sock.recv(ANSWER_LIMIT - len(data))):
                 data += more
         except OSError:
-            return None, []
+            return None, [], 0
     try:
         answer = json.loads(data) if data else []
     except ValueError:
         answer = []
     if fds and len(fds) == 1 and isinstance(answer, dict):
-        return fds[0], answer
+        return fds[0], answer, server
     for extra in fds:
         os.close(extra)
-    return None, answer if isinstance(answer, list) else []
+    return None, answer if isinstance(answer, list) else [], server
+
+
+def _loader(meta: dict[str, Any], server: int) -> tuple[int, str]:
+    """The pid that loaded a copy as we see it, and how to say it. A server reports pids of its own pid
+    namespace: its own is the kernel-translated `server`; another is meaningful here only when the server
+    shares our namespace."""
+    if meta.get("loaded_here") is True:
+        return server, f"loaded by pid {server}"
+    if _same_pid_namespace(server):
+        loaded_by = int(meta.get("loaded_by", 0))
+        return loaded_by, f"loaded by pid {loaded_by}"
+    return server, f"handed on by pid {server}, loaded in another pid namespace"
+
+
+def _same_pid_namespace(pid: int) -> bool:
+    try:
+        return pid > 0 and os.readlink(f"/proc/{pid}/ns/pid") == os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return False
 
 
 def listing() -> list[dict[str, Any]]:
     """Every copy this user's processes on the node serve, each with the pid of one process serving it."""
     seen: list[dict[str, Any]] = []
     for name in servers():
-        _, copies = ask(name, b"L", None)
-        seen += [c for c in copies if isinstance(c, dict)]
+        _, copies, server = ask(name, b"L", None)
+        for copy in copies:
+            if isinstance(copy, dict):
+                seen.append({**copy, "pid": server, "loaded_by": _loader(copy, server)[0]})
     return seen
 
 
@@ -406,7 +449,7 @@ def _attach(key: ShareKey, size: int, label: str) -> tuple[Copy | None, list[str
     total = round_up(size, PAGE) + PAGE
     others: list[str] = []
     for name in servers():
-        fd, answer = ask(name, b"Q", key)
+        fd, answer, server = ask(name, b"Q", key)
         if fd is None:
             others += [str(c.get("describe", ""))[:300] for c in answer if isinstance(c, dict)]
             continue
@@ -416,12 +459,10 @@ def _attach(key: ShareKey, size: int, label: str) -> tuple[Copy | None, list[str
                 log.warning("engram: refused a node copy offered for %s: %s", key.describe, why)
                 continue
             mapping = map_sealed_file(fd, total, label)
-            loaded_by = int(answer.get("loaded_by", 0))
+            loaded_by, said = _loader(answer, server)
             _hold(fd, key, total, loaded_by, mapping, None)
             fd = None  # held now
-            return Copy(
-                mapping, loaded_by, attached=True, note=f"attached the node's copy loaded by pid {loaded_by}"
-            ), []
+            return Copy(mapping, loaded_by, attached=True, note=f"attached the node's copy {said}"), []
         finally:
             if fd is not None:
                 os.close(fd)
@@ -489,6 +530,7 @@ def obtain(
     tell = stage or (lambda _: None)
     deadline = time.monotonic() + timeout
     waited_on: int | None = None
+    silent_since: float | None = None
     told = False
     while True:
         copy, others = _attach(key, size, label)
@@ -508,14 +550,16 @@ def obtain(
             finally:
                 _SERVER.unlock(key.digest)
         holder = _lock_holder(key.digest)
-        if holder is not None and holder[1] != os.geteuid():
+        squatter = _squatter(holder, silent_since)
+        if squatter:
             log.warning(
-                "engram: uid %d holds the load lock of %s (a squatter?): loading it without the lock",
-                holder[1],
+                "engram: %s holds the load lock of %s (a squatter?): loading it without the lock",
+                squatter,
                 key.describe,
             )
             return _load(key, size, fill, node, tell)
-        if holder is not None and holder[0] != waited_on:
+        silent_since = (silent_since or time.monotonic()) if holder is not None and holder[0] is None else None
+        if holder is not None and holder[0] is not None and holder[0] != waited_on:
             waited_on = holder[0]
             log.info("engram: waiting for pid %d to load %s", waited_on, key.describe)
         if time.monotonic() >= deadline:
@@ -526,12 +570,32 @@ def obtain(
         time.sleep(POLL_S)
 
 
-def _lock_holder(digest: str) -> tuple[int, int] | None:
-    """(pid, uid) of the process holding the key's load lock, or None when it is free now."""
+def _lock_holder(digest: str) -> tuple[int | None, int | None] | None:
+    """(pid, uid) of the process holding the key's load lock, or None when it is free now. pid is None when
+    the holder does not answer (bound without listening, or a queue it never empties: ours listen at
+    once and accept at once, so only a squatter stays that way); uid is None when the kernel cannot say."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
         sock.settimeout(CONNECT_S)
         try:
             sock.connect(lock_name(digest))
             return _peer(sock)
         except OSError:
-            return None
+            pass
+    shown = "@" + lock_name(digest)[1:]
+    owners = abstract_names.bound(shown)
+    if owners is None:
+        return None, None
+    uids = [b.uid for b in owners if b.name == shown]
+    return (None, uids[0]) if uids else None
+
+
+def _squatter(holder: tuple[int | None, int | None] | None, silent_since: float | None) -> str | None:
+    """Who squats the load lock, in words, or None while its holder may be one of ours."""
+    if holder is None:
+        return None
+    pid, uid = holder
+    if uid is not None:
+        return f"uid {uid}" if uid != os.geteuid() else None
+    if pid is None and silent_since is not None and time.monotonic() - silent_since >= SILENT_S:
+        return f"a process that has not answered for {SILENT_S:g} s"
+    return None

@@ -31,6 +31,7 @@ from engram.runtime.placement.filemap import all_resident, file_shard, in_memory
 from engram.runtime.placement.residency import drop_file_cache
 from engram.runtime.placement.storage import ShardFormat, TableShard
 from engram.runtime.plan import TableShardPlan, table_shards
+from engram.runtime.table import Table
 from engram.runtime.tables import open_tables
 from engram.runtime.tier import Tier
 from tests.bits import same_bits
@@ -209,6 +210,34 @@ def test_a_file_truncated_while_mapped_is_an_error_naming_it(tmp_path: Path, sma
     assert done.returncode == 0, (done.returncode, done.stdout, done.stderr[-2000:])
     line = done.stdout.strip().splitlines()[-1]
     assert line.startswith(f"ERROR {copy}/") and ": truncated at offset 4,096: the checkpoint shrank from" in line, line
+
+
+@pytest.mark.parametrize("how", ["renamed over", "unlinked"])
+def test_an_id_past_the_table_is_named_as_such_after_the_file_is_replaced(
+    tmp_path: Path, small_checkpoint: Path, how: str
+) -> None:
+    """The mapped inode is what the table reads: after its name is taken by a smaller file or removed, its
+    rows are still served bit-equal, and an id past the table is that error, not one about the new file."""
+    copy = tmp_path / "ckpt"
+    shutil.copytree(small_checkpoint, copy)
+    plans = table_shards(SMALL, 0, 1)
+    [shard] = open_tables(SMALL, Checkpoint(copy), "file", plans=plans[:1], progress=False)
+    [loaded] = open_tables(SMALL, Checkpoint(small_checkpoint), "host", plans=plans[:1], progress=False)
+    rows = plans[0].table_rows
+    table, plain = Table(shard, rows), Table(loaded, rows)
+    victim = copy / "model.safetensors"
+    if how == "unlinked":
+        victim.unlink()
+    else:
+        small = tmp_path / "small.safetensors"
+        small.write_bytes(b"\0" * 4096)
+        os.replace(small, victim)
+    ids = torch.arange(rows - 64, rows)
+    assert same_bits(table.lookup(ids), plain.lookup(ids))
+    with pytest.raises(EngramError, match=f"^row id {rows} is outside the table's {rows} rows"):
+        table.lookup(torch.tensor([0, rows]))
+    table.release()
+    plain.release()
 
 
 def test_an_unguarded_read_still_dies_of_sigbus(tmp_path: Path, small_checkpoint: Path) -> None:

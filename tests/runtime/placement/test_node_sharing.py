@@ -8,6 +8,8 @@ import json
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -285,21 +287,37 @@ def test_another_user_can_neither_attach_nor_list(checkpoint: Path, tmp_path: Pa
     )
 
 
+# Binds our load lock's name and a copy server's name as another uid, in one of three ways: "listen" (it
+# answers, and offers a forged memfd), "bound" (no listen: a connect is refused) or "full" (a listen queue
+# it never empties: a connect times out).
 SQUATTER = r"""
 import os, socket, sys, time
-lock, server = sys.argv[1], sys.argv[2]
+lock, server, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 held = []
 for name in (lock, server):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.bind("\0" + name)
-    s.listen(16)
+    if mode != "bound":
+        s.listen(0 if mode == "full" else 16)
     held.append(s)
+if mode == "full":
+    for _ in range(4):
+        c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        c.setblocking(False)
+        try:
+            c.connect("\0" + lock)
+        except OSError:
+            pass
+        held.append(c)
 fd = os.memfd_create("engram-node-squat", os.MFD_ALLOW_SEALING)
 os.ftruncate(fd, 1 << 20)
 print("ready", flush=True)
 deadline = time.monotonic() + 60
 held[1].settimeout(0.2)
 while time.monotonic() < deadline:
+    if mode != "listen":
+        time.sleep(0.2)
+        continue
     try:
         conn, _ = held[1].accept()
     except OSError:
@@ -313,13 +331,15 @@ while time.monotonic() < deadline:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("mode", ["listen", "bound", "full"])
 def test_a_squatting_user_cannot_block_the_load_or_feed_rows(
-    checkpoint: Path, tmp_path: Path, other_user: OtherUser
+    checkpoint: Path, tmp_path: Path, other_user: OtherUser, mode: str
 ) -> None:
     table, rows = SMALL.table_names()[0], SMALL.layout.table_rows[0]
     key = share_key(Checkpoint(checkpoint), table, rows, 0, ShardFormat(rows, SMALL.head_dim, SMALL.dtype), None)
     uid = os.geteuid()
-    with other_user.popen(SQUATTER, f"engram-load-{uid}-{key.digest[:48]}", f"engram-node-{uid}-{'f' * 24}") as squat:
+    lock, server = f"engram-load-{uid}-{key.digest[:48]}", f"engram-node-{uid}-{'f' * 24}"
+    with other_user.popen(SQUATTER, lock, server, mode) as squat:
         assert squat.stdout is not None and squat.stdout.readline().strip() == "ready"
         engine = Engine(checkpoint, tmp_path / "engine")
         report = engine.ready()
@@ -329,6 +349,67 @@ def test_a_squatting_user_cannot_block_the_load_or_feed_rows(
     assert report["digests"] == expected_digests(checkpoint)
     assert all(o == ["loaded", report["pid"]] for o in report["origins"].values())
     assert f"uid {other_user.uid} holds the load lock of rows [0, {rows:,}) of {rows:,} of {table}" in err
+    assert report["ready_s"] < 30  # not the 60 s wait for a holder that never loads (node_engine's timeout)
+
+
+# Listens on `count` names under our copy servers' prefix, as another uid, and says so.
+FLOOD = r"""
+import secrets, socket, sys, time
+held = []
+for _ in range(int(sys.argv[2])):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind("\0engram-node-%s-%s" % (sys.argv[1], secrets.token_hex(12)))
+    s.listen(1)
+    held.append(s)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.slow
+def test_another_users_listeners_hide_no_copy(checkpoint: Path, tmp_path: Path, other_user: OtherUser) -> None:
+    first = Engine(checkpoint, tmp_path / "first")
+    loaded = first.ready()
+    with other_user.popen(FLOOD, str(os.geteuid()), "600") as flood:
+        assert flood.stdout is not None and flood.stdout.readline().strip() == "ready"
+        second = Engine(checkpoint, tmp_path / "second")
+        report = second.ready()
+        second.finish()
+        flood.kill()
+        flood.communicate(timeout=WAIT_S)
+    first.finish()
+    assert report["origins"] == {name: ["attached", loaded["pid"]] for name in loaded["origins"]}
+    assert report["digests"] == expected_digests(checkpoint)
+
+
+@pytest.mark.slow
+def test_a_copy_loaded_in_another_pid_namespace_names_its_loader_by_our_pid(checkpoint: Path, tmp_path: Path) -> None:
+    report = tmp_path / "inner"
+    code = "import sys; from pathlib import Path; from tests.runtime import node_engine; node_engine.run(sys.argv[1], Path(sys.argv[2]))"
+    inner = subprocess.Popen(
+        ["unshare", "--pid", "--fork", sys.executable, "-c", code, str(checkpoint), str(report)],
+        cwd=Path(__file__).parents[3], stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while not report.with_suffix(".ready").exists():
+            if inner.poll() is not None:
+                pytest.skip(f"cannot make a pid namespace here: {inner.stderr.read() if inner.stderr else ''}")
+            assert time.monotonic() < deadline, "the engine in its own pid namespace never became ready"
+            time.sleep(0.05)
+        time.sleep(0.01)
+        [ours] = Path(f"/proc/{inner.pid}/task/{inner.pid}/children").read_text().split()  # unshare's child
+        assert json.loads(report.with_suffix(".ready").read_text())["pid"] != int(ours)  # its own namespace's pid
+        engine = Engine(checkpoint, tmp_path / "outer")
+        told = engine.ready()
+        engine.finish()
+    finally:
+        report.with_suffix(".go").touch()
+        report.with_suffix(".exit").touch()
+        inner.wait(WAIT_S)
+        if inner.stderr is not None:
+            inner.stderr.close()
+    assert told["origins"] == {name: ["attached", int(ours)] for name in told["origins"]}
 
 
 def test_an_unsealed_copy_of_our_own_uid_is_refused(checkpoint: Path, caplog: pytest.LogCaptureFixture) -> None:
