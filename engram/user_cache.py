@@ -11,12 +11,12 @@ import contextlib
 import ctypes
 import os
 import stat
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO, TypeVar
 
 from engram.errors import EngramError
+from engram.scratch import reclaim_scratch, scratch_name
 
 T = TypeVar("T")
 FIX = "point ENGRAM_CACHE_DIR at a directory only you can write"
@@ -120,7 +120,9 @@ def save_cached(path: Path, write: Callable[[BinaryIO], None]) -> None:
     file), best effort: a read-only or full cache only costs a rebuild next time."""
     tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+        reclaim_scratch(path.parent)  # what a writer killed half-way left
+        tmp = path.parent / scratch_name(path.name)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "wb") as f:
             write(f)
         os.replace(tmp, path)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
+import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,32 @@ from tests.other_user import open_directory, other_user  # noqa: F401 (fixtures 
 def _clean_engram_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("ENGRAM_CPU_OFFLOAD", "VLLM_PLE_CPU_OFFLOAD", "ENGRAM_SHM_DIR"):
         monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], Path]]:
+    """Mounts a tmpfs of the size given ("1m", "64k") under tmp_path and points ENGRAM_SHM_DIR at it
+    (skipped where this process cannot mount one); unmounted after the test."""
+    mounted: list[Path] = []
+
+    def mount(size: str) -> Path:
+        if os.geteuid() != 0:
+            pytest.skip("mounting a small tmpfs needs root")
+        where = tmp_path / f"tmpfs-{len(mounted)}"
+        where.mkdir()
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+            capture_output=True, text=True, check=False, timeout=30,
+        )  # fmt: skip
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        mounted.append(where)
+        monkeypatch.setenv("ENGRAM_SHM_DIR", str(where))
+        return where
+
+    yield mount
+    for where in mounted:
+        subprocess.run(["umount", str(where)], check=False, timeout=30)
 
 
 @pytest.fixture(scope="session")

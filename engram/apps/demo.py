@@ -13,11 +13,11 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import torch
 
 from engram.config import Deployment, EngramConfig, ParallelConfig
@@ -34,6 +34,7 @@ from engram.runtime.launch import run_local, values
 from engram.runtime.placement.storage import placement_for
 from engram.runtime.plan import plan_deployment
 from engram.runtime.tables import tables_pss
+from engram.scratch import reclaim_scratch, scratch_name
 from engram.user_cache import cache_subdir
 
 PARAGRAPH = (
@@ -57,7 +58,9 @@ def cached_checkpoint(spec: ModelSpec, seed: int = 0) -> Path:
     target = cache_subdir("checkpoints") / f"{spec.name}-{spec.dtype}-seed{seed}-{key}"
     if (target / "config.json").exists():
         return target
-    staging = Path(tempfile.mkdtemp(prefix=f".{spec.name}-", dir=target.parent))
+    reclaim_scratch(target.parent)  # what a run killed while writing left
+    staging = target.parent / scratch_name(target.name)
+    staging.mkdir(mode=0o700)
     try:
         write_checkpoint(spec, staging, seed=seed)
         try:
@@ -238,8 +241,15 @@ def run_demo(
         raise EngramError(f"the demo runs every rank on this machine; TP x DP = {world} is too many (at most 16)")
     checkpoint = cached_checkpoint(spec) if checkpoint is None else checkpoint
     tokens, source = replica_tokens(spec, parallel.data_parallel_size)
+    # A null dp_shared_memory goes to the replicas as null: EngramTables.build resolves it there, where a
+    # node that cannot hold the shared tables falls back to private copies, as vLLM does.
+    given = (
+        config
+        if deployment.dp_shared_memory_given is not None
+        else msgspec.structs.replace(config, dp_shared_memory=None)
+    )
     results = values(
-        run_local(world, replica, spec, config, parallel, str(checkpoint), tokens, device, extras, timeout=timeout)
+        run_local(world, replica, spec, given, parallel, str(checkpoint), tokens, device, extras, timeout=timeout)
     )
     expected = reference_digests(spec, checkpoint, tokens)
     match = all(r["digest"] == expected[r["dp_rank"]] for r in results)

@@ -46,9 +46,8 @@ def _gib(n: int) -> str:
 def check_shm(plan: DeploymentPlan | None) -> Check:
     directory = shm_dir()
     if not directory.is_dir():
-        return Check(
-            "shm", "fail", f"{directory} does not exist", "mount a tmpfs there, or point ENGRAM_SHM_DIR at one"
-        )
+        what = "is not a directory" if directory.exists() or directory.is_symlink() else "does not exist"
+        return Check("shm", "fail", f"{directory} {what}", "mount a tmpfs there, or point ENGRAM_SHM_DIR at one")
     stats = os.statvfs(directory)
     total, free = stats.f_blocks * stats.f_frsize, stats.f_bavail * stats.f_frsize
     detail = f"{directory}: {_gib(total)} in all, {_gib(free)} free"

@@ -155,5 +155,10 @@ def host_bytes_by_dp(spec: ModelSpec, config: EngramConfig, tp: int, sizes: rang
 
 
 def replace_config(config: EngramConfig, **fields: bool) -> EngramConfig:
-    """Host tables in the given sharing mode (the values are ours, so a plain replace is safe)."""
-    return msgspec.structs.replace(config, cpu_offload=True, use_thp=False, file_backed=False, **fields)
+    """Host tables loaded into memory, in the given sharing mode: what only tables read from the files
+    have (file_backed, disk_offload and the budgets over them) goes with them, and node_sharing, which
+    the sharing modes compared here replace."""
+    return msgspec.structs.replace(
+        config, cpu_offload=True, use_thp=False, file_backed=False, disk_offload=False, ram_cache_bytes=0,
+        file_cache_bytes=0, node_sharing="off", **fields,
+    )  # fmt: skip

@@ -5,6 +5,7 @@ the module of the command it runs: validate, hash, schema and docs start without
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 # command -> (module in engram.commands, one-line summary)
@@ -29,3 +30,14 @@ def add_command(subparsers: Any, name: str) -> argparse.ArgumentParser:
     summary = COMMANDS[name][1]
     parser: argparse.ArgumentParser = subparsers.add_parser(name, help=summary, description=summary)
     return parser
+
+
+def positive_number(text: str) -> float:
+    """An argparse type: a finite number above zero (nan, inf, 0 and below are refused by name)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:50]!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text[:50]!r} must be a finite number above 0")
+    return value

@@ -12,7 +12,7 @@ import msgspec
 from engram.apps.planning import host_bytes_by_dp, summary
 from engram.apps.plotting import check_plot_path, figure
 from engram.apps.presets import PRESETS, get_preset
-from engram.commands import add_command
+from engram.commands import add_command, positive_number
 from engram.config import (
     add_deployment_args,
     add_engram_args,
@@ -36,7 +36,7 @@ def register(subparsers: Any) -> None:
         help="draw host memory per node against DP size (needs matplotlib: pip install 'engram[plot]')",
     )
     parser.add_argument(
-        "--node-ram-gib", type=float, help="the node's RAM for the plot's line (default: this machine's)"
+        "--node-ram-gib", type=positive_number, help="the node's RAM for the plot's line (default: this machine's)"
     )
     add_engram_args(parser)
     add_deployment_args(parser)

@@ -9,10 +9,10 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
-import tempfile
 from pathlib import Path
 
 from engram.errors import EngramError
+from engram.scratch import reclaim_scratch, scratch_name
 from engram.user_cache import cache_subdir
 
 KERNELS = Path(__file__).resolve().parents[1] / "_kernels"  # kernels/ in a checkout (a link), copied in a wheel
@@ -54,8 +54,8 @@ def build_library(name: str, sources: list[Path], compiler: str, flags: list[str
     target = cache_dir() / library_name(name, sources, compiler, flags)
     if target.exists():
         return target
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}-", suffix=".so", dir=target.parent)
-    os.close(fd)
+    reclaim_scratch(target.parent)  # what a build killed half-way left
+    tmp = str(target.parent / scratch_name(target.name, ".so"))
     try:
         done = subprocess.run(
             [*command, "-o", tmp, *map(str, sources)],

@@ -8,13 +8,16 @@ timeout, and every rank is gone when it returns.
 Results come back over one pipe per rank, never a multiprocessing.Queue: a queue's named semaphores
 outlive a killed process group in /dev/shm, while the kernel closes a dead process's pipes. The
 rendezvous obeys ENGRAM_DIST_TIMEOUT_S like every other wait, and a rank that dies without reporting
-ends the run once the others have had that long to notice."""
+ends the run once the others have had that long to notice. A rank whose caller dies (even by kill -9)
+exits within a second (_exit_with_caller), instead of waiting out its peers' timeouts."""
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import select
 import socket
+import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -48,6 +51,22 @@ class Outcome:
     exitcode: int | None = None
 
 
+CALLER_POLL_MS = 1000
+ORPHANED = 70  # a rank's exit status when its caller died: nobody is left to read its result
+
+
+def _exit_with_caller(results: Connection, done: threading.Event) -> None:
+    """End this rank when the caller is gone. The caller holds the only read end of the rank's result
+    pipe, so its death, however it died, shows on the write end as POLLERR; no signal and no parent pid
+    to trust (the rank's parent is the fork server, which outlives the caller by seconds)."""
+    poller = select.poll()
+    poller.register(results.fileno(), 0)  # POLLERR and POLLHUP are reported whatever is asked
+    while not done.is_set():
+        events = poller.poll(CALLER_POLL_MS)
+        if any(event & (select.POLLERR | select.POLLHUP) for _, event in events) and not done.is_set():
+            os._exit(ORPHANED)
+
+
 def _child(
     rank: int,
     world: int,
@@ -71,6 +90,8 @@ def _child(
     )
     import torch.distributed as dist
 
+    done = threading.Event()
+    threading.Thread(target=_exit_with_caller, args=(results, done), name="engram-caller-watch", daemon=True).start()
     try:
         dist.init_process_group(
             "gloo",
@@ -87,6 +108,7 @@ def _child(
         outcome = Outcome(rank, error=f"rank {rank} could not reach its peers within {dist_timeout:g} s: {first[:300]}")
     except BaseException:  # report anything, so the parent never waits on a silent child
         outcome = Outcome(rank, error=traceback.format_exc())
+    done.set()  # the caller closes its end once it has the outcome: that is no death to exit for
     try:
         results.send(outcome)
     finally:

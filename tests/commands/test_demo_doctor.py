@@ -6,6 +6,7 @@ import dataclasses
 import errno
 import json
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -113,6 +114,25 @@ def test_demo_across_dp_and_tp(capsys: pytest.CaptureFixture[str]) -> None:
     )
     assert report["match"] is True and report["placement"] == "hugepages"
     assert report["tensor_parallel_size"] == 2 and report["engram"]["embedding_across_dp"] is True
+
+
+@pytest.mark.slow
+def test_a_null_dp_shared_memory_falls_back_to_private_copies_where_shm_is_too_small(
+    capsys: pytest.CaptureFixture[str], small_tmpfs: Callable[[str], Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    """As vLLM does: null resolves to sharing, and a node that cannot hold the shared tables gives every
+    replica a private copy (with a warning) instead of failing; an explicit true still fails there."""
+    shm = small_tmpfs("64k")
+    code = main(["demo", "--preset", "tiny", "--json", "--engram-config", '{"dp_shared_memory": null}'])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    report = json.loads(captured.out)
+    assert report["match"] is True
+    for tables in report["tables"].values():
+        assert {t["placement"] for t in tables} == {"host"}
+    assert list(shm.iterdir()) == []
+    assert main(["demo", "--preset", "tiny", "--engram-config", '{"dp_shared_memory": true}']) == 2
+    assert f"{shm} has 65,536 bytes free but the shared table needs" in capsys.readouterr().err
 
 
 def test_demo_refuses_an_invalid_config(capsys: pytest.CaptureFixture[str]) -> None:
@@ -236,3 +256,16 @@ def test_doctor_shows_how_dp_shared_memory_resolves_and_why_it_would_not_share(
     }
     off = doctor_checks(capsys, "--data-parallel-size", "2", "--engram-config.dp_shared_memory", "false")
     assert off["dp_shared_memory"]["status"] == "pass"
+
+
+def test_doctor_says_a_shm_dir_that_is_a_file_is_not_a_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from engram.apps.doctor import check_shm
+
+    for path, what in ((tmp_path / "file", "is not a directory"), (tmp_path / "missing", "does not exist")):
+        if what == "is not a directory":
+            path.write_bytes(b"")
+        monkeypatch.setenv("ENGRAM_SHM_DIR", str(path))
+        check = check_shm(None)
+        assert (check.status, check.detail) == ("fail", f"{path} {what}")

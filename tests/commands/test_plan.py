@@ -342,3 +342,45 @@ def test_v41_node_sharing_counts_one_copy_per_node_and_shard(capsys: pytest.Capt
         "node_sharing: 2 table shards in host memory, one copy each for each NUMA node holding GPUs"
         in capsys.readouterr().out
     )
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "0", "lots"])
+def test_a_node_ram_that_is_no_size_is_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path, value: str) -> None:
+    plot = tmp_path / "p.png"
+    with pytest.raises(SystemExit) as stopped:
+        main(["plan", "--preset", "demo", "--node-ram-gib", value, "--plot", str(plot)])
+    assert stopped.value.code == 2 and not plot.exists()
+    why = "is not a number" if value == "lots" else "must be a finite number above 0"
+    assert capsys.readouterr().err.splitlines()[-1] == f"engram plan: error: argument --node-ram-gib: {value!r} {why}"
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"cpu_offload": True, "file_backed": True, "ram_cache_bytes": 1 << 30},
+        {"cpu_offload": True, "file_backed": True, "file_cache_bytes": 4 << 30},
+        {"cpu_offload": True, "node_sharing": "node"},
+    ],
+)
+def test_a_valid_deployment_is_planned_with_its_alternatives(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, config: dict[str, object]
+) -> None:
+    """The plan's alternatives (tables copied into memory, shared or not) leave the settings that only
+    the user's own placement has: a valid deployment is planned, never refused for them."""
+    argv = [
+        "plan",
+        "--preset",
+        "deepseek-v4.1-flash",
+        "--engram-config",
+        json.dumps(config),
+        "--data-parallel-size",
+        "2",
+    ]
+    assert main([*argv, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["engram"] == {**report["engram"], **config}
+    if config.get("file_backed"):
+        assert set(report["copying_instead"]) == {"private", "dp_shared_memory"}
+    pytest.importorskip("matplotlib")
+    assert main([*argv, "--plot", str(tmp_path / "p.png")]) == 0
+    assert (tmp_path / "p.png").stat().st_size > 0

@@ -449,3 +449,14 @@ def test_tiers_over_checkpoint_files_take_disk_offload_too(field: str) -> None:
     with pytest.raises(ConfigError) as exc:
         load_config({"node_sharing": "node", "disk_offload": True}, env={})
     assert [(path, r) for path, r, _ in problems(exc)] == [("/engram/node_sharing", "node-sharing-not-disk-offload")]
+
+
+@pytest.mark.parametrize("sharing", ["node", "numa"])
+def test_use_thp_with_node_sharing_is_refused_not_ignored(sharing: str) -> None:
+    """A node copy is a shared memfd: use_thp's anonymous huge pages cannot back it, so asking for both
+    is one error naming the rule, not a setting silently dropped."""
+    with pytest.raises(ConfigError) as exc:
+        load_config({"node_sharing": sharing, "use_thp": True, "cpu_offload": True}, env={})
+    assert [(path, r) for path, r, _ in problems(exc)] == [("/engram/node_sharing", "node-sharing-not-use-thp")]
+    assert load_config({"node_sharing": sharing, "use_thp": False, "cpu_offload": True}, env={}).node_sharing == sharing
+    assert load_config({"node_sharing": "off", "use_thp": True, "cpu_offload": True}, env={}).use_thp is True

@@ -88,3 +88,33 @@ def test_a_bad_timeout_is_one_line(value: str) -> None:
         f"error: ENGRAM_DIST_TIMEOUT_S={value!r} "
         + ("is not a number of seconds" if value == "abc" else "must be between 1 and 604800 seconds")
     ]
+
+
+CALLER = """
+import sys
+from engram.runtime.launch import run_local
+from tests.runtime import workers
+run_local(2, workers.sleep_long, timeout=600, on_start=lambda procs: print(*[p.pid for p in procs], flush=True))
+"""
+
+
+@pytest.mark.slow
+def test_ranks_end_within_seconds_of_their_callers_death() -> None:
+    """The caller killed alone (kill -9, nothing else): its ranks, children of the fork server, exit by
+    themselves long before ENGRAM_DIST_TIMEOUT_S (here 300 s) or their own work (600 s) would end them."""
+    caller = subprocess.Popen(
+        [sys.executable, "-c", CALLER], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "ENGRAM_DIST_TIMEOUT_S": "300"}, start_new_session=True,
+    )  # fmt: skip
+    assert caller.stdout is not None
+    ranks = [psutil.Process(int(pid)) for pid in caller.stdout.readline().split()]
+    assert len(ranks) == 2 and all(r.is_running() for r in ranks)
+    server = ranks[0].parent()
+    caller.kill()
+    caller.wait(timeout=30)
+    caller.stdout.close()
+    _, alive = psutil.wait_procs(ranks, timeout=60)
+    assert not alive, [p.pid for p in alive]
+    if server is not None:
+        psutil.wait_procs([server], timeout=60)
+        assert not server.is_running() or server.status() == psutil.STATUS_ZOMBIE

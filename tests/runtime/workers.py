@@ -144,3 +144,8 @@ def share_with_a_late_peer(rank: int, world: int, size: int, delay: float) -> in
     memfd._receive = late  # type: ignore[assignment]
     group = edist.new_group(list(range(world)), "engram shared tables (test)")
     return memfd.share_memfd(size, group, "late-peer").length
+
+
+def sleep_long(rank: int, world: int) -> None:
+    """Outlives any test: only its caller's death ends it early."""
+    time.sleep(600)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from engram.ops.formats import FORMATS
 from engram.runtime.checkpoints.digests import write_manifest
 from engram.runtime.checkpoints.quantize import E2M1_MAX, E4M3_MAX, quantize_fp8, quantize_fp8_table, quantize_nvfp4
 from engram.runtime.placement.storage import ShardFormat
+from engram.scratch import reclaim_scratch, scratch_name
 
 TABLE_RANGE = 0.25  # what a table scale covers in the synthetic tables
 TORCH_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -157,7 +157,8 @@ def write_checkpoint(
     for index, (name, rows) in enumerate(zip(spec.table_names(), spec.layout.table_rows, strict=True)):
         tensors.update(split(name, synthetic_table(rows, spec.head_dim, dtype, seed * 1000 + index), split_parts))
     target = out / f"model.{'safetensors' if fmt == 'safetensors' else 'pt'}"
-    tmp = out / f".{target.name}.{secrets.token_hex(8)}.tmp"  # unguessable: nothing can be planted there first
+    reclaim_scratch(out)  # what a writer killed half-way left
+    tmp = out / scratch_name(target.name)  # unguessable: nothing can be planted there first
     if fmt == "safetensors":
         save_file(tensors, str(tmp))  # no metadata: safetensors writes it in hash order, not byte-stable
     else:

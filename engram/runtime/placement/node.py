@@ -4,11 +4,11 @@ process is on, the space reserved before any write, and the fence's verdict."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from engram.errors import EngramError
 from engram.memory.mapping import PAGE, Mapping, round_up
 from engram.runtime.dist import Group
+from engram.scratch import boot_id
 
 GIB = 1 << 30
 
@@ -16,13 +16,6 @@ GIB = 1 << 30
 def node_of_this_process() -> str:
     """This process's node: ENGRAM_NODE_ID (tests simulate nodes with it), else the boot id."""
     return os.environ.get("ENGRAM_NODE_ID") or boot_id()
-
-
-def boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return "unknown"
 
 
 def reserve(fd: int, size: int) -> str | None:

@@ -38,7 +38,8 @@ from engram.memory.mapping import Mapping, map_shared_file
 from engram.runtime.dist import Group, all_gather_json, broadcast_json
 from engram.runtime.placement.memfd import capacity_error as memfd_capacity_error
 from engram.runtime.placement.memfd import share_memfd
-from engram.runtime.placement.node import GIB, boot_id, fenced, node_of_this_process, reserve
+from engram.runtime.placement.node import GIB, fenced, node_of_this_process, reserve
+from engram.scratch import owner_gone, owner_tag
 
 
 def shm_dir() -> Path:
@@ -51,58 +52,27 @@ def uses_memfd() -> bool:
     return not os.environ.get("ENGRAM_SHM_DIR")
 
 
-def _start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat): with the pid, it
-    names a process uniquely, even after the pid is reused."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return text[text.rindex(")") + 2 :].split()[19]
-
-
-def _boot_tag() -> str:
-    return boot_id().replace("-", "")[:12]
-
-
-def _pid_namespace() -> str:
-    """This process's pid namespace (the inode of /proc/self/ns/pid): a pid means something only there."""
-    try:
-        return str(os.stat("/proc/self/ns/pid").st_ino)
-    except OSError:
-        return "0"
-
-
-def owner_tag() -> str:
-    """<boot>-<pid namespace>-<pid>-<start>: names this process's files so that stale_files can tell
-    when it is gone."""
-    return f"{_boot_tag()}-{_pid_namespace()}-{os.getpid()}-{_start_time(os.getpid())}"
-
-
 def _open_directory(directory: Path) -> int:
     return os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
 
 def _stale_names(dir_fd: int) -> list[str]:
-    """Names of this user's named shared tables in the open directory whose creator is gone: same boot
-    and pid namespace (a pid elsewhere says nothing about ours), and no live process with its pid and
-    start time. Other users' files are theirs to reclaim; regular files and directories (a benchmark's
+    """Names of this user's named shared tables in the open directory whose creator is gone
+    (engram.scratch.owner_gone: same boot and pid namespace, and no live process with its pid and start
+    time). Other users' files are theirs to reclaim; regular files and directories (a benchmark's
     scratch) are considered, never a symlink."""
-    boot, namespace, uid = _boot_tag(), _pid_namespace(), os.geteuid()
+    uid = os.geteuid()
     found = []
     with os.scandir(dir_fd) as entries:
-        for entry in entries:
-            parts = entry.name.rsplit("-", 5)  # engram-<tag>-<boot>-<pidns>-<pid>-<start>-<random>
-            if not entry.name.startswith("engram-") or len(parts) != 6 or parts[1:3] != [boot, namespace]:
-                continue
-            if not parts[3].isascii() or not parts[3].isdigit() or len(parts[3]) > 10:
+        for entry in entries:  # engram-<tag>-<boot>-<pidns>-<pid>-<start>-<random>
+            if not entry.name.startswith("engram-") or not owner_gone(entry.name):
                 continue
             try:
                 info = entry.stat(follow_symlinks=False)
             except OSError:
                 continue
             kind_ok = stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode)  # a link is never anyone's
-            if kind_ok and info.st_uid == uid and _start_time(int(parts[3])) != parts[4]:
+            if kind_ok and info.st_uid == uid:
                 found.append(entry.name)
     return sorted(found)
 

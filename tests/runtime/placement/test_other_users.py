@@ -18,7 +18,8 @@ import pytest
 
 from engram.runtime.launch import run_local
 from engram.runtime.placement import memfd
-from engram.runtime.placement.shm import owner_tag, reclaim_stale, stale_files
+from engram.runtime.placement.shm import reclaim_stale, stale_files
+from engram.scratch import owner_tag
 from tests.other_user import OtherUser
 from tests.runtime import workers
 

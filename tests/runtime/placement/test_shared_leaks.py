@@ -118,7 +118,7 @@ def test_named_table_leader_killed_is_reclaimed(shm_tmp: Path, capsys: pytest.Ca
 
 
 def test_a_live_owner_is_never_reclaimed(shm_tmp: Path) -> None:
-    from engram.runtime.placement.shm import owner_tag
+    from engram.scratch import owner_tag
 
     mine = shm_tmp / f"engram-layers-1-engram-embed-{owner_tag()}-{'0' * 32}"
     mine.write_bytes(b"x")

@@ -4,8 +4,8 @@ nothing left in the shm directory, clear errors when a peer dies or space runs o
 from __future__ import annotations
 
 import os
-import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -67,23 +67,8 @@ def test_leader_killed_mid_load(small_checkpoint: Path, shm_tmp: Path, tmp_path:
 
 
 @pytest.fixture
-def tiny_tmpfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    mount = tmp_path / "tmpfs"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=30,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    monkeypatch.setenv("ENGRAM_SHM_DIR", str(mount))
-    yield mount
-    subprocess.run(["umount", str(mount)], check=False, timeout=30)
+def tiny_tmpfs(small_tmpfs: Callable[[str], Path]) -> Path:
+    return small_tmpfs("1m")
 
 
 def test_shm_too_small_is_a_clear_error(tiny_tmpfs: Path) -> None:
