@@ -33,7 +33,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 from collections.abc import Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Literal
 
@@ -44,6 +46,8 @@ from engram.ops import cpu
 from engram.ops.segments import Rows
 from engram.runtime.cache import COUNTS, EMPTY_KEY, HotRows, find, merge, stored_rows
 from engram.runtime.placement.filemap import (
+    Asked,
+    DirectReadsFailed,
     direct_file,
     direct_reads_work,
     files_named_on_fault,
@@ -63,6 +67,8 @@ WINDOW_IDS = 1 << 17  # ids served between refreshes: about 4k tokens of a table
 HALF_LIFE = 32  # windows between halvings of the sketch: about 128k tokens
 MAX_SKETCH_WIDTH = 1 << 22  # 64 MiB of counters at most, per table
 CANDIDATE_CHUNK = 8192  # admitted rows copied at a time: a few MB of transients
+log = logging.getLogger("engram")
+_refusals_said: set[int] = set()  # errnos of io_uring's refusals already said in this process
 
 
 def width_for(capacity: int, window_ids: int, table_rows: int) -> int:
@@ -520,12 +526,27 @@ class Tier:
                     self._copy(change, copied)
                 yield change.slots
             finally:  # the slots are written until the reads are done, the body's error or not
-                finished(pending, self.shard)
+                refused = self._direct_refused(pending)
+            if refused:  # io_uring failed this lookup, not the disk: its rows come through the page cache
+                self._copy(change, [pair for pair, direct in zip(parts, past, strict=True) if direct])
             if not pending:  # from the file's pages, asked for by the caller, after the body's work
                 self._copy(change, copied)
         except BaseException:
             self.admission.warm(change.admitted[:0])
             raise
+
+    def _direct_refused(self, pending: list[Future[Asked]]) -> bool:
+        """Wait for the reads past the page cache; True when io_uring could not make them (said once per
+        errno): the caller reads those rows through the page cache instead, this lookup only, so a
+        ring that works again is used again. Any other failure (the disk's) is raised."""
+        try:
+            finished(pending, self.shard)
+        except DirectReadsFailed as exc:
+            if exc.code not in _refusals_said:
+                _refusals_said.add(exc.code)
+                log.warning("engram: %s; the lookups it fails read them through the page cache", exc)
+            return True
+        return False
 
     def _parts(self) -> list[tuple[Rows, torch.Tensor]]:
         """The shard's weight and scale, each with the tier's rows of it."""

@@ -4,10 +4,17 @@
  * reads add no page, so nothing is reclaimed for them. Raw system calls, no liburing.
  *
  * The buffers the reads land in are this file's own mapping, never the caller's: a read still in flight
- * after a timeout may write there later, so that mapping is then left mapped rather than reused. */
+ * after a timeout may write there later, so that mapping is then left mapped rather than reused.
+ *
+ * Each thread keeps its ring between calls (setting one up costs a descriptor, three mappings and a
+ * system call that a sandbox may forbid later): made on the thread's first call, made again for a new
+ * depth, in a forked child (whose inherited ring is its parent's) and after a failure or a timeout
+ * (reads still in flight), and released when the thread ends. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <linux/io_uring.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <signal.h>
 #include <stdint.h>
 #include <string.h>
@@ -72,6 +79,47 @@ static range_t next_range(const pieces_t* p, const int64_t* rows, int64_t n, int
 }
 
 /* Private anonymous memory for a call's buffers, or NULL. */
+typedef struct {
+    ring_t ring;
+    unsigned depth;
+    pid_t owner;
+} kept_ring_t;
+
+static pthread_key_t kept_key;
+static pthread_once_t kept_once = PTHREAD_ONCE_INIT;
+
+static void kept_release(void* kept) {
+    ring_close(&((kept_ring_t*)kept)->ring);
+    free(kept);
+}
+
+static void kept_init(void) { (void)pthread_key_create(&kept_key, kept_release); }
+
+/* This thread's ring of `depth` entries: kept from its last call when that one is still good, else made
+ * now. 0, or -errno. */
+static int kept_ring(unsigned depth, ring_t** ring) {
+    pthread_once(&kept_once, kept_init);
+    kept_ring_t* kept = pthread_getspecific(kept_key);
+    if (!kept) {
+        kept = calloc(1, sizeof *kept);
+        if (!kept) return -ENOMEM;
+        kept->ring.fd = -1;
+        if (pthread_setspecific(kept_key, kept)) {
+            free(kept);
+            return -ENOMEM;
+        }
+    }
+    if (kept->ring.fd >= 0 && (kept->owner != getpid() || kept->depth != depth))
+        ring_close(&kept->ring); /* a forked child's copy unmaps and closes only the child's */
+    if (kept->ring.fd < 0) {
+        const int opened = ring_open(&kept->ring, depth);
+        if (opened) return opened;
+        kept->depth = depth, kept->owner = getpid();
+    }
+    *ring = &kept->ring;
+    return 0;
+}
+
 static void* scratch(size_t bytes) {
     void* p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     return p == MAP_FAILED ? NULL : p;
@@ -110,12 +158,13 @@ int engram_read_direct_cpu(const int* fds, const int64_t* file_sizes, const int6
     const int64_t one_row = (row_bytes + 2 * ALIGN - 2) / ALIGN * ALIGN;
     const int64_t span = max_range_bytes > one_row ? max_range_bytes : one_row;
 
-    ring_t ring;
-    const int opened = ring_open(&ring, (unsigned)depth);
+    ring_t* kept;
+    const int opened = kept_ring((unsigned)depth, &kept);
     if (opened) {
         *os_error = -opened;
         return ENGRAM_ERR_IO;
     }
+    ring_t ring = *kept;
     const size_t buffer_bytes = (size_t)depth * (size_t)span, book_bytes = (size_t)depth * sizeof(range_t);
     uint8_t* buffers = scratch(buffer_bytes);
     range_t* in_flight = scratch(book_bytes); /* each buffer's range, and the free buffers' stack */
@@ -124,7 +173,6 @@ int engram_read_direct_cpu(const int* fds, const int64_t* file_sizes, const int6
         if (buffers) munmap(buffers, buffer_bytes);
         if (in_flight) munmap(in_flight, book_bytes);
         if (free_buffers) munmap(free_buffers, (size_t)depth * sizeof(int64_t));
-        ring_close(&ring);
         *os_error = ENOMEM;
         return ENGRAM_ERR_IO;
     }
@@ -181,13 +229,13 @@ int engram_read_direct_cpu(const int* fds, const int64_t* file_sizes, const int6
         __atomic_store_n(ring.cq_head, head, __ATOMIC_RELEASE);
         if (queued && now_ms() > deadline) { /* the device stopped answering */
             *os_error = error < 0 ? -error : ETIMEDOUT;
-            ring_close(&ring); /* reads still in flight may land in `buffers` later: they stay mapped */
+            ring_close(kept); /* reads still in flight may land in `buffers` later: they stay mapped */
             munmap(in_flight, book_bytes);
             munmap(free_buffers, (size_t)depth * sizeof(int64_t));
             return ENGRAM_ERR_IO;
         }
     }
-    ring_close(&ring);
+    if (error) ring_close(kept); /* the next call starts from a fresh ring */
     munmap(buffers, buffer_bytes);
     munmap(in_flight, book_bytes);
     munmap(free_buffers, (size_t)depth * sizeof(int64_t));

@@ -12,6 +12,7 @@ import gc
 import itertools
 import logging
 import os
+import resource
 import time
 from pathlib import Path
 
@@ -537,6 +538,46 @@ def test_a_file_system_that_refuses_o_direct_is_said_once(
     assert [r.getMessage() for r in caplog.records] == [
         f"engram: {checkpoint / 'model.safetensors'} is read through the page cache, not past it: its file system refuses O_DIRECT"
     ]
+    table.release()
+    plain.release()
+
+
+def test_a_lookup_that_io_uring_fails_reads_through_the_page_cache(
+    small_checkpoint: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Once io_uring cannot set up a ring (the descriptor limit reached after start), a lookup's misses
+    are read through the page cache, bit-equal, with one warning naming the errno; once it can again,
+    the tier reads past the page cache again."""
+    monkeypatch.delenv("ENGRAM_DIRECT_READS", raising=False)
+    table, plain, rows = file_tables(small_checkpoint)
+    assert table.keep_hot(300 * table.shard.format.row_bytes + state_bytes(300, rows, 0, "online", True), "cpu", "ram")
+    tier = reads_as_told(table, "direct")
+    generator = torch.Generator().manual_seed(9)
+    ids = zipf_ids(generator, rows, 512)
+    assert same_bits(table.lookup(ids), plain.lookup(ids))
+    monkeypatch.setattr(filemap_module, "DIRECT_DEPTH", filemap_module.DIRECT_DEPTH // 2)  # a new ring is due
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    refused = zipf_ids(generator, rows, 512, shift=777)
+    with caplog.at_level(logging.WARNING, logger="engram"):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (3, hard))  # no new descriptor: the old ring's number is above
+        try:
+            got = table.lookup(refused)
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert same_bits(got, plain.lookup(refused))
+    said = [r.getMessage() for r in caplog.records]
+    assert (
+        len(said) == 1
+        and said[0].startswith("engram: ")
+        and said[0].endswith(
+            f"io_uring could not read {table.name}'s rows past the page cache (EMFILE: Too many open files); "
+            "the lookups it fails read them through the page cache"
+        )
+    ), said
+    assert tier.direct and tier.admission.used == 300
+    before = tier.stats().admissions
+    again = zipf_ids(generator, rows, 512, shift=1500)
+    assert same_bits(table.lookup(again), plain.lookup(again)) and tier.stats().admissions > before
     table.release()
     plain.release()
 

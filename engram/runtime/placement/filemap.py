@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import errno
 import fcntl
 import functools
 import logging
@@ -283,6 +284,16 @@ def mapping_of(shard: TableShard, address: int) -> Mapping | None:
     return next((m for m in shard.files if m.addr <= address < m.addr + m.length), None)
 
 
+class DirectReadsFailed(EngramError):
+    """A read past the page cache that io_uring could not make (errno `code`: EMFILE when the process
+    is out of descriptors, EPERM under a sandbox applied after start, ...), where the disk was not at
+    fault: the same rows can still be read through the page cache."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 @dataclass(frozen=True)
 class DirectPieces:
     """Where a part of a file-backed shard lies on disk, as engram_read_direct_cpu takes it: each piece's
@@ -341,6 +352,12 @@ def read_direct(shard: TableShard, part: Rows, rows: torch.Tensor, slots: torch.
         check_files(shard)  # a file that shrank is named as such
         why = "a read came back short" if error.value == 0 else os.strerror(error.value)
         names = ", ".join(sorted(set(pieces.paths)))
+        if error.value not in (0, errno.ETIMEDOUT):  # io_uring refused, not the disk: the page cache can
+            raise DirectReadsFailed(
+                f"{names}: io_uring could not read {shard.name}'s rows past the page cache "
+                f"({errno.errorcode.get(error.value, error.value)}: {why})",
+                error.value,
+            )
         raise EngramError(
             f"{names}: reading {shard.name}'s rows from the disk failed ({why}); check the device (dmesg), "
             "or set ENGRAM_DIRECT_READS=0 to read them through the page cache"

@@ -6,11 +6,13 @@ read named as such, and a shard whose direct reads fail or read wrong is served 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import logging
 import os
 import random
+import threading
 from pathlib import Path
 
 import pytest
@@ -267,3 +269,58 @@ def test_a_read_that_never_completes_is_given_up_after_the_timeout() -> None:
     finally:
         os.close(read_end)
         os.close(write_end)
+
+
+def io_uring_fds() -> int:
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            count += os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[io_uring]"
+    return count
+
+
+def test_a_thread_keeps_one_ring_across_calls_and_a_new_one_after_a_failure(on_disk: Path) -> None:
+    """A thread's ring is set up on its first call and kept (one descriptor, whatever the calls), made
+    anew for another depth, and dropped after a failed call; rows bit-equal throughout."""
+    row_bytes, shard_rows = 512, 256
+    path = on_disk / "table.bin"
+    data = random.Random(3).randbytes(shard_rows * row_bytes)
+    path.write_bytes(data)
+    fd = direct_fd(path)
+    done: list[int] = []
+
+    def calls() -> None:  # on a thread of its own: the test's own thread may hold a ring from other tests
+        for depth in (8, 8, 8, 16, 16):
+            dst = torch.zeros((4, row_bytes), dtype=torch.uint8)
+            status, _, _, error = call(
+                fd, len(data), 0, shard_rows, row_bytes, [1, 50, 99, 200], [0, 1, 2, 3], dst, depth=depth
+            )
+            assert (status, error) == (0, 0)
+            assert bytes(dst.view(-1).tolist()) == b"".join(
+                data[r * row_bytes : (r + 1) * row_bytes] for r in (1, 50, 99, 200)
+            )
+            done.append(io_uring_fds())
+        write_only = os.open(path, os.O_WRONLY | os.O_CLOEXEC)  # a read of it fails (EBADF): its ring goes too
+        try:
+            failed = call(
+                write_only,
+                len(data),
+                0,
+                shard_rows,
+                row_bytes,
+                [1],
+                [0],
+                torch.zeros((1, row_bytes), dtype=torch.uint8),
+            )
+        finally:
+            os.close(write_only)
+        assert (failed[0], failed[3]) == (cpu.STATUS_IO, errno.EBADF)
+        done.append(io_uring_fds())
+
+    before = io_uring_fds()
+    worker = threading.Thread(target=calls)
+    worker.start()
+    worker.join(120)
+    os.close(fd)
+    assert done == [before + 1] * 5 + [before]
+    assert io_uring_fds() == before  # the thread's ring went with the thread
