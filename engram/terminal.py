@@ -17,6 +17,11 @@ def _escape(match: re.Match[str]) -> str:
     return match.group().encode("unicode_escape").decode("ascii")
 
 
+def size_text(n: int) -> str:
+    """A byte count for people: GiB from one GiB up, MiB below."""
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
 def printable(text: str) -> str:
     """`text` on one line with every unprintable character escaped (a name, a message)."""
     return _UNPRINTABLE.sub(_escape, text)

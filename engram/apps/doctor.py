@@ -24,6 +24,7 @@ from engram.runtime.placement.numa import gpu_nodes
 from engram.runtime.placement.sharing import holders, listing
 from engram.runtime.placement.shm import node_identity, shared_capacity_error, shm_dir
 from engram.runtime.plan import DeploymentPlan, plan_deployment
+from engram.terminal import size_text
 
 GIB = 1 << 30
 
@@ -39,10 +40,6 @@ class Check:
         return asdict(self)
 
 
-def _gib(n: int) -> str:
-    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
-
-
 def check_shm(plan: DeploymentPlan | None) -> Check:
     directory = shm_dir()
     if not directory.is_dir():
@@ -50,7 +47,7 @@ def check_shm(plan: DeploymentPlan | None) -> Check:
         return Check("shm", "fail", f"{directory} {what}", "mount a tmpfs there, or point ENGRAM_SHM_DIR at one")
     stats = os.statvfs(directory)
     total, free = stats.f_blocks * stats.f_frsize, stats.f_bavail * stats.f_frsize
-    detail = f"{directory}: {_gib(total)} in all, {_gib(free)} free"
+    detail = f"{directory}: {size_text(total)} in all, {size_text(free)} free"
     if plan is None:
         return Check("shm", "pass", detail)
     fix = "docker run --shm-size=<size> or --ipc=host; or a larger ENGRAM_SHM_DIR"
@@ -74,7 +71,7 @@ def check_dp_shared_memory(plan: DeploymentPlan, given: bool | None) -> Check:
     reason = reason or shared_capacity_error(needed)
     if reason is None:
         return Check(
-            name, "pass", resolution or f"true: one copy of {_gib(needed)} per node, shared by {local} replicas"
+            name, "pass", resolution or f"true: one copy of {size_text(needed)} per node, shared by {local} replicas"
         )
     if given is None:
         detail = f"{resolution}; but here {reason}, so every replica would keep a private copy (a warning at start-up)"
@@ -100,11 +97,11 @@ def check_memlock() -> Check:
     if soft == resource.RLIM_INFINITY:
         return Check("memlock limit", "pass", "unlimited")
     if os.geteuid() == 0:
-        return Check("memlock limit", "pass", f"{_gib(soft)}, but root may pin more (CAP_IPC_LOCK)")
+        return Check("memlock limit", "pass", f"{size_text(soft)}, but root may pin more (CAP_IPC_LOCK)")
     return Check(
         "memlock limit",
         "warn",
-        f"{_gib(soft)}: pinning host tables larger than this fails",
+        f"{size_text(soft)}: pinning host tables larger than this fails",
         "ulimit -l unlimited (docker: --ulimit memlock=-1)",
     )
 
@@ -114,9 +111,9 @@ def check_memory(plan: DeploymentPlan | None) -> Check:
     cgroup = (
         "no container memory limit"
         if limits.cgroup_bytes is None
-        else f"container memory limit {_gib(limits.cgroup_bytes)}"
+        else f"container memory limit {size_text(limits.cgroup_bytes)}"
     )
-    detail = f"RAM {_gib(limits.physical_bytes)}, {cgroup}"
+    detail = f"RAM {size_text(limits.physical_bytes)}, {cgroup}"
     if plan is None:
         return Check("host memory", "pass", detail)
     fix = "--engram-config '{\"cpu_offload\": false}', dp_shared_memory or embedding_across_dp"
@@ -131,7 +128,7 @@ def _against_plan(
     name: str, detail: str, needed: int, available: int, verb: str, fix: str, per: str = "per node"
 ) -> Check:
     """pass when the plan's largest node (or GPU) fits in what this machine has, else fail with the fix."""
-    detail = f"{detail}; the plan {verb} {_gib(needed)} {per}"
+    detail = f"{detail}; the plan {verb} {size_text(needed)} {per}"
     return Check(name, "pass", detail) if needed <= available else Check(name, "fail", detail, fix)
 
 
@@ -140,7 +137,7 @@ def check_node_copies(plan: DeploymentPlan | None) -> Check:
     copies the plan would hold."""
     copies = {c["digest"]: c for c in listing()}
     held = [
-        f"{c['describe']}, {_gib(int(c['size']))}, loaded by pid {c['loaded_by']}, mapped by pids "
+        f"{c['describe']}, {size_text(int(c['size']))}, loaded by pid {c['loaded_by']}, mapped by pids "
         + ", ".join(map(str, holders(str(digest))))
         for digest, c in sorted(copies.items(), key=lambda item: str(item[1]["describe"]))
     ]
@@ -256,7 +253,7 @@ def check_gpu_memory(plan: DeploymentPlan, total_bytes: int | None) -> Check:
     """The plan's largest per-rank device bytes (device tables, or the hot-row cache of host tables)
     against one GPU's memory; `total_bytes` None: no GPU here to check against."""
     needed = max((row["device_bytes"] for row in per_rank(plan)), default=0)
-    detail = f"the plan puts {_gib(needed)} of tables or cache on each GPU"
+    detail = f"the plan puts {size_text(needed)} of tables or cache on each GPU"
     if total_bytes is None:
         return Check(
             "GPU memory",
@@ -265,7 +262,7 @@ def check_gpu_memory(plan: DeploymentPlan, total_bytes: int | None) -> Check:
             "run engram doctor on the GPU node" if needed else "",
         )
     fix = "a smaller device_cache_bytes, cpu_offload=true, or more tensor parallelism"
-    return _against_plan("GPU memory", f"{_gib(total_bytes)} per GPU", needed, total_bytes, "puts", fix, "per GPU")
+    return _against_plan("GPU memory", f"{size_text(total_bytes)} per GPU", needed, total_bytes, "puts", fix, "per GPU")
 
 
 def run_checks(plan: DeploymentPlan | None = None, given: bool | None = False) -> list[Check]:

@@ -14,14 +14,15 @@ follows it. Hits and lookups are summed over the tables, per window of `window_t
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import torch
 
 from engram.errors import EngramError
 from engram.ngram.spec import ModelSpec
-from engram.runtime.tier import HALF_LIFE, WINDOW_IDS, Admission, EagerAdmission, Policy, TierName
+from engram.runtime.tier import HALF_LIFE, WINDOW_IDS, Admission, EagerAdmission, Policy, TierName, state_bytes
+from engram.terminal import size_text
 
 STEP_TOKENS = 512
 
@@ -49,50 +50,112 @@ class Replay:
         return sum(w.hits for w in self.windows) / lookups if lookups else 0.0
 
 
-def table_ids(spec: ModelSpec, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Each table's row ids for the stream, [T, lookups per token] (its layers' columns), in order."""
-    compressed = spec.compress(tokens) if spec.family == "deepseek" else tokens
-    rows: torch.Tensor = spec.hasher().hash(compressed)  # [T, layers, columns]
+CHUNK_TOKENS = 64 * STEP_TOKENS  # tokens hashed at a time: their ids are all of the stream in memory at once
+Counts = tuple[torch.Tensor, torch.Tensor]  # distinct row ids, ascending, and how often each was seen
+
+
+def stream_ids(spec: ModelSpec, tokens: torch.Tensor) -> Iterator[dict[str, torch.Tensor]]:
+    """Each table's row ids for the stream, [tokens, lookups per token] (its layers' columns), in order,
+    CHUNK_TOKENS at a time: the hash's state is carried from one chunk to the next, so the ids are those
+    of the stream hashed whole, and a 10 GB text never asks for its ids in one allocation."""
+    hasher, state = spec.hasher(), None
     layout = spec.layout
-    return {
-        name: rows[:, [i for i, t in enumerate(layout.table_of_layer) if t == table]].reshape(rows.shape[0], -1)
+    columns = {
+        name: [i for i, t in enumerate(layout.table_of_layer) if t == table]
         for table, name in enumerate(spec.table_names())
     }
+    for start in range(0, tokens.numel(), CHUNK_TOKENS):
+        part = tokens[start : start + CHUNK_TOKENS]
+        compressed = spec.compress(part) if spec.family == "deepseek" else part
+        rows, state = hasher.hash_with_state(compressed, None, state)  # [T, layers, columns]
+        yield {name: rows[:, layers].reshape(rows.shape[0], -1) for name, layers in columns.items()}
 
 
-def hottest(ids: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The `count` most frequent ids, most frequent first (ties: the smaller id first), and their counts."""
-    distinct, counts = torch.unique(ids.reshape(-1), return_counts=True)
-    order = torch.argsort(counts, descending=True, stable=True)[:count]
-    return distinct[order], counts[order]
+def counted(spec: ModelSpec, tokens: torch.Tensor, limit_bytes: int) -> dict[str, Counts]:
+    """How often each row of each table is looked up over the stream, counted a chunk at a time. The
+    distinct rows are what stays in memory: past `limit_bytes` of them, EngramError with the figure."""
+    out: dict[str, Counts] = {}
+    for chunk in stream_ids(spec, tokens):
+        for name, ids in chunk.items():
+            distinct, counts = torch.unique(ids.reshape(-1), return_counts=True)
+            if name in out:
+                distinct, inverse = torch.unique(torch.cat([out[name][0], distinct]), return_inverse=True)
+                counts = torch.zeros(distinct.numel(), dtype=torch.int64).index_add_(
+                    0, inverse, torch.cat([out[name][1], counts])
+                )
+            out[name] = (distinct, counts)
+        held = sum(d.numel() * 16 for d, _ in out.values())
+        if held > limit_bytes:
+            raise EngramError(
+                f"--fit: counting its rows takes more than {size_text(held)}, past the {size_text(max(0, limit_bytes))} "
+                "free for it; give a shorter --fit text or a smaller --max-tokens"
+            )
+    return out
+
+
+def hottest(counts: Counts, count: int) -> Counts:
+    """The `count` most frequent rows, most frequent first (ties: the smaller id first), and their counts."""
+    distinct, seen = counts
+    order = torch.argsort(seen, descending=True, stable=True)[:count]
+    return distinct[order], seen[order]
+
+
+@dataclass
+class _Table:
+    """One table's admission in one replay, and the ids it has served since its last refresh."""
+
+    admission: Admission | EagerAdmission
+    windows: list[Window]
+    pending: list[torch.Tensor] = field(default_factory=list)
+    since: int = 0
+
+
+def replay_bytes(
+    spec: ModelSpec, fractions: Iterable[float], policies: Iterable[Policy], tiers: Iterable[TierName], window_ids: int
+) -> int:
+    """What replay's tiers hold at once (each one's own state, as a Tier's: state_bytes), and a chunk of
+    the stream's ids with its hash's working set."""
+    columns = spec.layout.columns * len(spec.layout.table_of_layer)
+    total = CHUNK_TOKENS * columns * 8 * 4
+    for fraction in fractions:
+        for policy in policies:
+            for tier in tiers:
+                for rows in spec.layout.table_rows:
+                    held = max(1, int(fraction * rows))
+                    total += state_bytes(held, rows, 0 if tier == "ram" else window_ids, policy, tier == "ram")
+    return total
 
 
 def replay(
     spec: ModelSpec,
-    stream: dict[str, torch.Tensor],
+    tokens: torch.Tensor,
     fractions: Iterable[float],
     policies: Iterable[Policy],
     *,
-    fit: dict[str, torch.Tensor] | None = None,
+    fit: dict[str, Counts] | None = None,
     window_tokens: int = 8192,
     window_ids: int = WINDOW_IDS,
     half_life: int = HALF_LIFE,
     tiers: Iterable[TierName] = ("device",),
 ) -> list[Replay]:
-    """Every (fraction, policy, tier) replayed over `stream` (table_ids of the served text); `fit`
-    (table_ids of the fit text) picks the static rows, and warms the online tier when given."""
+    """Every (fraction, policy, tier) replayed over the token stream `tokens` at once, its ids hashed a
+    chunk at a time (stream_ids); `fit` (counted() of the fit text) picks the static rows, and warms the
+    online tier when given."""
     table_rows = dict(zip(spec.table_names(), spec.layout.table_rows, strict=True))
-    out = []
+    out: list[Replay] = []
+    runs: list[dict[str, _Table]] = []
     for fraction in fractions:
         for policy in policies:
             if policy == "static" and fit is None:
                 raise EngramError("a static tier is fitted on text: give --fit FILE")
             for tier in tiers:
-                rows = {name: max(1, int(fraction * table_rows[name])) for name in stream}
-                tokens = next(iter(stream.values())).shape[0]
-                windows = [Window(min(window_tokens, tokens - at)) for at in range(0, tokens, window_tokens)]
-                result = Replay(policy, fraction, rows, tier, windows)
-                for name, ids in stream.items():
+                rows = {name: max(1, int(fraction * table_rows[name])) for name in table_rows}
+                windows = [
+                    Window(min(window_tokens, tokens.numel() - at)) for at in range(0, tokens.numel(), window_tokens)
+                ]
+                out.append(Replay(policy, fraction, rows, tier, windows))
+                run = {}
+                for name in table_rows:
                     span = (0, table_rows[name])
                     admission = (
                         EagerAdmission(rows[name], span, policy=policy)
@@ -101,28 +164,32 @@ def replay(
                     )
                     if fit is not None:
                         admission.warm(*hottest(fit[name], rows[name]))
-                    _replay_table(admission, ids, window_tokens, window_ids, result.windows)
-                out.append(result)
+                    run[name] = _Table(admission, windows)
+                runs.append(run)
+    at = 0
+    for chunk in stream_ids(spec, tokens):
+        for run in runs:
+            for name, ids in chunk.items():
+                _replay_chunk(run[name], ids, at, window_tokens, window_ids)
+        at += next(iter(chunk.values())).shape[0]
     return out
 
 
-def _replay_table(
-    admission: Admission | EagerAdmission, ids: torch.Tensor, window_tokens: int, window_ids: int, windows: list[Window]
-) -> None:
-    """One table's stream through `admission`, its hits and lookups added to `windows`."""
-    pending: list[torch.Tensor] = []
-    since = 0
+def _replay_chunk(table: _Table, ids: torch.Tensor, at: int, window_tokens: int, window_ids: int) -> None:
+    """A chunk of one table's stream (from token `at`, a multiple of STEP_TOKENS) through its admission,
+    its hits and lookups added to its windows."""
+    admission = table.admission
     for start in range(0, ids.shape[0], STEP_TOKENS):
-        if isinstance(admission, Admission) and admission.policy == "online" and since >= window_ids:
-            admission.refresh(torch.cat(pending)[-window_ids:])
-            pending, since = [], 0
+        if isinstance(admission, Admission) and admission.policy == "online" and table.since >= window_ids:
+            admission.refresh(torch.cat(table.pending)[-window_ids:])
+            table.pending, table.since = [], 0
         step = ids[start : start + STEP_TOKENS]
-        _count(windows, start, admission.hits(step).view(step.shape), window_tokens)
+        _count(table.windows, at + start, admission.hits(step).view(step.shape), window_tokens)
         if isinstance(admission, EagerAdmission):
             admission.admit(step)
             continue
-        pending.append(step.reshape(-1))
-        since += step.numel()
+        table.pending.append(step.reshape(-1))
+        table.since += step.numel()
 
 
 def _count(windows: list[Window], start: int, hits: torch.Tensor, window_tokens: int) -> None:

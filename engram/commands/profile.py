@@ -14,13 +14,15 @@ from engram.apps.output_files import check_output_path
 from engram.apps.plotting import check_plot_path, figure
 from engram.apps.presets import PRESETS, get_preset
 from engram.apps.profile import profile_tables, summary, write_profile
-from engram.apps.replay import hottest, replay, table_ids
+from engram.apps.replay import counted, hottest, replay, replay_bytes
 from engram.apps.traffic import read_traffic, tokenizer_for
 from engram.commands import add_command
 from engram.errors import EngramError
+from engram.memory.host import free_bytes_now
 from engram.ngram.spec import ModelSpec
 from engram.runtime.table import ShardFormat
-from engram.runtime.tier import POLICIES
+from engram.runtime.tier import POLICIES, WINDOW_IDS
+from engram.terminal import size_text
 
 GIB = 1 << 30
 
@@ -152,17 +154,28 @@ def run_replay(args: argparse.Namespace, spec: ModelSpec) -> int:
         check_plot_path(args.plot)
     if args.out:
         check_output_path("--out", args.out, "hot.safetensors")
+    needed, free = replay_bytes(spec, args.cache_fraction, policies, args.tier, WINDOW_IDS), free_bytes_now()
+    if needed > free:  # sized before a token is read: the tiers' own state, as they would hold it serving
+        raise EngramError(
+            f"--text: replaying tiers of {', '.join(f'{f:g}' for f in args.cache_fraction)} of each table "
+            f"({'/'.join(args.tier)}, {'/'.join(policies)}) needs {size_text(needed)} at once and "
+            f"{size_text(free)} is free; give a smaller --cache-fraction, or fewer of --tier and --policy at a time"
+        )
     tokenizer = tokenizer_for(spec, args.tokenizer)
     served = read_traffic(args.text, tokenizer, args.max_tokens)
     if served.tokens.numel() == 0:
         raise EngramError(f"--text: no tokens in {', '.join(args.text)}")
     fitted = read_traffic(args.fit, tokenizer, args.max_tokens) if args.fit else None
-    fit = table_ids(spec, fitted.tokens) if fitted is not None and fitted.tokens.numel() else None
+    fit = (
+        counted(spec, fitted.tokens, free_bytes_now() - needed)
+        if fitted is not None and fitted.tokens.numel()
+        else None
+    )
     if args.fit and fit is None:
         raise EngramError(f"--fit: no tokens in {', '.join(args.fit)}")
     results = replay(
         spec,
-        table_ids(spec, served.tokens),
+        served.tokens,
         args.cache_fraction,
         policies,
         fit=fit,
@@ -223,8 +236,8 @@ def write_hot_rows(path: Path, spec: ModelSpec, fit: dict[str, Any], rows: dict[
     from engram.apps.profile import TableProfile
 
     profiles = []
-    for name, ids in fit.items():
-        hot, counts = hottest(ids, rows[name])
+    for name, seen in fit.items():
+        hot, counts = hottest(seen, rows[name])
         profiles.append(TableProfile(name, 0, 0, hot_rows=hot, hot_counts=counts))
     write_profile(path, spec, profiles, {"preset": spec.name, "fitted_on": "--fit"})
 

@@ -3,7 +3,9 @@ cgroup (v2, else v1) memory limit; both can be passed in, so tests need not depe
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import resource
 from pathlib import Path
 from typing import NamedTuple, Protocol
 
@@ -63,6 +65,27 @@ def read_host_limits(proc: Path = Path("/proc"), cgroup: Path = Path("/sys/fs/cg
         if line.startswith("MemTotal:"):
             physical = int(line.split()[1]) * 1024
     return HostLimits(physical, _cgroup_limit(cgroup))
+
+
+def free_bytes_now(proc: Path = Path("/proc"), cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """Bytes this process could still allocate now: the node's MemAvailable, less what the cgroup has
+    left (memory.max - memory.current), less what RLIMIT_AS leaves of the address space."""
+    free = 0
+    for line in (proc / "meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            free = int(line.split()[1]) * 1024
+    limit = _cgroup_limit(cgroup)
+    if limit is not None:
+        with contextlib.suppress(OSError, ValueError):
+            free = min(free, limit - int((cgroup / "memory.current").read_text()))
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            size = next(
+                line for line in (proc / "self" / "status").read_text().splitlines() if line.startswith("VmSize:")
+            )
+            free = min(free, soft - int(size.split()[1]) * 1024)
+    return max(0, free)
 
 
 def _cgroup_limit(root: Path) -> int | None:

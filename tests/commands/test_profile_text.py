@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 
+from engram.apps import replay as replay_module
 from engram.apps.presets import get_preset
 from engram.apps.replay import STEP_TOKENS
 from engram.cli import main
@@ -63,7 +64,13 @@ def hashed(tokens: torch.Tensor) -> list[torch.Tensor]:
     return [rows[:, layer] for layer in range(rows.shape[1])]  # tiny: one table per layer
 
 
-def test_replay_of_plain_text_and_json_lines(capsys: pytest.CaptureFixture[str], texts: dict[str, Any]) -> None:
+@pytest.mark.parametrize("chunk", [replay_module.CHUNK_TOKENS, STEP_TOKENS])
+def test_replay_of_plain_text_and_json_lines(
+    capsys: pytest.CaptureFixture[str], texts: dict[str, Any], monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    """The stream is hashed a chunk at a time (the hash's state carried across): with chunks of one step
+    the hits are those of the whole stream hashed at once, here."""
+    monkeypatch.setattr(replay_module, "CHUNK_TOKENS", chunk)
     d = texts["dir"]
     report = run_json(
         capsys, "--text", str(d / "code.txt"), str(d / "chat.jsonl"), "--fit", str(d / "fit.py"),
@@ -201,3 +208,50 @@ def test_a_fifo_or_a_missing_file_is_named(capsys: pytest.CaptureFixture[str], t
     assert capsys.readouterr().err == (
         "error: qwen4-exp-ple's tokenizer is not bundled: pass --tokenizer FILE (the model's tokenizer.json)\n"
     )
+
+
+def test_a_replay_that_would_not_fit_is_refused_with_its_figure_before_reading(
+    capsys: pytest.CaptureFixture[str], texts: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sized first: RAM tiers of every row of deepseek-v4.1-flash's tables need their index of at least 8
+    bytes a row, more than the memory free; refused with both figures, no text read and no traceback."""
+    free = 3 << 30
+    monkeypatch.setattr("engram.commands.profile.free_bytes_now", lambda: free)
+    missing = texts["dir"] / "never-read.txt"  # refused before the text is opened
+    argv = [
+        "profile",
+        "--preset",
+        "deepseek-v4.1-flash",
+        "--text",
+        str(missing),
+        "--tier",
+        "ram",
+        "--cache-fraction",
+        "1",
+    ]
+    assert main(argv) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    prefix = "error: --text: replaying tiers of 1 of each table (ram, online) needs "
+    assert line.startswith(prefix) and line.endswith(
+        " GiB at once and 3.0 GiB is free; give a smaller --cache-fraction, or fewer of --tier and --policy at a time"
+    ), line
+    needed = float(line[len(prefix) :].split(" GiB")[0])
+    assert needed * (1 << 30) >= 8 * sum(get_preset("deepseek-v4.1-flash").layout.table_rows)
+
+
+def test_a_fit_text_whose_counts_outgrow_memory_is_refused_with_its_figure(
+    capsys: pytest.CaptureFixture[str], texts: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    d = texts["dir"]
+    monkeypatch.setattr(replay_module, "CHUNK_TOKENS", STEP_TOKENS)
+    tiers = replay_module.replay_bytes(TINY, [0.01], ["online", "static"], ["device"], WINDOW_IDS)
+    monkeypatch.setattr("engram.commands.profile.free_bytes_now", lambda: tiers + 4096)  # 256 rows' counts
+    argv = ["profile", "--preset", "tiny", "--text", str(d / "code.txt"), "--fit", str(d / "fit.py")]
+    argv += ["--cache-fraction", "0.01"]
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert (
+        code == 2
+        and err.startswith("error: --fit: counting its rows takes more than ")
+        and err.endswith("; give a shorter --fit text or a smaller --max-tokens\n")
+    ), err
