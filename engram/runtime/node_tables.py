@@ -5,19 +5,26 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
+from engram.errors import EngramError
 from engram.memory.host_numa import small_pages
 from engram.memory.mapping import Mapping
 from engram.memory.registration import CudaRuntime, read_only_supported
 from engram.runtime.checkpoints.loader import Checkpoint, load_shards
 from engram.runtime.dist import timeout_s
 from engram.runtime.placement.numa import copy_node
-from engram.runtime.placement.sharing import ShareKey, Stage, file_identity, obtain
+from engram.runtime.placement.sharing import ShareKey, Stage, file_identity, obtain, writers
 from engram.runtime.placement.storage import ShardFormat, TableShard, shard_over
 
 log = logging.getLogger("engram")
+
+
+def table_files(checkpoint: Checkpoint, name: str) -> list[Path]:
+    """The checkpoint's files holding table `name`'s tensors."""
+    return sorted({checkpoint.tensor_files[t] for t in checkpoint.shapes if t.startswith(f"{name}.")})
 
 
 def share_key(
@@ -26,7 +33,7 @@ def share_key(
     """The key of rows [row_start, row_start + fmt.rows) of table `name` from `checkpoint`: the identity
     of the files holding its tensors, their names, shapes and dtypes, the rows and the row format."""
     tensors = sorted(t for t in checkpoint.shapes if t.startswith(f"{name}."))
-    files = sorted({checkpoint.tensor_files[t] for t in tensors})
+    files = table_files(checkpoint, name)
     source = {
         "files": [file_identity(f) for f in files],
         "tensors": [[t, list(checkpoint.shapes[t][0]), str(checkpoint.shapes[t][1])] for t in tensors],
@@ -54,6 +61,14 @@ def node_shard(
     threads (as a file-backed table on disk is)."""
     node = copy_node(mode, device)
     key = share_key(checkpoint, name, table_rows, row_start, fmt, node)
+    busy = writers(table_files(checkpoint, name))  # asked before loading and before attaching
+    if busy:
+        path, pids = next(iter(busy.items()))
+        raise EngramError(
+            f"{path} is mapped writable and shared by pid {', '.join(map(str, pids[:8]))}: its bytes may change "
+            "without its times changing, so no node copy can be known to hold them; stop that writer, or set "
+            "node_sharing 'off'"
+        )
 
     def fill(mapping: Mapping) -> None:
         loading = shard_over(name, fmt, "node", mapping, row_start=row_start)

@@ -424,6 +424,31 @@ def holders(digest: str) -> list[int]:
     return sorted(found)
 
 
+def writers(files: list[Path]) -> dict[str, list[int]]:
+    """Per file, the pids of the processes that map it writable and shared (/proc/PID/maps, every
+    process this one may read). Their writes reach the file's pages without changing its times until
+    written back, so no key made from its times can name what such a file holds."""
+    wanted: dict[tuple[int, int], str] = {}
+    for path in files:
+        info = os.stat(path)
+        wanted[(info.st_dev, info.st_ino)] = str(path)
+    found: dict[str, set[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError), open(f"{entry.path}/maps", encoding="latin-1") as f:
+            for line in f:
+                fields = line.split(maxsplit=5)  # address perms offset dev inode [path]
+                if len(fields) < 5 or fields[1][1] != "w" or fields[1][3] != "s" or fields[4] == "0":
+                    continue
+                major, _, minor = fields[3].partition(":")
+                with contextlib.suppress(ValueError):
+                    name = wanted.get((os.makedev(int(major, 16), int(minor, 16)), int(fields[4])))
+                    if name is not None:
+                        found.setdefault(name, set()).add(int(entry.name))
+    return {name: sorted(pids) for name, pids in found.items()}
+
+
 def _check_received(fd: int, key: ShareKey, total: int) -> str | None:
     """Why a received fd is not the copy `key` names, or None."""
     try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,8 +20,9 @@ import pytest
 import safetensors.torch
 import torch
 
+from engram.errors import EngramError
 from engram.runtime.checkpoints.loader import Checkpoint
-from engram.runtime.node_tables import share_key
+from engram.runtime.node_tables import node_shard, share_key
 from engram.runtime.placement.storage import ShardFormat
 from tests.other_user import OtherUser
 from tests.runtime import node_engine
@@ -481,3 +483,42 @@ def test_doctor_lists_the_copies_held_and_who_maps_them(
         assert copy in check["detail"]
         holders = ", ".join(map(str, sorted((first.pid, second.pid))))
         assert f"{copy}, 6.6 MiB, loaded by pid {loader}, mapped by pids {holders}" in check["detail"]
+
+
+# Maps the file writable and shared, as an in-place updater would, says so and waits to be killed.
+WRITER = r"""
+import mmap, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR)
+mapped = mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+print("mapped", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_checkpoint_mapped_writable_elsewhere_is_never_shared(checkpoint: Path, tmp_path: Path) -> None:
+    """A process that maps the checkpoint writable and shared can change its bytes without changing its
+    times (a write to a page already dirty), so no key names what it holds: neither loaded for the node
+    nor attached while it maps it, with an error naming it; once it is gone, the copy loads."""
+    copy = tmp_path / "ckpt"
+    shutil.copytree(checkpoint, copy)
+    table, rows = SMALL.table_names()[0], SMALL.layout.table_rows[0]
+    fmt = ShardFormat(rows, SMALL.head_dim, SMALL.dtype)
+    opened = Checkpoint(copy)
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(copy / "model.safetensors")], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert writer.stdout is not None and writer.stdout.readline().strip() == "mapped"
+        with pytest.raises(EngramError) as refused:
+            node_shard(table, fmt, 0, rows, opened, mode="node", device=torch.device("cpu"), progress=False)
+    finally:
+        writer.kill()
+        writer.communicate(timeout=WAIT_S)
+    assert str(refused.value) == (
+        f"{copy / 'model.safetensors'} is mapped writable and shared by pid {writer.pid}: its bytes may change "
+        "without its times changing, so no node copy can be known to hold them; stop that writer, or set "
+        "node_sharing 'off'"
+    )
+    shard = node_shard(table, fmt, 0, rows, opened, mode="node", device=torch.device("cpu"), progress=False)
+    assert shard.loaded_by == os.getpid() and not shard.attached
+    assert shard.release()
