@@ -237,9 +237,18 @@ def read_deployment(
     overrides: Iterable[Override] = (),
     flags: Mapping[tuple[str, ...], Any] | None = None,
 ) -> dict[str, Any]:
-    """The deployment document with every input applied, not yet validated."""
+    """The deployment document with every input applied, not yet validated. A bare EngramConfig (what
+    vLLM's --engram-config takes: every key an engram field, none a deployment section) is read as the
+    deployment's engram section."""
     document = _read_object(source, "")
-    problems: list[Problem] = []
+    engram_names = {*SECTIONS["engram"].__struct_fields__, *OLDER_NAMES.get("engram", {})}
+    if document and all(key in engram_names for key in document):
+        document = {"engram": document}
+    problems: list[Problem] = [
+        Problem(f"/{key}", "engram-field-outside-engram", f"{key!r} is an engram setting: put it inside \"engram\"")
+        for key in document
+        if key in engram_names
+    ]
     for section in OLDER_NAMES:
         if isinstance(document.get(section), dict):
             document[section] = _current_names(section, document[section], problems)

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engram.cli import main
-from tests.config.fields import DEFAULTS, KNOWN_FIELDS, NEWEST_VLLM, shown, vllm_digest
+from tests.config.fields import DEFAULTS, ENGRAM_FIELDS, KNOWN_FIELDS, NEWEST_VLLM, shown, vllm_digest
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "schema" / "examples"
 
@@ -239,4 +239,29 @@ def test_control_characters_from_the_input_are_printed_escaped(
     assert capsys.readouterr().err == (
         "error: /engram/x\\x1b[2J\\nerror: all good\\u202e: unknown field 'x\\x1b[2J\\nerror: all good\\u202e'; "
         f"known fields: {KNOWN_FIELDS} [unknown-field]\n"
+    )
+
+
+@pytest.mark.parametrize("field", ENGRAM_FIELDS)
+def test_a_bare_engram_config_is_read_as_the_engram_section(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, field: str
+) -> None:
+    """What vLLM's --engram-config takes ({"cpu_offload": true}, any field the schema lists) is a whole
+    deployment document's engram section: validated, not refused as unknown top-level fields."""
+    value = DEFAULTS[field]
+    path = tmp_path / "engram.json"
+    path.write_text(json.dumps({field: value, "cpu_offload": True}))
+    result = verdict(capsys, str(path))
+    assert result["valid"] is True and result["checked"] == ["engram"]
+    assert result["engram"] == DEFAULTS | {field: value, "cpu_offload": True}
+
+
+def test_an_engram_field_beside_the_sections_says_where_it_goes(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "deployment.json"
+    path.write_text(json.dumps({"cpu_offload": True, "parallel": {"tensor_parallel_size": 2}}))
+    assert main(["validate", str(path)]) == 2
+    assert capsys.readouterr().err == (
+        "error: /cpu_offload: 'cpu_offload' is an engram setting: put it inside \"engram\" [engram-field-outside-engram]\n"
     )
