@@ -140,6 +140,28 @@ def test_raw_rows_of_any_shape(rows: int, row_bytes: int, n: int, start: int, of
     assert same_bytes(got.view(n, row_bytes), want) and flag == raised
 
 
+# The raw gather gives a row to a sub-warp of LANES threads (8 up to 128 bytes, 16 up to 256, 32 above):
+# 16 bytes a lane a pass where the row and the output are 16-byte aligned (the vector path), else one byte
+# a lane a pass. Row sizes just below, at and above every pass boundary of every LANES, on both paths: a
+# loop that skipped or repeated a pass would show there.
+VECTOR_PASSES = {8: [128], 16: [256], 32: [512, 1024, 1536, 2048]}  # LANES x 16 bytes a pass, within its rows
+BYTE_PASSES = {8: [8, 16, 120, 128], 16: [144, 160, 256], 32: [288, 320, 512, 1024]}  # LANES bytes a pass
+PASS_BOUNDARIES = sorted(
+    {edge + d for edges in VECTOR_PASSES.values() for edge in edges for d in (-16, 0, 16)}
+    | {edge + d for edges in BYTE_PASSES.values() for edge in edges for d in (-1, 0, 1)}
+)
+
+
+@pytest.mark.parametrize("row_bytes", PASS_BOUNDARIES)
+def test_raw_rows_at_every_pass_boundary_on_both_paths(row_bytes: int) -> None:
+    for offset in (0, 1):  # 0: the vector path where row_bytes is a multiple of 16; 1: the byte path
+        weight = exact(9 * row_bytes, offset).view(9, row_bytes)
+        ids = torch.tensor([3, 0, 8, DEAD_ID, 5, 3, 11, 1, 7, 2, 6, 4], dtype=torch.int64)
+        want, raised = expected(weight, None, ids, 2, 12, torch.uint8, None)
+        got, flag = run(weight, None, ids, 2, 12, torch.uint8, None)
+        assert same_bytes(got.view(ids.numel(), row_bytes), want) and flag == raised == 0
+
+
 @pytest.mark.parametrize("broken", ["order past n", "negative order", "leader ahead", "leader not a leader"])
 def test_a_broken_sorted_contract_raises_the_flag_and_stays_in_bounds(broken: str) -> None:
     weight, _, _, _ = table("raw", 20, 64)
