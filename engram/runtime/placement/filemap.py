@@ -13,9 +13,12 @@ Its pages may leave the page cache at any time (more tables than RAM, memory pre
 every lookup first probes a sample of its rows' pages (mincore, RESIDENCY_PROBES of them) and, when any is
 out, asks for all its rows' pages at once (MADV_WILLNEED), sorted, deduplicated and coalesced into ranges:
 the reads are then in flight together, at the device's random-read rate, rather than one fault at a time
-(bench_cold_rows.py: a cold decode step 16-20x faster than faulting). Reading the rows with preads from a
-thread pool or io_uring instead was measured beside it there: no faster, and the pages land where the
-guarded gather reads them anyway."""
+(bench_cold_rows.py: a cold decode step 16-20x faster than faulting; preads from a thread pool or
+io_uring reads into the page cache were no faster for a lookup of the table itself).
+
+A RAM tier over the table reads its misses differently (read_direct): past the page cache, O_DIRECT
+through io_uring straight into its slots, on the mapped file's own descriptor, so that the page cache
+gains no page; where io_uring or O_DIRECT is refused, through the page cache as above."""
 
 from __future__ import annotations
 
