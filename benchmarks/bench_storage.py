@@ -28,7 +28,7 @@ from engram.ops import gather, gather_into
 from engram.runtime import dist as edist
 from engram.runtime.checkpoints.loader import Checkpoint, load_shards
 from engram.runtime.checkpoints.writer import write_checkpoint
-from engram.runtime.launch import free_port, run_local, values
+from engram.runtime.local_ranks import free_port, run_local, values
 from engram.runtime.placement.shm import shm_dir
 from engram.runtime.tables import allocate_shards, open_tables, whole_tables
 

@@ -24,7 +24,7 @@ from urllib.parse import urldefrag
 
 from codegen.index import SchemaIndex, escape, unescape
 from codegen.load import SchemaError
-from engram.validation.formats import CHECKS as FORMAT_CHECKS
+from engram.validation.string_formats import CHECKS as FORMAT_CHECKS
 
 TYPE_TESTS = {
     "object": "isinstance(v, dict)",
@@ -60,7 +60,7 @@ HELPERS = {
         "_key",
     ),
     "engram.validation.patterns": ("compile_pattern", "pattern_search"),
-    "engram.validation.formats": ("format_check",),
+    "engram.validation.string_formats": ("format_check",),
 }
 
 

@@ -331,7 +331,7 @@ def check_op_paths(runtime: cuda.LibraryRuntime) -> dict[str, Any]:
     e8m0 scale bytes 0 (2^-127) and 0xFF (NaN) against the reference; a grid capped by limit_blocks, the
     device cache of hot rows and prefetched rows, each against the plain eager rows; and the pinned error
     flag of the op path, raised by a bad id in the gathered ids and by one in the `check` ids only."""
-    from engram.runtime.cache import cached_gather
+    from engram.runtime.tiers.hot_rows import cached_gather
     from engram.runtime.engine import prefetch_on
     from engram.runtime.tier import Tier
 
@@ -778,7 +778,7 @@ def bench_cache(
     (row bytes delivered / time) against the H2D memcpy. Targets: >= 1.5x the memcpy on real text if the
     hit rates allow; at most 5% slower than uncached on uniform ids."""
     from engram.apps.profile import profile_tables
-    from engram.runtime.cache import cached_gather
+    from engram.runtime.tiers.hot_rows import cached_gather
     from engram.runtime.table import Table
     from engram.runtime.tier import Tier
 

@@ -121,11 +121,11 @@ def test_no_import_circles() -> None:
 def test_the_checks_find_an_upward_import_and_a_circle() -> None:
     made_up = {
         "engram.memory.mapping": {"engram.runtime.engine"},
-        "engram.runtime.engine": {"engram.runtime.cache"},
-        "engram.runtime.cache": {"engram.runtime.engine"},
+        "engram.runtime.engine": {"engram.runtime.tiers.hot_rows"},
+        "engram.runtime.tiers.hot_rows": {"engram.runtime.engine"},
     }
     assert upward(made_up) == ["engram.memory.mapping (memory) imports engram.runtime.engine (runtime)"]
-    assert circles(made_up) == [["engram.runtime.engine", "engram.runtime.cache", "engram.runtime.engine"]]
+    assert circles(made_up) == [["engram.runtime.engine", "engram.runtime.tiers.hot_rows", "engram.runtime.engine"]]
 
 
 # The vLLM plugin serves its tables through the table layer's public face alone: nothing in it allocates,

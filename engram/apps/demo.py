@@ -30,7 +30,7 @@ from engram.runtime import dist as edist
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.checkpoints.writer import write_checkpoint
 from engram.runtime.engine import EngramTables
-from engram.runtime.launch import run_local, values
+from engram.runtime.local_ranks import run_local, values
 from engram.runtime.placement.storage import placement_for
 from engram.runtime.plan import plan_deployment
 from engram.runtime.tables import tables_pss

@@ -11,7 +11,7 @@ from typing import Any
 # command -> (module in engram.commands, one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("validate", "check a deployment document and flags against every Engram rule"),
-    "hash": ("validate", "print the EngramConfig digest of a vLLM version (its compile_factors or compute_hash)"),
+    "hash": ("hash", "print the EngramConfig digest of a vLLM version (its compile_factors or compute_hash)"),
     "schema": ("schema_docs", "print the JSON Schema of a deployment document"),
     "docs": ("schema_docs", "print the Markdown configuration reference"),
     "ngram": ("ngram", "n-gram row ids of a text or of token ids"),

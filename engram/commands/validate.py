@@ -1,4 +1,5 @@
-"""`engram validate` and `engram hash`: check a deployment before anything is loaded."""
+"""`engram validate`: check a deployment before anything is loaded. Its inputs (a document, flags) are read
+here for `engram hash` too."""
 
 from __future__ import annotations
 
@@ -25,24 +26,10 @@ from engram.errors import ConfigError, EngramError, Problem
 
 
 def register(subparsers: Any) -> None:
-    for name, run in (("validate", run_validate), ("hash", run_hash)):
-        parser = add_command(subparsers, name)
-        add_deployment_inputs(parser)
-        if name == "validate":
-            parser.add_argument("--json", action="store_true", help="print the verdict as JSON")
-        else:
-            which = parser.add_mutually_exclusive_group()
-            which.add_argument(
-                "--vllm",
-                metavar="VERSION",
-                help="the digest of this vLLM version's EngramConfig (0.32, 0.33 or 0.34; the newest by default)",
-            )
-            which.add_argument(
-                "--older-names",
-                action="store_true",
-                help="the digest under the fields' first names (thp_packing), as the seed's EngramConfig computed it",
-            )
-        parser.set_defaults(run=run)
+    parser = add_command(subparsers, "validate")
+    add_deployment_inputs(parser)
+    parser.add_argument("--json", action="store_true", help="print the verdict as JSON")
+    parser.set_defaults(run=run_validate)
 
 
 def add_deployment_inputs(parser: argparse.ArgumentParser) -> None:
@@ -107,14 +94,6 @@ def run_validate(args: argparse.Namespace) -> int:
     if deployment.parallel_size is not None:
         print(f"embedding group size: {deployment.parallel_size}")
     print(f"hash: {deployment.engram.compute_hash()}  ({deployment.engram.digest_name()})")
-    return 0
-
-
-def run_hash(args: argparse.Namespace) -> int:
-    """The digest, then two spaces and what it is the digest of (as sha256sum prints a file's)."""
-    config = deployment_from_args(args).engram
-    which = {"vllm": args.vllm, "older_names": args.older_names}
-    print(f"{config.compute_hash(**which)}  {config.digest_name(**which)}")
     return 0
 
 

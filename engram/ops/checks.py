@@ -214,7 +214,7 @@ class GatherCall:
 
 
 GATHER_FIELDS = tuple(f.name for f in fields(GatherCall))
-# The body of the ops, for a call the ops cannot take (rows in pieces): engram.ops.launch's run_gather, put
+# The body of the ops, for a call the ops cannot take (rows in pieces): engram.ops.dispatch's run_gather, put
 # here when that module is imported (engram.ops imports it), as the devices' launchers are.
 RUN_DIRECT: list[Callable[[GatherCall], None]] = []
 

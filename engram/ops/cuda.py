@@ -279,7 +279,7 @@ def _stream(device: torch.device) -> int:
 
 def launch_cuda(call: GatherCall) -> None:
     """The CUDA kernel on the ids' device and its current stream, arguments already checked
-    (ops.launch.run_gather). Nothing here synchronises: ids outside the table read zeros and raise the
+    (ops.dispatch.run_gather). Nothing here synchronises: ids outside the table read zeros and raise the
     device's error flag, which the engine reads once a step (EngramTables.check_errors)."""
     ids, out = call.ids, call.out
     assert isinstance(out, torch.Tensor)  # run_gather gives the kernels a buffer

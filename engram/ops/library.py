@@ -1,5 +1,5 @@
 """The torch ops engram::gather, engram::gather_into and engram::ngram_hash, with fake kernels so that
-torch.compile traces through them. Each is declared once for every device; its body (engram.ops.launch)
+torch.compile traces through them. Each is declared once for every device; its body (engram.ops.dispatch)
 picks the device's kernel."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 
 from engram.memory.outputs import empty_cpu
 from engram.ops.checks import GatherCall
-from engram.ops.launch import run_gather, run_hash
+from engram.ops.dispatch import run_gather, run_hash
 
 
 def _gather(*args: Any) -> torch.Tensor:

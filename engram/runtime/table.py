@@ -32,10 +32,10 @@ from engram.ops import GatherCall, use_sorted
 from engram.ops.checks import check_id_dtype, check_ids
 from engram.ops.devices import ensure_kernels
 from engram.ops.segments import Rows, as_parameter
-from engram.runtime.cache import HotRows, Profile, cached_gather, read_profile
+from engram.runtime.tiers.hot_rows import HotRows, Profile, cached_gather, read_profile
 from engram.runtime.checkpoints.loader import Checkpoint, shard_weight_loader, table_scale_loader
 from engram.runtime.dist import Group, timeout_s
-from engram.runtime.node_tables import node_shard
+from engram.runtime.placement.node_copy import node_shard
 from engram.runtime.placement.filemap import (
     file_shard,
     in_files,

@@ -44,7 +44,7 @@ import torch
 from engram.errors import EngramError
 from engram.ops import cpu
 from engram.ops.segments import Rows
-from engram.runtime.cache import COUNTS, EMPTY_KEY, HotRows, find, merge, stored_rows
+from engram.runtime.tiers.hot_rows import COUNTS, EMPTY_KEY, HotRows, find, merge, stored_rows
 from engram.runtime.placement.filemap import (
     Asked,
     DirectReadsFailed,

@@ -4,7 +4,7 @@ then it reports and waits to be told to measure and to exit.
 
 It logs to REPORT.log, writes REPORT.ready (JSON: pid, per table origin, loaded_by, digest) once built, REPORT.pss (JSON: its
 tables' PSS) once REPORT.go exists, and exits once REPORT.exit exists (each wait at most 120 s). With
-`pause_at`, it stops at that stage of loading or serving a copy (engram.runtime.placement.sharing's
+`pause_at`, it stops at that stage of loading or serving a copy (engram.runtime.placement.node_sharing's
 stages, or "filling": half-way into the copy's bytes), writes REPORT.stage and sleeps until killed.
 `rows` N builds rows [0, N) of each table only (another shard of the same checkpoint)."""
 
@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from engram.config import ParallelConfig, load_config
-from engram.runtime import node_tables
+from engram.runtime.placement import node_copy
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.engine import EngramTables
 from engram.runtime.plan import table_shards
@@ -49,7 +49,7 @@ def pause_at(stage: str, report: Path) -> None:
         report.with_suffix(".stage").write_text(json.dumps({"pid": os.getpid(), "stage": stage}))
         time.sleep(600)
 
-    theirs = node_tables.obtain
+    theirs = node_copy.obtain
 
     def obtain(key: Any, size: int, fill: Any, **options: Any) -> Any:
         def filling(mapping: Any) -> None:
@@ -62,7 +62,7 @@ def pause_at(stage: str, report: Path) -> None:
 
         return theirs(key, size, filling if stage == "filling" else fill, **{**options, "stage": told})
 
-    node_tables.obtain = obtain  # type: ignore[assignment]
+    node_copy.obtain = obtain  # type: ignore[assignment]
 
 
 def run(checkpoint: str, report: Path, mode: str = "node", stage: str | None = None, rows: int | None = None) -> None:

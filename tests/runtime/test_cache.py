@@ -19,8 +19,8 @@ from safetensors.torch import load_file, save_file
 
 from engram.errors import EngramError
 from engram.ops import GatherCall, gather
-from engram.runtime.cache import cached_gather, read_profile
-from engram.runtime.launch import run_local, values
+from engram.runtime.tiers.hot_rows import cached_gather, read_profile
+from engram.runtime.local_ranks import run_local, values
 from engram.runtime.tier import Tier
 from tests.runtime import sharding_workers
 from tests.runtime.shards import random_shard
@@ -134,7 +134,7 @@ def test_a_profile_rewritten_after_it_was_read_changes_nothing(tmp_path: Path) -
 SPARSE_PROFILE = """
 import resource, sys
 from engram.errors import EngramError
-from engram.runtime.cache import read_profile
+from engram.runtime.tiers.hot_rows import read_profile
 resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
 try:
     read_profile(sys.argv[1])

@@ -16,7 +16,7 @@ from engram.apps.presets import get_preset
 from engram.config import ParallelConfig, load_config
 from engram.errors import EngramError
 from engram.runtime.checkpoints.writer import write_checkpoint
-from engram.runtime.launch import free_port, run_local, values
+from engram.runtime.local_ranks import free_port, run_local, values
 from engram.runtime.plan import head_range, plan_deployment, row_range, table_shards
 from tests.runtime import sharding_workers
 from tests.runtime.reference import plant_negative_zeros
@@ -227,7 +227,7 @@ def test_a_bad_id_raises_on_every_rank_alike(
     ],
 )
 def test_replicas_per_node(nodes: list[str], tp: int, dp: int, expected: int | None) -> None:
-    from engram.runtime.nodes import replicas_per_node
+    from engram.runtime.replica_nodes import replicas_per_node
 
     assert replicas_per_node(nodes, tp, dp) == expected
 

@@ -19,7 +19,7 @@ from engram.errors import EngramError
 from engram.ops.formats import FORMATS
 from engram.runtime import dist as edist
 from engram.runtime.checkpoints.loader import Checkpoint, load_shards
-from engram.runtime.launch import run_local, values
+from engram.runtime.local_ranks import run_local, values
 from engram.runtime.placement.filemap import in_memory_fs
 from engram.runtime.placement.residency import drop_file_cache
 from engram.runtime.placement.storage import Placement

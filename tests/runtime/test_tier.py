@@ -26,7 +26,7 @@ from engram.memory.mapping import PAGE, madvise
 from engram.ops import DEAD_ID, gather
 from engram.runtime import table as table_module
 from engram.runtime import tier as tier_module
-from engram.runtime.cache import EMPTY_KEY
+from engram.runtime.tiers.hot_rows import EMPTY_KEY
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.checkpoints.writer import write_checkpoint
 from engram.runtime.placement import filemap as filemap_module

@@ -18,7 +18,7 @@ from engram.errors import EngramError
 from engram.memory.host import HostLimits, read_host_limits
 from engram.memory.mapping import Mapping, map_shared_file
 from engram.runtime.dist import Group, all_gather_json, broadcast_json
-from engram.runtime.placement.node import GIB, fenced, node_of_this_process, reserve
+from engram.runtime.placement.node_memory import GIB, fenced, node_of_this_process, reserve
 
 HELLO = b"engram-table"
 

@@ -38,7 +38,7 @@ from engram.memory.mapping import Mapping, map_shared_file
 from engram.runtime.dist import Group, all_gather_json, broadcast_json
 from engram.runtime.placement.memfd import capacity_error as memfd_capacity_error
 from engram.runtime.placement.memfd import share_memfd
-from engram.runtime.placement.node import GIB, fenced, node_of_this_process, reserve
+from engram.runtime.placement.node_memory import GIB, fenced, node_of_this_process, reserve
 from engram.scratch import owner_gone, owner_tag
 
 

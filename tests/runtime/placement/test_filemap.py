@@ -26,7 +26,7 @@ from engram.ops.formats import FORMATS
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.checkpoints.writer import write_checkpoint
 from engram.runtime.embedding import EngramEmbedding
-from engram.runtime.launch import run_local, values
+from engram.runtime.local_ranks import run_local, values
 from engram.runtime.placement.filemap import all_resident, file_shard, in_memory_fs
 from engram.runtime.placement.residency import drop_file_cache
 from engram.runtime.placement.storage import ShardFormat, TableShard

@@ -22,7 +22,7 @@ import torch
 
 from engram.errors import EngramError
 from engram.runtime.checkpoints.loader import Checkpoint
-from engram.runtime.node_tables import node_shard, share_key
+from engram.runtime.placement.node_copy import node_shard, share_key
 from engram.runtime.placement.storage import ShardFormat
 from tests.other_user import OtherUser
 from tests.runtime import node_engine

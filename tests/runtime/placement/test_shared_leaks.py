@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from engram.cli import main
-from engram.runtime.launch import run_local
+from engram.runtime.local_ranks import run_local
 from engram.runtime.placement.shm import stale_files
 from tests.runtime import workers
 

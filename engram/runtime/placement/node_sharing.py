@@ -52,7 +52,7 @@ from engram.errors import EngramError
 from engram.memory.mapping import PAGE, Mapping, map_sealed_file, map_shared_file, round_up
 from engram.runtime.placement import abstract_names
 from engram.runtime.placement.memfd import capacity_error
-from engram.runtime.placement.node import reserve
+from engram.runtime.placement.node_memory import reserve
 from engram.runtime.placement.numa import preferring
 
 log = logging.getLogger("engram")

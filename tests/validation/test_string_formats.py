@@ -11,7 +11,7 @@ import pytest
 
 from codegen.load import SchemaError
 from codegen.standalone import load_validator
-from engram.validation.formats import CHECKS
+from engram.validation.string_formats import CHECKS
 
 CASES: dict[str, list[tuple[str, bool]]] = {
     "uri": [

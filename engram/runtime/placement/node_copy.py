@@ -1,5 +1,5 @@
 """Tables shared by every engine of the node (node_sharing): each shard's copy is found by what it holds,
-or loaded from the checkpoint once for the node (engram.runtime.placement.sharing has the protocol)."""
+or loaded from the checkpoint once for the node (engram.runtime.placement.node_sharing has the protocol)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from engram.memory.registration import CudaRuntime, read_only_supported
 from engram.runtime.checkpoints.loader import Checkpoint, load_shards
 from engram.runtime.dist import timeout_s
 from engram.runtime.placement.numa import copy_node
-from engram.runtime.placement.sharing import ShareKey, Stage, file_identity, obtain, writers
+from engram.runtime.placement.node_sharing import ShareKey, Stage, file_identity, obtain, writers
 from engram.runtime.placement.storage import ShardFormat, TableShard, shard_over
 
 log = logging.getLogger("engram")

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from engram.config import EngramConfig, ParallelConfig
 from engram.memory.host import HostLimits
 from engram.runtime.dist import all_gather_json, new_group
-from engram.runtime.placement.node import node_of_this_process
+from engram.runtime.placement.node_memory import node_of_this_process
 from engram.runtime.placement.shm import shared_capacity_error
 
 log = logging.getLogger("engram")

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from engram.runtime.launch import run_local
+from engram.runtime.local_ranks import run_local
 from tests.runtime import workers
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,7 +92,7 @@ def test_a_bad_timeout_is_one_line(value: str) -> None:
 
 CALLER = """
 import sys
-from engram.runtime.launch import run_local
+from engram.runtime.local_ranks import run_local
 from tests.runtime import workers
 run_local(2, workers.sleep_long, timeout=600, on_start=lambda procs: print(*[p.pid for p in procs], flush=True))
 """
