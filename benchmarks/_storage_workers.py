@@ -8,7 +8,7 @@ from engram.ngram.spec import ModelSpec
 from engram.ops import gather
 from engram.runtime import dist as edist
 from engram.runtime.checkpoints.loader import Checkpoint
-from engram.runtime.placement.storage import Placement
+from engram.runtime.shard import Placement
 from engram.runtime.tables import open_tables, tables_pss
 
 

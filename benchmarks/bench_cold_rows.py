@@ -40,8 +40,8 @@ from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.embedding import EngramEmbedding
 from engram.runtime.placement.filemap import file_shard, read_ahead
 from engram.runtime.placement.residency import drop_file_cache
-from engram.runtime.placement.storage import ShardFormat
 from engram.runtime.plan import TableShardPlan
+from engram.runtime.shard import ShardFormat
 
 SHAPES = {"decode": 256, "prefill": 8192}
 MADV_DONTNEED = 4

@@ -24,8 +24,9 @@ from engram.memory.mapping import map_anonymous
 from engram.ops import LAUNCHERS, cuda
 from engram.ops.build import build_library
 from engram.runtime.embedding import EngramEmbedding
-from engram.runtime.placement.storage import ShardFormat, allocate
+from engram.runtime.placement.storage import allocate
 from engram.runtime.plan import TableShardPlan
+from engram.runtime.shard import ShardFormat
 
 TOKENS = 64
 STUB = Path(__file__).resolve().parent.parent / "tests" / "ops" / "stub_cuda.c"

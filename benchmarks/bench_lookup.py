@@ -28,8 +28,9 @@ from engram.apps.corpus import load_corpus, text_rows
 from engram.apps.presets import scaled_preset
 from engram.ops import gather_into
 from engram.runtime.embedding import EngramEmbedding
-from engram.runtime.placement.storage import ShardFormat, allocate
+from engram.runtime.placement.storage import allocate
 from engram.runtime.plan import TableShardPlan
+from engram.runtime.shard import ShardFormat
 
 COLUMNS = 16
 

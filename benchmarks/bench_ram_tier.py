@@ -52,7 +52,7 @@ from engram.apps.presets import scaled_preset
 from engram.memory.mapping import PAGE
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.placement.residency import ResidentBudget, drop_file_cache, storage_read_bytes
-from engram.runtime.placement.storage import ShardFormat
+from engram.runtime.shard import ShardFormat
 from engram.runtime.table import open_table
 
 CGROUP = Path("/sys/fs/cgroup/memory")

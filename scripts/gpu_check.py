@@ -61,8 +61,9 @@ from engram.ops import GatherCall, cuda, gather, gather_into, gather_reference, 
 from engram.ops.segments import dense
 from engram.runtime.embedding import EngramEmbedding
 from engram.runtime.placement.hugepages import map_huge
-from engram.runtime.placement.storage import Placement, ShardFormat, TableShard, allocate, shard_over
+from engram.runtime.placement.storage import allocate, shard_over
 from engram.runtime.plan import TableShardPlan
+from engram.runtime.shard import Placement, ShardFormat, TableShard
 
 POISON = 0xA5
 # (name, table dtype, dim, output dtype): the row formats of the checks and the benchmark
@@ -331,9 +332,9 @@ def check_op_paths(runtime: cuda.LibraryRuntime) -> dict[str, Any]:
     e8m0 scale bytes 0 (2^-127) and 0xFF (NaN) against the reference; a grid capped by limit_blocks, the
     device cache of hot rows and prefetched rows, each against the plain eager rows; and the pinned error
     flag of the op path, raised by a bad id in the gathered ids and by one in the `check` ids only."""
-    from engram.runtime.tiers.hot_rows import cached_gather
     from engram.runtime.engine import prefetch_on
     from engram.runtime.tier import Tier
+    from engram.runtime.tiers.hot_rows import cached_gather
 
     rows, columns = 5000, 16
     shard = make_shard("fp8", 256, rows, "pinned", runtime)
@@ -778,9 +779,9 @@ def bench_cache(
     (row bytes delivered / time) against the H2D memcpy. Targets: >= 1.5x the memcpy on real text if the
     hit rates allow; at most 5% slower than uncached on uniform ids."""
     from engram.apps.profile import profile_tables
-    from engram.runtime.tiers.hot_rows import cached_gather
     from engram.runtime.table import Table
     from engram.runtime.tier import Tier
+    from engram.runtime.tiers.hot_rows import cached_gather
 
     spec, shard = v41_table(table_gib, runtime)
     rows = shard.rows

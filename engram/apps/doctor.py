@@ -20,8 +20,8 @@ from engram.memory.registration import CudaRuntime
 from engram.ops import cpu
 from engram.runtime.placement.filemap import direct_reads_problem
 from engram.runtime.placement.hugepages import thp_mode
-from engram.runtime.placement.numa import gpu_nodes
 from engram.runtime.placement.node_sharing import holders, listing
+from engram.runtime.placement.numa import gpu_nodes
 from engram.runtime.placement.shm import node_identity, shared_capacity_error, shm_dir
 from engram.runtime.plan import DeploymentPlan, plan_deployment
 from engram.terminal import size_text

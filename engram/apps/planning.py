@@ -10,8 +10,8 @@ import msgspec
 
 from engram.config import EngramConfig, ParallelConfig
 from engram.ngram.spec import ModelSpec
-from engram.runtime.placement.storage import ShardFormat
 from engram.runtime.plan import DeploymentPlan, plan_deployment
+from engram.runtime.shard import ShardFormat
 
 OUT_BYTES = 2  # rows come out in bf16
 ID_BYTES = 8

@@ -20,7 +20,7 @@ from safetensors.torch import save
 from engram.apps.output_files import write_output
 from engram.errors import EngramError
 from engram.ngram.spec import ModelSpec
-from engram.runtime.placement.storage import ShardFormat
+from engram.runtime.shard import ShardFormat
 
 TOP_SHARES = (0.001, 0.01, 0.05, 0.1)
 BATCHES = {"prefill": 8192, "decode": 256}

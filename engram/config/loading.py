@@ -245,7 +245,7 @@ def read_deployment(
     if document and all(key in engram_names for key in document):
         document = {"engram": document}
     problems: list[Problem] = [
-        Problem(f"/{key}", "engram-field-outside-engram", f"{key!r} is an engram setting: put it inside \"engram\"")
+        Problem(f"/{key}", "engram-field-outside-engram", f'{key!r} is an engram setting: put it inside "engram"')
         for key in document
         if key in engram_names
     ]

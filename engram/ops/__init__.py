@@ -4,8 +4,8 @@ CPU twins (cpu) and the CUDA kernels (cuda, imported on a GPU's first op by devi
 the build of both native libraries (build)."""
 
 from engram.ops.checks import DEAD_ID, OUT_KINDS, SCALE_BLOCK, SCALE_DTYPE, GatherCall, check_ids, check_token_ids
-from engram.ops.ids import kernel_ids, sort_ids, use_sorted
 from engram.ops.dispatch import HASHERS, LAUNCHERS, run_gather
+from engram.ops.ids import kernel_ids, sort_ids, use_sorted
 from engram.ops.library import gather, gather_into, ngram_hash
 from engram.ops.reference import gather_reference, ngram_hash_reference
 

@@ -20,8 +20,8 @@ from engram.ops import DEAD_ID
 from engram.ops.segments import as_parameter
 from engram.runtime.dist import Group
 from engram.runtime.placement.residency import ResidentBudget
-from engram.runtime.placement.storage import TableShard
 from engram.runtime.plan import TableShardPlan
+from engram.runtime.shard import TableShard
 from engram.runtime.table import Table
 
 

@@ -18,17 +18,17 @@ from engram.errors import EngramError
 from engram.memory.host import HostLimits, check_pinned_bytes
 from engram.memory.registration import CudaRuntime
 from engram.ngram.spec import ModelSpec
-from engram.runtime.tiers.hot_rows import read_profile
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.dist import Group, new_group, timeout_s
 from engram.runtime.embedding import EngramEmbedding, gather_replica_ids
-from engram.runtime.replica_nodes import align_to_nodes
 from engram.runtime.placement.residency import ResidentBudget
-from engram.runtime.placement.storage import TableShard
 from engram.runtime.plan import DeploymentPlan, RankPlan, plan_deployment
+from engram.runtime.replica_nodes import align_to_nodes
+from engram.runtime.shard import TableShard
 from engram.runtime.table import Part, Table, TableStats
 from engram.runtime.tables import open_tables
 from engram.runtime.tier import TierName
+from engram.runtime.tiers.hot_rows import read_profile
 
 log = logging.getLogger("engram")
 

@@ -21,7 +21,8 @@ import msgspec
 from engram.config import EngramConfig, ParallelConfig
 from engram.errors import EngramError
 from engram.ngram.spec import ModelSpec
-from engram.runtime.placement.storage import Placement, ShardFormat, placement_for
+from engram.runtime.placement.storage import placement_for
+from engram.runtime.shard import Placement, ShardFormat
 
 ShardKind = Literal["head", "row"]
 MAX_WORLD = 1 << 17  # TP x DP ranks: above the largest clusters; plans stay linear in the world size

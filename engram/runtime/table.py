@@ -32,10 +32,8 @@ from engram.ops import GatherCall, use_sorted
 from engram.ops.checks import check_id_dtype, check_ids
 from engram.ops.devices import ensure_kernels
 from engram.ops.segments import Rows, as_parameter
-from engram.runtime.tiers.hot_rows import HotRows, Profile, cached_gather, read_profile
 from engram.runtime.checkpoints.loader import Checkpoint, shard_weight_loader, table_scale_loader
 from engram.runtime.dist import Group, timeout_s
-from engram.runtime.placement.node_copy import node_shard
 from engram.runtime.placement.filemap import (
     file_shard,
     in_files,
@@ -45,10 +43,13 @@ from engram.runtime.placement.filemap import (
     rewritten,
     watch_files,
 )
+from engram.runtime.placement.node_copy import node_shard
 from engram.runtime.placement.residency import ResidentBudget, storage_read_bytes
-from engram.runtime.placement.storage import Placement, ShardFormat, TableShard, allocate, placement_for
+from engram.runtime.placement.storage import allocate, placement_for
 from engram.runtime.rowindex import FREE
+from engram.runtime.shard import Placement, ShardFormat, TableShard
 from engram.runtime.tier import POLICIES, WINDOW_IDS, Tier, TierName, TierStats, capacity_for, tier_bytes
+from engram.runtime.tiers.hot_rows import HotRows, Profile, cached_gather, read_profile
 
 __all__ = [
     "PACKED",

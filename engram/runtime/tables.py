@@ -12,8 +12,8 @@ from engram.memory.smaps import pss
 from engram.ngram.spec import ModelSpec
 from engram.runtime.checkpoints.loader import Checkpoint, check_hash_buffers, load_shards
 from engram.runtime.dist import Group
-from engram.runtime.placement.storage import Placement, ShardFormat, TableShard
 from engram.runtime.plan import TableShardPlan, table_shards
+from engram.runtime.shard import Placement, ShardFormat, TableShard
 from engram.runtime.table import open_shard
 
 

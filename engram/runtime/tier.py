@@ -44,7 +44,6 @@ import torch
 from engram.errors import EngramError
 from engram.ops import cpu
 from engram.ops.segments import Rows
-from engram.runtime.tiers.hot_rows import COUNTS, EMPTY_KEY, HotRows, find, merge, stored_rows
 from engram.runtime.placement.filemap import (
     Asked,
     DirectReadsFailed,
@@ -56,9 +55,10 @@ from engram.runtime.placement.filemap import (
     read_direct,
     reader,
 )
-from engram.runtime.placement.storage import TableShard
 from engram.runtime.rowindex import FREE, RowIndex, buckets_for, native
+from engram.runtime.shard import TableShard
 from engram.runtime.sketch import DEPTH, FrequencySketch, sketch_width
+from engram.runtime.tiers.hot_rows import COUNTS, EMPTY_KEY, HotRows, find, merge, stored_rows
 
 Policy = Literal["online", "static"]
 POLICIES: tuple[Policy, ...] = ("online", "static")

@@ -16,7 +16,8 @@ import pytest
 from engram.memory import host_numa
 from engram.memory.host_numa import CHUNK_BYTES, map_host_numa, pinned_for_gpu
 from engram.memory.registration import is_registered
-from engram.runtime.placement.storage import ShardFormat, allocate
+from engram.runtime.placement.storage import allocate
+from engram.runtime.shard import ShardFormat
 from tests.memory.fakes import FakeHostNumaRuntime, FakeRuntime
 
 

@@ -14,7 +14,8 @@ from engram.memory.registration import (
     is_registered,
     register,
 )
-from engram.runtime.placement.storage import ShardFormat, allocate
+from engram.runtime.placement.storage import allocate
+from engram.runtime.shard import ShardFormat
 from tests.memory.fakes import FakeRuntime
 
 

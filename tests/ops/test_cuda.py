@@ -186,7 +186,8 @@ needs_gpu = pytest.mark.skipif(
 @pytest.mark.parametrize("sorted_form", [False, True])
 def test_cuda_gather_equals_cpu(dtype: str, placement: str, sorted_form: bool) -> None:
     from engram.ops import gather, gather_reference
-    from engram.runtime.placement.storage import ShardFormat, allocate
+    from engram.runtime.placement.storage import allocate
+    from engram.runtime.shard import ShardFormat
 
     runtime = cuda.library_runtime() if placement == "pinned" else None
     shard = allocate("t", ShardFormat(300, 64, dtype), placement, row_start=100, runtime=runtime, device="cuda")  # type: ignore[arg-type]

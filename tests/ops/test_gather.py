@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 from engram.errors import EngramError
 from engram.ops import cpu, gather, gather_into, gather_reference
 from engram.runtime.embedding import EngramEmbedding
-from engram.runtime.placement.storage import ShardFormat, allocate
+from engram.runtime.placement.storage import allocate
 from engram.runtime.plan import TableShardPlan
+from engram.runtime.shard import ShardFormat
 from tests.bits import same_bits
 
 

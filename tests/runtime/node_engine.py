@@ -23,9 +23,9 @@ import torch
 import torch.distributed as dist
 
 from engram.config import ParallelConfig, load_config
-from engram.runtime.placement import node_copy
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.engine import EngramTables
+from engram.runtime.placement import node_copy
 from engram.runtime.plan import table_shards
 from engram.runtime.tables import open_tables, tables_pss
 from tests.runtime.specs import SMALL

@@ -10,7 +10,8 @@ import torch
 
 from engram.ngram.spec import ModelSpec
 from engram.runtime.checkpoints.loader import Checkpoint
-from engram.runtime.placement.storage import ShardFormat, TableShard, allocate
+from engram.runtime.placement.storage import allocate
+from engram.runtime.shard import ShardFormat, TableShard
 
 
 def checkpoint_digests(path: Path, spec: ModelSpec) -> dict[str, str]:

@@ -19,9 +19,9 @@ from safetensors.torch import load_file, save_file
 
 from engram.errors import EngramError
 from engram.ops import GatherCall, gather
-from engram.runtime.tiers.hot_rows import cached_gather, read_profile
 from engram.runtime.local_ranks import run_local, values
 from engram.runtime.tier import Tier
+from engram.runtime.tiers.hot_rows import cached_gather, read_profile
 from tests.runtime import sharding_workers
 from tests.runtime.shards import random_shard
 

@@ -22,7 +22,7 @@ from engram.runtime.checkpoints.loader import Checkpoint, load_shards
 from engram.runtime.local_ranks import run_local, values
 from engram.runtime.placement.filemap import in_memory_fs
 from engram.runtime.placement.residency import drop_file_cache
-from engram.runtime.placement.storage import Placement
+from engram.runtime.shard import Placement
 from engram.runtime.table import PACKED, ShardFormat, Table, open_table
 from engram.runtime.tier import state_bytes
 from tests.bits import same_bits

@@ -26,7 +26,6 @@ from engram.memory.mapping import PAGE, madvise
 from engram.ops import DEAD_ID, gather
 from engram.runtime import table as table_module
 from engram.runtime import tier as tier_module
-from engram.runtime.tiers.hot_rows import EMPTY_KEY
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.checkpoints.writer import write_checkpoint
 from engram.runtime.placement import filemap as filemap_module
@@ -37,6 +36,7 @@ from engram.runtime.sketch import DEPTH, SATURATED, FrequencySketch
 from engram.runtime.table import PACKED, Table
 from engram.runtime.tables import open_tables
 from engram.runtime.tier import PINNED, Admission, EagerAdmission, Tier, capacity_for, state_bytes
+from engram.runtime.tiers.hot_rows import EMPTY_KEY
 from tests.bits import same_bits
 from tests.runtime.placement.reference import direct_ranges
 from tests.runtime.shards import random_shard

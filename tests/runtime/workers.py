@@ -14,7 +14,8 @@ from engram.ngram.spec import ModelSpec
 from engram.runtime import dist as edist
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.placement.shm import shm_dir
-from engram.runtime.placement.storage import Placement, ShardFormat, TableShard, allocate
+from engram.runtime.placement.storage import allocate
+from engram.runtime.shard import Placement, ShardFormat, TableShard
 from engram.runtime.tables import open_tables, tables_pss
 
 

@@ -26,7 +26,7 @@ from engram.memory.mapping import PAGE
 from engram.ngram.spec import ModelSpec
 from engram.runtime.checkpoints.writer import hf_config, write_checkpoint
 from engram.runtime.placement.filemap import in_memory_fs
-from engram.runtime.placement.storage import ShardFormat
+from engram.runtime.shard import ShardFormat
 from tests.runtime.specs import QWEN
 from tests.vllm.runner import VLLM_PYTHON, ask_vllm, needs_vllm, vllm_version
 

@@ -31,7 +31,7 @@ from engram.ngram.spec import ModelSpec
 from engram.runtime.checkpoints.digests import verify_files
 from engram.runtime.checkpoints.files import check_regular, open_regular
 from engram.runtime.dist import Group, barrier
-from engram.runtime.placement.storage import ShardFormat, TableShard
+from engram.runtime.shard import ShardFormat, TableShard
 
 SAFETENSORS_DTYPES = {
     "F8_E4M3": torch.float8_e4m3fn,

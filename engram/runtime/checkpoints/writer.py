@@ -20,7 +20,7 @@ from engram.ngram.spec import ModelSpec
 from engram.ops.formats import FORMATS
 from engram.runtime.checkpoints.digests import write_manifest
 from engram.runtime.checkpoints.quantize import E2M1_MAX, E4M3_MAX, quantize_fp8, quantize_fp8_table, quantize_nvfp4
-from engram.runtime.placement.storage import ShardFormat
+from engram.runtime.shard import ShardFormat
 from engram.scratch import reclaim_scratch, scratch_name
 
 TABLE_RANGE = 0.25  # what a table scale covers in the synthetic tables

@@ -52,7 +52,7 @@ from engram.runtime.checkpoints.loader import (
     table_scale_tensor,
 )
 from engram.runtime.placement.residency import RESIDENCY_PROBES, ResidentBudget, page_resident
-from engram.runtime.placement.storage import TABLE_SCALE_DTYPE, ShardFormat, TableShard
+from engram.runtime.shard import TABLE_SCALE_DTYPE, ShardFormat, TableShard
 
 log = logging.getLogger("engram")
 TMPFS_MAGIC = 0x01021994

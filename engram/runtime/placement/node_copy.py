@@ -15,9 +15,10 @@ from engram.memory.mapping import Mapping
 from engram.memory.registration import CudaRuntime, read_only_supported
 from engram.runtime.checkpoints.loader import Checkpoint, load_shards
 from engram.runtime.dist import timeout_s
-from engram.runtime.placement.numa import copy_node
 from engram.runtime.placement.node_sharing import ShareKey, Stage, file_identity, obtain, writers
-from engram.runtime.placement.storage import ShardFormat, TableShard, shard_over
+from engram.runtime.placement.numa import copy_node
+from engram.runtime.placement.storage import shard_over
+from engram.runtime.shard import ShardFormat, TableShard
 
 log = logging.getLogger("engram")
 

@@ -25,7 +25,7 @@ from engram.memory.mapping import PAGE, Mapping, madvise
 from engram.ops.segments import Rows, row_addresses
 
 if TYPE_CHECKING:
-    from engram.runtime.placement.storage import TableShard
+    from engram.runtime.shard import TableShard
 
 log = logging.getLogger(__name__)
 MADV_DONTNEED = 4

@@ -19,8 +19,8 @@ from engram.ops import DEAD_ID, GatherCall
 from engram.ops.segments import Rows, dense
 from engram.runtime.checkpoints.files import check_regular
 from engram.runtime.checkpoints.loader import SafetensorsFile
-from engram.runtime.placement.storage import TableShard
 from engram.runtime.rowindex import RowIndex
+from engram.runtime.shard import TableShard
 
 EMPTY_KEY = torch.iinfo(torch.int64).max  # an unused slot's id: above every row id, never looked up
 

@@ -18,7 +18,8 @@ from engram.ops.formats import FORMATS
 from engram.runtime.checkpoints.loader import Checkpoint, SafetensorsFile, load_shards
 from engram.runtime.checkpoints.quantize import quantize_fp8
 from engram.runtime.checkpoints.writer import synthetic_table, write_checkpoint
-from engram.runtime.placement.storage import ShardFormat, allocate
+from engram.runtime.placement.storage import allocate
+from engram.runtime.shard import ShardFormat
 from engram.runtime.tables import open_tables
 from tests.runtime.specs import QWEN, SMALL
 

@@ -19,7 +19,8 @@ from safetensors.torch import save_file
 from engram.cli import main
 from engram.errors import EngramError
 from engram.runtime.checkpoints.loader import Checkpoint, load_shards
-from engram.runtime.placement.storage import ShardFormat, allocate
+from engram.runtime.placement.storage import allocate
+from engram.runtime.shard import ShardFormat
 
 
 def raw_safetensors(path: Path, header: bytes, data: bytes) -> Path:

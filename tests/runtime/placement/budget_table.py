@@ -13,8 +13,8 @@ from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.embedding import EngramEmbedding
 from engram.runtime.placement.filemap import file_shard, watch_files
 from engram.runtime.placement.residency import ResidentBudget
-from engram.runtime.placement.storage import ShardFormat
 from engram.runtime.plan import TableShardPlan
+from engram.runtime.shard import ShardFormat
 
 ROWS, DIM, COLUMNS = 98_304, 512, 8  # a 96 MiB bf16 table
 BUDGET = 16 << 20

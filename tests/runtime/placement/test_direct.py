@@ -26,7 +26,7 @@ from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.placement import filemap
 from engram.runtime.placement.filemap import direct_file, direct_reads_work, file_shard, in_memory_fs, read_direct
 from engram.runtime.placement.residency import drop_file_cache, resident_bytes
-from engram.runtime.placement.storage import ShardFormat, TableShard
+from engram.runtime.shard import ShardFormat, TableShard
 from tests.runtime.placement.budget_table import DIM, ROWS, table
 from tests.runtime.placement.reference import ALIGN, direct_ranges
 

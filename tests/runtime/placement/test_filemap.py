@@ -29,8 +29,8 @@ from engram.runtime.embedding import EngramEmbedding
 from engram.runtime.local_ranks import run_local, values
 from engram.runtime.placement.filemap import all_resident, file_shard, in_memory_fs
 from engram.runtime.placement.residency import drop_file_cache
-from engram.runtime.placement.storage import ShardFormat, TableShard
 from engram.runtime.plan import TableShardPlan, table_shards
+from engram.runtime.shard import ShardFormat, TableShard
 from engram.runtime.table import Table
 from engram.runtime.tables import open_tables
 from engram.runtime.tier import Tier

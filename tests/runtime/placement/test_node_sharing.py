@@ -23,7 +23,7 @@ import torch
 from engram.errors import EngramError
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.placement.node_copy import node_shard, share_key
-from engram.runtime.placement.storage import ShardFormat
+from engram.runtime.shard import ShardFormat
 from tests.other_user import OtherUser
 from tests.runtime import node_engine
 from tests.runtime.specs import SMALL

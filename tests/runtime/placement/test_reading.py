@@ -21,7 +21,7 @@ from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.placement import filemap
 from engram.runtime.placement.filemap import file_shard, in_memory_fs, reading, watch_files
 from engram.runtime.placement.residency import MADV_DONTNEED, ResidentBudget, drop_file_cache
-from engram.runtime.placement.storage import ShardFormat, TableShard
+from engram.runtime.shard import ShardFormat, TableShard
 from tests.runtime.placement.budget_table import DIM, ROWS, table
 
 

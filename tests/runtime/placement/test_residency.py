@@ -29,7 +29,7 @@ from engram.runtime.placement.residency import (
     resident_bytes,
     resident_pages,
 )
-from engram.runtime.placement.storage import ShardFormat
+from engram.runtime.shard import ShardFormat
 from tests.runtime.placement.budget_table import BUDGET, CGROUP, COLUMNS, DIM, ROWS, open_table, table
 
 

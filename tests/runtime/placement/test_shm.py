@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from engram.runtime.local_ranks import run_local, values
-from engram.runtime.placement.storage import ShardFormat
+from engram.runtime.shard import ShardFormat
 from tests.runtime import workers
 from tests.runtime.shards import checkpoint_digests
 from tests.runtime.specs import SMALL

@@ -21,7 +21,7 @@ from engram.ops.segments import Segmented
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.checkpoints.writer import write_checkpoint
 from engram.runtime.placement.filemap import direct_file, file_shard, in_memory_fs, read_direct, stored_part_rows
-from engram.runtime.placement.storage import ShardFormat
+from engram.runtime.shard import ShardFormat
 from engram.runtime.table import PACKED, Table
 from tests.bits import same_bits
 from tests.runtime.reference import dequantise, pick

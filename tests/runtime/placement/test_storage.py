@@ -14,7 +14,8 @@ from engram.errors import EngramError
 from engram.memory.mapping import PAGE, map_anonymous
 from engram.memory.smaps import smaps_totals
 from engram.runtime.placement.hugepages import map_huge, thp_mode
-from engram.runtime.placement.storage import ShardFormat, allocate, placement_for
+from engram.runtime.placement.storage import allocate, placement_for
+from engram.runtime.shard import ShardFormat
 
 
 @pytest.mark.parametrize(
