@@ -1,4 +1,4 @@
-"""Tiers of hot rows on real text: online admission (engram.runtime.tier) against static profiles, on the
+"""Tiers of hot rows on real text: online admission (engram.runtime.tiers) against static profiles, on the
 V4.1 layer tables (real hashing, 1% of each table's rows by default), replayed in order by the code
 `engram profile --text` runs. Two kinds of text, each from two sources: the defaults (window, half-life)
 were tuned on the Python standard library's code and the man pages; the figures that count are on held

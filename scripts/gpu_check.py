@@ -333,7 +333,7 @@ def check_op_paths(runtime: cuda.LibraryRuntime) -> dict[str, Any]:
     device cache of hot rows and prefetched rows, each against the plain eager rows; and the pinned error
     flag of the op path, raised by a bad id in the gathered ids and by one in the `check` ids only."""
     from engram.runtime.engine import prefetch_on
-    from engram.runtime.tier import Tier
+    from engram.runtime.tiers.device import DeviceTier
     from engram.runtime.tiers.hot_rows import cached_gather
 
     rows, columns = 5000, 16
@@ -355,7 +355,7 @@ def check_op_paths(runtime: cuda.LibraryRuntime) -> dict[str, Any]:
         with cuda.limit_blocks(1):
             capped = gather(shard.weight, shard.scale, on_gpu, 0, rows, torch.bfloat16)
         hot = torch.unique(ids[ids >= 0])[:1000]
-        tier = Tier(shard, hot.numel(), "cuda", "device", policy="static")
+        tier = DeviceTier(shard, hot.numel(), "cuda", policy="static")
         tier.warm(hot)
         cached = cached_gather(tier.rows, GatherCall(shard.weight, shard.scale, on_gpu, 0, rows, torch.bfloat16))
         layer = EngramEmbedding(shard, TableShardPlan("check", rows, "row", 0, rows, 0, columns), columns=columns)
@@ -391,7 +391,7 @@ def check_online_tier(runtime: cuda.LibraryRuntime) -> dict[str, Any]:
     before a refresh reads the refreshed tier when replayed (its rows still equal the uncached ones); the
     device counters count the replays too."""
     from engram.runtime.table import Table
-    from engram.runtime.tier import Admission
+    from engram.runtime.tiers.windowed import WindowedAdmission
 
     rows, columns = 200_000, 16
     shard = make_shard("fp8", 256, rows, "pinned", runtime)
@@ -408,7 +408,7 @@ def check_online_tier(runtime: cuda.LibraryRuntime) -> dict[str, Any]:
             for _ in range(24)
         ]
         equal = all(same_bits(table.lookup(ids), plain.lookup(ids)) for ids in steps)
-        assert isinstance(tier.admission, Admission)  # a device tier: refreshed in place, between steps
+        assert isinstance(tier.admission, WindowedAdmission)  # a device tier: refreshed in place, between steps
         pointers = (tier.admission.keys.data_ptr(), tier.admission.slots.data_ptr(), tier.rows.weight.data_ptr())
         static_ids = steps[0].clone()
         out = torch.empty(256, columns, 256, dtype=torch.bfloat16, device="cuda")
@@ -780,14 +780,14 @@ def bench_cache(
     hit rates allow; at most 5% slower than uncached on uniform ids."""
     from engram.apps.profile import profile_tables
     from engram.runtime.table import Table
-    from engram.runtime.tier import Tier
+    from engram.runtime.tiers.device import DeviceTier
     from engram.runtime.tiers.hot_rows import cached_gather
 
     spec, shard = v41_table(table_gib, runtime)
     rows = shard.rows
     budget = int(0.05 * rows * shard.format.row_bytes)
     profile = profile_tables(spec, fit[:1_000_000], corpus[:10_000], [budget])[0]
-    tier = Tier(shard, budget // shard.format.row_bytes, "cuda", "device", policy="static")
+    tier = DeviceTier(shard, budget // shard.format.row_bytes, "cuda", policy="static")
     tier.warm(profile.hot_rows)
     cache = tier.rows
     # the online tier of 1% of the rows, started empty and fed the corpus's fit text (50 prefill chunks)

@@ -19,7 +19,14 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("_generated", ("engram._generated",)),
     ("config", ("engram.config",)),
     ("ngram", ("engram.ngram",)),
-    ("runtime", ("engram.runtime",)),
+    # the runtime, floor by floor (docs/architecture.md draws them)
+    ("runtime: the shard", ("engram.runtime.shard", "engram.runtime.dist")),
+    ("runtime: checkpoints", ("engram.runtime.checkpoints",)),
+    ("runtime: placement", ("engram.runtime.placement",)),
+    ("runtime: tiers", ("engram.runtime.tiers",)),
+    ("runtime: lookup", ("engram.runtime.lookup",)),
+    ("runtime: the table", ("engram.runtime.table",)),
+    ("runtime: the engine", ("engram.runtime",)),
     ("integrations", ("engram.integrations",)),
     ("apps", ("engram.apps",)),
     ("commands", ("engram.commands", "engram.cli", "engram.__main__")),
@@ -124,7 +131,10 @@ def test_the_checks_find_an_upward_import_and_a_circle() -> None:
         "engram.runtime.engine": {"engram.runtime.tiers.hot_rows"},
         "engram.runtime.tiers.hot_rows": {"engram.runtime.engine"},
     }
-    assert upward(made_up) == ["engram.memory.mapping (memory) imports engram.runtime.engine (runtime)"]
+    assert upward(made_up) == [
+        "engram.memory.mapping (memory) imports engram.runtime.engine (runtime: the engine)",
+        "engram.runtime.tiers.hot_rows (runtime: tiers) imports engram.runtime.engine (runtime: the engine)",
+    ]
     assert circles(made_up) == [["engram.runtime.engine", "engram.runtime.tiers.hot_rows", "engram.runtime.engine"]]
 
 

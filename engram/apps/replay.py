@@ -1,14 +1,14 @@
 """What a tier of hot rows would hit on a user's own traffic: the token stream replayed, in order and in
-steps of STEP_TOKENS, through the tiers' own admission (engram.runtime.tier.Admission, the code that
-serves), for each budget (a fraction of each table's rows) and policy:
+steps of STEP_TOKENS, through the tiers' own admission (engram.runtime.tiers: WindowedAdmission and
+ClockAdmission, the code that serves), for each budget (a fraction of each table's rows) and policy:
 
 - "online": the tier starts empty (or from the static profile's rows, `warm`) and refreshes from the
-  served ids exactly as a Tier does: once a window of WINDOW_IDS ids has been looked up, before the next
+  served ids exactly as a DeviceTier does: once a window of WINDOW_IDS ids has been looked up, before the next
   step, from the latest WINDOW_IDS of them;
 - "static": the tier holds the rows most frequent in the fit text and never changes.
 
-Tier "device" refreshes once a window was served (Admission); tier "ram", the tier over a file on disk,
-admits after every lookup (EagerAdmission), a step being one lookup of each table. A step's hits are
+Tier "device" refreshes once a window was served (WindowedAdmission); tier "ram", the tier over a file on disk,
+admits after every lookup (ClockAdmission), a step being one lookup of each table. A step's hits are
 counted before its ids are recorded, as a lookup reads the tier before the refresh or admission that
 follows it. Hits and lookups are summed over the tables, per window of `window_tokens` tokens."""
 
@@ -21,7 +21,9 @@ import torch
 
 from engram.errors import EngramError
 from engram.ngram.spec import ModelSpec
-from engram.runtime.tier import HALF_LIFE, WINDOW_IDS, Admission, EagerAdmission, Policy, TierName, state_bytes
+from engram.runtime.tiers.budget import HALF_LIFE, WINDOW_IDS, Policy, TierName, state_bytes
+from engram.runtime.tiers.clock import ClockAdmission
+from engram.runtime.tiers.windowed import WindowedAdmission
 from engram.terminal import size_text
 
 STEP_TOKENS = 512
@@ -104,7 +106,7 @@ def hottest(counts: Counts, count: int) -> Counts:
 class _Table:
     """One table's admission in one replay, and the ids it has served since its last refresh."""
 
-    admission: Admission | EagerAdmission
+    admission: WindowedAdmission | ClockAdmission
     windows: list[Window]
     pending: list[torch.Tensor] = field(default_factory=list)
     since: int = 0
@@ -113,7 +115,7 @@ class _Table:
 def replay_bytes(
     spec: ModelSpec, fractions: Iterable[float], policies: Iterable[Policy], tiers: Iterable[TierName], window_ids: int
 ) -> int:
-    """What replay's tiers hold at once (each one's own state, as a Tier's: state_bytes), and a chunk of
+    """What replay's tiers hold at once (each one's own state, as a tier's: state_bytes), and a chunk of
     the stream's ids with its hash's working set."""
     columns = spec.layout.columns * len(spec.layout.table_of_layer)
     total = CHUNK_TOKENS * columns * 8 * 4
@@ -158,9 +160,11 @@ def replay(
                 for name in table_rows:
                     span = (0, table_rows[name])
                     admission = (
-                        EagerAdmission(rows[name], span, policy=policy)
+                        ClockAdmission(rows[name], span, policy=policy)
                         if tier == "ram"
-                        else Admission(rows[name], span, policy=policy, half_life=half_life, window_ids=window_ids)
+                        else WindowedAdmission(
+                            rows[name], span, policy=policy, half_life=half_life, window_ids=window_ids
+                        )
                     )
                     if fit is not None:
                         admission.warm(*hottest(fit[name], rows[name]))
@@ -180,12 +184,12 @@ def _replay_chunk(table: _Table, ids: torch.Tensor, at: int, window_tokens: int,
     its hits and lookups added to its windows."""
     admission = table.admission
     for start in range(0, ids.shape[0], STEP_TOKENS):
-        if isinstance(admission, Admission) and admission.policy == "online" and table.since >= window_ids:
+        if isinstance(admission, WindowedAdmission) and admission.policy == "online" and table.since >= window_ids:
             admission.refresh(torch.cat(table.pending)[-window_ids:])
             table.pending, table.since = [], 0
         step = ids[start : start + STEP_TOKENS]
         _count(table.windows, at + start, admission.hits(step).view(step.shape), window_tokens)
-        if isinstance(admission, EagerAdmission):
+        if isinstance(admission, ClockAdmission):
             admission.admit(step)
             continue
         table.pending.append(step.reshape(-1))

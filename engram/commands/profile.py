@@ -21,7 +21,7 @@ from engram.errors import EngramError
 from engram.memory.host import free_bytes_now
 from engram.ngram.spec import ModelSpec
 from engram.runtime.table import ShardFormat
-from engram.runtime.tier import POLICIES, WINDOW_IDS
+from engram.runtime.tiers.budget import POLICIES, WINDOW_IDS
 from engram.terminal import size_text
 
 GIB = 1 << 30

@@ -27,8 +27,7 @@ from engram.runtime.replica_nodes import align_to_nodes
 from engram.runtime.shard import TableShard
 from engram.runtime.table import Part, Table, TableStats
 from engram.runtime.tables import open_tables
-from engram.runtime.tier import TierName
-from engram.runtime.tiers.hot_rows import read_profile
+from engram.runtime.tiers.assign import configured_profile, keep_hot
 
 log = logging.getLogger("engram")
 
@@ -157,7 +156,7 @@ class EngramTables:
             error_flag(device)  # now, not lazily inside a capture
             if runtime is None and mine.placement != "device":
                 runtime = library_runtime()  # host tables are pinned and read over UVA
-        hot = hot_rows(config, profile)  # before a byte is loaded: a static tier without a profile is refused
+        hot = configured_profile(config, profile)  # before a byte is loaded: a static tier without a profile is refused
         groups = create_groups(plan, rank)
         checkpoint = checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint(checkpoint)
         shards = open_tables(
@@ -171,7 +170,7 @@ class EngramTables:
             Table(shard, p.table_rows, out_dtype=out_dtype, budget=budget, group=groups.shm)
             for shard, p in zip(shards, mine.tables, strict=True)
         ]
-        keep_hot(tables, config, hot, device)
+        keep_hot(config, tables, device, hot)
         layers = [
             EngramEmbedding(
                 tables[table],
@@ -292,57 +291,6 @@ class EngramTables:
         self.layers.clear()
         for shard in self.shards:
             shard.release()
-
-
-def hot_rows(
-    config: EngramConfig, profile: str | os.PathLike[str] | Mapping[str, torch.Tensor] | None
-) -> Mapping[str, torch.Tensor] | None:
-    """The profile's hot rows per table that the tiers start from (None: none), read before anything is
-    loaded; a static tier without one is an error naming what to set."""
-    if not (config.device_cache_bytes or config.ram_cache_bytes):
-        return None
-    profile = profile if profile is not None else config.device_cache_profile
-    if profile is None:
-        if config.cache_admission == "static":
-            raise EngramError(
-                "cache_admission 'static' keeps the rows of a profile: set device_cache_profile or pass profile= "
-                "(write one with `engram profile --out`), or use cache_admission 'online'"
-            )
-        return None
-    return profile if isinstance(profile, Mapping) else read_profile(profile)
-
-
-def keep_hot(
-    tables: list[Table], config: EngramConfig, hot: Mapping[str, torch.Tensor] | None, device: torch.device
-) -> None:
-    """Give the rank's tables their tiers: file-backed ones RAM (ram_cache_bytes), the others device memory
-    (device_cache_bytes), each budget split evenly over its tables."""
-    if hot is not None:
-        missing = sorted({t.name for t in tables} - set(hot))
-        if missing:
-            raise EngramError(
-                f"the profile has no hot rows for {', '.join(missing)}; profile this model with `engram profile --out`"
-            )
-    in_ram = [t for t in tables if t.shard.files and config.ram_cache_bytes]
-    on_device = [t for t in tables if t not in in_ram and config.device_cache_bytes]
-    if not all(t.cacheable(device) for t in on_device):
-        log.warning(
-            "engram: device_cache_bytes is not used for file-backed tables outside tmpfs/hugetlbfs "
-            "(they are gathered on host threads); put the checkpoint on tmpfs to read it over UVA and cache it, "
-            "or give them ram_cache_bytes"
-        )
-        on_device = [t for t in on_device if t.cacheable(device)]
-    tiers: tuple[tuple[TierName, torch.device, int, list[Table]], ...] = (
-        ("ram", torch.device("cpu"), config.ram_cache_bytes, in_ram),
-        ("device", device, config.device_cache_bytes, on_device),
-    )
-    for name, where, budget, chosen in tiers:
-        for table in chosen:
-            own = None if hot is None else hot[table.name]
-            counts = getattr(hot, "counts", {}).get(table.name)  # a profile file's; none for rows given as such
-            table.keep_hot(
-                budget // len(chosen), where, name, policy=config.cache_admission, hot=own, hot_counts=counts
-            )
 
 
 def init_from_env(backend: str = "gloo") -> int:

@@ -118,6 +118,12 @@ class TableShard:
         return self.placement == "node" and self.loaded_by is not None
 
     @property
+    def staged(self) -> bool:
+        """A file (or a node copy) the GPU cannot read over UVA (not on tmpfs or hugetlbfs, not registered):
+        host threads gather its rows for a GPU's lookups, one copy."""
+        return self.placement in ("file", "node") and self.device_pointer is None
+
+    @property
     def row_stop(self) -> int:
         return self.row_start + self.format.rows
 

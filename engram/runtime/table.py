@@ -7,49 +7,38 @@ bytes come from a checkpoint (engram.runtime.tables.open_tables loads many at on
 callbacks an engine's own weight loading calls (`Table.weight_loader`: vLLM's), or, for a file-backed
 shard, from nowhere at all: the rows are the file's pages.
 
-`Table` owns everything a lookup reads through: a tier of hot rows that learns from the traffic
-(engram.runtime.tier: device memory over a host table, device_cache_bytes; private RAM over a file-backed
-one, ram_cache_bytes), the host-thread gather and one copy of a file the GPU cannot read over UVA, the read-ahead of a cold file's
-rows and the resident-set budget over its page cache (file_cache_bytes). Its constructor checks the row
-range and the output once; `lookup` builds one GatherCall and runs it. engram's engine
-(EngramTables/EngramEmbedding) and the vLLM plugin (engram.integrations.vllm) both serve their tables
-through it, and the plugin imports nothing of the runtime below this module."""
+`Table` checks the row range and the output once, and serves lookups through the reader of its mode
+(engram.runtime.lookup: memory, a file's pages, a file through its RAM tier), chosen when it opens and
+when it gets a tier (engram.runtime.tiers: keep_hot). engram's engine (EngramTables/EngramEmbedding) and
+the vLLM plugin (engram.integrations.vllm) both serve their tables through it, and this module is the
+plugin's one door into the runtime: the names it needs are re-exported here."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from engram.errors import EngramError
-from engram.memory.outputs import empty_cpu
 from engram.memory.registration import CudaRuntime
-from engram.ops import GatherCall, use_sorted
-from engram.ops.checks import check_id_dtype, check_ids
-from engram.ops.devices import ensure_kernels
+from engram.ops.checks import check_id_dtype
 from engram.ops.segments import Rows, as_parameter
 from engram.runtime.checkpoints.loader import Checkpoint, shard_weight_loader, table_scale_loader
 from engram.runtime.dist import Group, timeout_s
-from engram.runtime.placement.filemap import (
-    file_shard,
-    in_files,
-    private_scales,
-    read_ahead,
-    reading,
-    rewritten,
-    watch_files,
-)
+from engram.runtime.lookup import reader_for
+from engram.runtime.placement.filemap import file_shard, watch_files
 from engram.runtime.placement.node_copy import node_shard
-from engram.runtime.placement.residency import ResidentBudget, storage_read_bytes
+from engram.runtime.placement.residency import DiskReads, ResidentBudget
 from engram.runtime.placement.storage import allocate, placement_for
-from engram.runtime.rowindex import FREE
-from engram.runtime.shard import Placement, ShardFormat, TableShard
-from engram.runtime.tier import POLICIES, WINDOW_IDS, Tier, TierName, TierStats, capacity_for, tier_bytes
-from engram.runtime.tiers.hot_rows import HotRows, Profile, cached_gather, read_profile
+from engram.runtime.shard import PACKED, Output, Part, Placement, ShardFormat, TableShard
+from engram.runtime.tiers.assign import configured_profile, keep_hot
+from engram.runtime.tiers.base import TierStats
+from engram.runtime.tiers.budget import TierName
+from engram.runtime.tiers.open import Tier, open_tier
+from engram.runtime.tiers.profile import Profile, read_profile
 
 __all__ = [
     "PACKED",
@@ -65,6 +54,8 @@ __all__ = [
     "Tier",
     "TierStats",
     "as_parameter",
+    "configured_profile",
+    "keep_hot",
     "open_shard",
     "open_table",
     "placement_for",
@@ -74,17 +65,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("engram")
-# Distinct rows of a file on disk read (or taken from its tier) per batch: their pages (about 8 MiB) and
-# rows fit beside a tier in a tight memory limit (bench_ram_tier: a prefill chunk asked for at once read
-# 2.7x its pages).
-READ_BATCH_ROWS = 2048
-BATCHED_IDS = 1 << 16  # a lookup of more ids than this (a prefill chunk) reads in batches even without a tier
-SCALES_SHARE = 4  # a RAM tier keeps its file's block scales in private memory when they take at most 1/4 of it
-
-# The output kind of the stored bytes: each row's weight bytes, then its block scales' bytes (uint8).
-PACKED: Literal["packed"] = "packed"
-Output = torch.dtype | Literal["packed"]
-Part = Literal["weight", "scale", "table_scale"]  # what a shard stores: rows, block scales, the table scale
 
 
 def uva_runtime() -> CudaRuntime | None:
@@ -151,31 +131,6 @@ def open_table(
     return Table(shard, table_rows, out_dtype=out_dtype, budget=budget, group=storage.get("group"))
 
 
-class Spread:
-    """Rows gathered once per distinct id, written to every position of a lookup's ids that asked for
-    them: `inverse` (torch.unique's) maps each position to its distinct id. Into `out` when given, else a
-    new (recycled) output made on the first put, of the rows' width and dtype."""
-
-    def __init__(self, inverse: torch.Tensor, distinct: int, out: torch.Tensor | None) -> None:
-        self.order = torch.argsort(inverse, stable=True)  # positions, grouped by distinct id
-        self.counts = torch.bincount(inverse, minlength=distinct)
-        self.starts = self.counts.cumsum(0) - self.counts
-        self.rows = None if out is None else out.view(inverse.numel(), -1)
-
-    def put(self, at: torch.Tensor, got: torch.Tensor) -> None:
-        """`got[i]` is the row of distinct id `at[i]`."""
-        if self.rows is None:
-            self.rows = empty_cpu((self.order.numel(), *got.shape[1:]), got.dtype)
-        counts = self.counts[at]
-        local = torch.repeat_interleave(torch.arange(at.numel()), counts)
-        offsets = torch.arange(local.numel()) - torch.repeat_interleave(counts.cumsum(0) - counts, counts)
-        self.rows[self.order[self.starts[at][local] + offsets]] = got[local]
-
-    def result(self, shape: torch.Size, out: torch.Tensor | None) -> torch.Tensor:
-        assert self.rows is not None
-        return out if out is not None else self.rows.view(*shape, *self.rows.shape[1:])
-
-
 @dataclass(frozen=True)
 class TableStats:
     """What a table is and what its lookups did."""
@@ -223,10 +178,20 @@ class Table:
         self.budget = budget if shard.files else None
         if self.budget is not None:
             watch_files(self.budget, shard)
-        # A file the GPU cannot read over UVA (not on tmpfs or hugetlbfs): host threads gather, one copy.
-        self.staged = shard.placement in ("file", "node") and shard.device_pointer is None
-        self.tier: Tier | None = None
-        self.lookups = self.ids = self.readahead_bytes = self.disk_bytes_read = 0
+        self.lookups = self.ids = self.readahead_bytes = 0
+        self.reads = DiskReads(shard.readahead)  # what its lookups read from storage
+        self.tier = None
+
+    @property
+    def tier(self) -> Tier | None:
+        """Its tier of hot rows, if it has one (keep_hot)."""
+        return self._tier
+
+    @tier.setter
+    def tier(self, tier: Tier | None) -> None:
+        """A new tier (or none) brings the reader of the mode it makes (engram.runtime.lookup)."""
+        self._tier = tier
+        self.reader = reader_for(self.shard, self.table_rows, tier, self.budget, self.reads)
 
     @property
     def name(self) -> str:
@@ -251,10 +216,6 @@ class Table:
     @property
     def table_scale(self) -> torch.Tensor | None:
         return self.shard.table_scale
-
-    def cacheable(self, device: torch.device | str) -> bool:
-        """Whether a cache in `device` memory can serve it: not a file a GPU reads through host threads."""
-        return not (self.staged and torch.device(device).type == "cuda")
 
     def _check_output(self, kind: Output) -> None:
         """Raise unless lookups can return `kind`: the stored dtype (rows as stored), bf16 or fp32 (or
@@ -289,216 +250,21 @@ class Table:
                 check_id_dtype(asked)
         self.lookups += 1
         self.ids += ids.numel()
-        if self.tier is not None:
-            if self.shard.files:
-                self._forget_if_rewritten(self.tier)
-            if self.tier.due and not (ids.is_cuda and torch.cuda.is_current_stream_capturing()):
-                self.refresh()  # between this table's lookups of two steps
-            self.tier.record(ids)
-        if not self.shard.files:
-            return self._lookup(ids, out, kind, check)
-        if self.shard.readahead and not ids.is_cuda and check is None:
-            if self.tier is not None and self.tier.eager:
-                return self._read_through_tier(ids, out, kind)
-            if ids.numel() > BATCHED_IDS:
-                return self._read_in_batches(ids, out, kind)
-        return self._read(ids, out, kind, check)
-
-    def _forget_if_rewritten(self, tier: Tier) -> None:
-        """A file behind the table rewritten in place since the tier copied rows from it (`cp new old`: same
-        inode, same size) makes those rows stale: the tier lets them all go, and the traffic admits them
-        again from the file as it now is. Noticed at the first lookup after the rewrite's last write."""
-        changed = rewritten(self.shard)
-        if changed:
-            log.warning(
-                "engram: %s changed while mapped: %s's tier lets its %d rows go and reads them again from the file",
-                ", ".join(changed), self.name, tier.admission.used,
-            )  # fmt: skip
-            tier.forget()
-
-    def _read(
-        self,
-        ids: torch.Tensor,
-        out: torch.Tensor | None,
-        kind: Output,
-        check: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """A lookup of a file-backed table: the pages of the rows to read (less the tier's) asked for at
-        once, then gathered, and the rows missed admitted to the tier while their pages are in the page
-        cache."""
-        wanted = ids if check is None else check
-        if self.tier is not None and not wanted.is_cuda:  # what the tier holds is not read from the file
-            wanted = wanted.reshape(-1)[~self.tier.admission.hits(wanted)]
-        with self._disk_reads(), reading(self.shard, wanted, self.budget):
-            rows = self._lookup(ids, out, kind, check)
-            if self.tier is not None:
-                self.tier.admit(ids)
-            return rows
-
-    def _read_in_batches(self, ids: torch.Tensor, out: torch.Tensor | None, kind: Output) -> torch.Tensor:
-        """A lookup of a file on disk from host ids: each distinct row read once, READ_BATCH_ROWS at a time
-        in address order (their pages asked for, then gathered), each batch's rows written straight to
-        every id that asked for them. Batches, because a prefill chunk's pages can be more than the memory
-        left for the page cache: asked for all at once, they push each other out before the gather reaches
-        them, and are read twice."""
-        distinct, inverse = torch.unique(ids.reshape(-1), return_inverse=True)
-        spread = Spread(inverse, distinct.numel(), out)
-        for start in range(0, distinct.numel(), READ_BATCH_ROWS):
-            at = torch.arange(start, min(start + READ_BATCH_ROWS, distinct.numel()))
-            with self._disk_reads(), reading(self.shard, distinct[at], self.budget):
-                spread.put(at, self._gather(distinct[at], kind))
-        return spread.result(ids.shape, out)
-
-    def _read_through_tier(self, ids: torch.Tensor, out: torch.Tensor | None, kind: Output) -> torch.Tensor:
-        """A lookup of a file on disk from host ids through its RAM tier. The distinct rows it does not
-        hold are admitted (Tier.admitting): read from the disk straight into their slots, all at once,
-        where direct reads work, else READ_BATCH_ROWS at a time in address order through the page cache
-        (as _read_in_batches), copied while their pages are resident. Every id's row is gathered from
-        the tier while the first reads are on their way (the rows not held yet come out as zeros), and
-        the rows admitted are then written to their ids. Its hits and the rows it admits are pinned until
-        then (Tier.serving). A row it cannot admit (a static tier, or a lookup that pins every slot) is
-        gathered from the file, READ_BATCH_ROWS at a time, and written straight to its ids (Spread)."""
-        tier = self.tier
-        assert tier is not None
-        flat = ids.reshape(-1)
-        if not flat.numel():
-            return self._read(ids, out, kind, None)
-        distinct, inverse = torch.unique(flat, return_inverse=True)
-        distinct = distinct.to(torch.int64)  # int32 ids too: the tier's rows are int64
-        check_ids(distinct[[0, -1]], self.table_rows)  # as the file's gather would: the tier's reads no id
-        with tier.serving(distinct, inverse) as slot:
-            misses = ((slot == FREE) & (distinct >= self.row_start) & (distinct < self.shard.row_stop)).nonzero()
-            misses = misses.squeeze(1)  # others' rows and DEAD_ID keep FREE, a DEAD_ID slot: zeros
-            if not misses.numel():
-                return self._from_tier(slot[inverse].view(ids.shape), kind, out)
-            rows, spread, admitted = None, None, torch.zeros(distinct.numel(), dtype=torch.bool)
-            batch = misses.numel() if tier.direct else READ_BATCH_ROWS  # direct reads leave no page to push out
-            for start in range(0, misses.numel(), batch):
-                at = misses[start : start + batch]
-                asking = (
-                    contextlib.nullcontext()
-                    if tier.direct
-                    else reading(self.shard, distinct[at], self.budget, behind=True)
-                )
-                with self._disk_reads(), asking, tier.admitting(distinct[at]) as got:
-                    if rows is None:  # the CPU's share of the lookup, while the disk reads the first batch
-                        rows = self._from_tier(slot[inverse].view(ids.shape), kind, out)
-                slot[at[: got.numel()]] = got
-                admitted[at[: got.numel()]] = True
-                left = at[got.numel() :]
-                for first in range(0, left.numel(), READ_BATCH_ROWS):  # pages that fit the page cache at once
-                    part = left[first : first + READ_BATCH_ROWS]
-                    spread = spread or Spread(inverse, distinct.numel(), rows)
-                    with self._disk_reads(), reading(self.shard, distinct[part], self.budget):
-                        spread.put(part, self._gather(distinct[part], kind))
-            assert rows is not None
-            late = admitted[inverse].nonzero().squeeze(1)  # the ids whose rows this lookup admitted
-            for start in range(0, late.numel(), READ_BATCH_ROWS):  # a few MB of transient rows at a time
-                at = late[start : start + READ_BATCH_ROWS]
-                rows.view(flat.numel(), -1)[at] = self._gather(slot[inverse[at]], kind, from_tier=True)
-        return rows
-
-    def _from_tier(self, slots: torch.Tensor, kind: Output, out: torch.Tensor | None) -> torch.Tensor:
-        """The tier's rows in `slots` (FREE: zeros), into `out` when given."""
-        rows = self._gather(slots, kind, from_tier=True)
-        return rows if out is None else out.copy_(rows)
-
-    def _gather(self, ids: torch.Tensor, kind: Output, *, from_tier: bool = False) -> torch.Tensor:
-        """Rows of `ids` in `kind` read from the table alone, or (`from_tier`) the tier's rows in slots `ids`."""
-        parts = []
-        for call in self._calls(ids, kind, None):
-            if from_tier:
-                assert self.tier is not None
-                hot = self._hot(self.tier.rows, call)
-                call = GatherCall(
-                    hot.weight, hot.scale, ids, 0, hot.weight.shape[0], call.out_dtype, table_scale=call.table_scale
-                )
-            parts.append(call.run())
-        return torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
-
-    @contextlib.contextmanager
-    def _disk_reads(self) -> Iterator[None]:
-        """Count what the reads inside bring in from storage (a file-backed table on disk; a rank's
-        lookups run one at a time, so its process's count is theirs)."""
-        before = storage_read_bytes() if self.shard.readahead else 0
-        try:
-            yield
-        finally:
-            if self.shard.readahead:
-                self.disk_bytes_read += storage_read_bytes() - before
+        return self.reader.lookup(ids, out, kind, check)
 
     def prefetch(self, ids: torch.Tensor) -> int:
         """Start reading the pages of these rows of a file-backed table on disk, so that the lookup to come
         finds them in the page cache; the bytes asked for (0 where every probed page was resident, or the
         table is in memory)."""
         check_id_dtype(ids)
-        if not self.shard.readahead:
-            return 0
-        with self._disk_reads():
-            asked = read_ahead(self.shard, ids)
-        self.readahead_bytes += 0 if asked is None else asked.bytes
-        return 0 if asked is None else asked.bytes
+        asked = self.reader.prefetch(ids)
+        self.readahead_bytes += asked
+        return asked
 
-    def _lookup(
-        self, ids: torch.Tensor, out: torch.Tensor | None, kind: Output, check: torch.Tensor | None
-    ) -> torch.Tensor:
-        ensure_kernels(ids.device)
-        if self.staged and ids.is_cuda:  # host threads read the file's pages; one copy to the GPU
-            host = self._rows(ids.cpu(), kind, None if check is None else check.cpu())
-            rows = host.pin_memory().to(ids.device, non_blocking=True)
-            return rows if out is None else out.copy_(rows)
-        if out is not None and self.tier is None and kind != PACKED:
-            return self._call(ids, out, check).run()
-        rows = self._rows(ids, kind, check)
-        return rows if out is None else out.copy_(rows)
-
-    def _rows(self, ids: torch.Tensor, kind: Output, check: torch.Tensor | None) -> torch.Tensor:
-        parts = [
-            call.run() if self.tier is None else self._cached(call, counted=not i)  # a packed lookup counts once
-            for i, call in enumerate(self._calls(ids, kind, check))
-        ]
-        return torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
-
-    def _calls(self, ids: torch.Tensor, kind: Output, check: torch.Tensor | None) -> list[GatherCall]:
-        """The gathers of `ids` in `kind` from the table: one, or for PACKED one per stored part (the
-        weight's bytes, then the scales')."""
-        if kind != PACKED:
-            return [self._call(ids, kind, check)]
-        sort = self._sorted(ids)
-        return [
-            GatherCall(part.view(torch.uint8), None, ids, self.row_start, self.table_rows, torch.uint8, sort, check)
-            for part in (self.shard.weight, self.shard.scale)
-            if part is not None
-        ]
-
-    def _call(self, ids: torch.Tensor, out: torch.Tensor | torch.dtype, check: torch.Tensor | None) -> GatherCall:
-        shard = self.shard
-        dtype = out.dtype if isinstance(out, torch.Tensor) else out
-        if dtype == shard.weight.dtype:  # as stored: no scale applied (Qwen4Exp's fp8 rows, say)
-            return GatherCall(shard.weight, None, ids, shard.row_start, self.table_rows, out, self._sorted(ids), check)
-        table_scale = None if shard.table_scale is None else float(shard.table_scale[0])  # a loader may set it late
-        return GatherCall(
-            shard.weight, shard.scale, ids, shard.row_start, self.table_rows, out, self._sorted(ids), check, table_scale
-        )
-
-    def _sorted(self, ids: torch.Tensor) -> bool:
-        return use_sorted(ids.numel(), self.shard.weight, ids.device)
-
-    def _cached(self, call: GatherCall, *, counted: bool) -> torch.Tensor:
-        """`call` with the tier's hits read from it; `counted`: its ids are added to the tier's counters
-        (a packed lookup gathers twice, and counts once)."""
-        tier = self.tier
-        assert tier is not None
-        counts = tier.counts if counted else None
-        return cached_gather(self._hot(tier.rows, call), call, counts, (self.shard.row_start, self.shard.row_stop))
-
-    def _hot(self, cache: HotRows, call: GatherCall) -> HotRows:
-        """The tier's rows in the form `call` reads the table's: as stored, raw bytes, or with scales."""
-        if call.weight is self.shard.weight:
-            return cache if call.scale is not None else cache.view(cache.weight, None)
-        stored = cache.weight if call.weight.data_ptr() == self.shard.weight.data_ptr() else cache.scale
-        assert stored is not None
-        return cache.view(stored.view(torch.uint8), None)
+    @property
+    def disk_bytes_read(self) -> int:
+        """What its lookups, prefetches and tier read from storage (a file-backed table on disk)."""
+        return self.reads.bytes
 
     def keep_hot(
         self,
@@ -511,71 +277,22 @@ class Table:
         hot_counts: torch.Tensor | None = None,
         **tuning: int,
     ) -> int:
-        """Keep this shard's hottest rows in `device` memory (a tier: the "device" one over a host table,
-        the "ram" one over a file-backed table), as many as `budget_bytes` hold with the tier's own ids,
-        ring and sketch (capacity_for), and for a RAM tier the block scales it may keep (_scales_kept);
-        the rows it can hold.
-        `hot`: a profile's rows (most frequent first), its warm start, and `hot_counts` their counts (the
-        estimate's start: Admission.warm); with policy "static" the only rows it holds. `tuning`: Tier's window_ids and half_life. Call it once the rows are loaded."""
-        if not self.cacheable(device):
-            log.warning(
-                "engram: device_cache_bytes is not used for %s: its file is gathered on host threads (put the "
-                "checkpoint on tmpfs to read it over UVA and cache it)",
-                self.name,
-            )
-            return 0
-        if policy not in POLICIES:
-            raise EngramError(f"{self.name}: a tier's policy is one of {', '.join(POLICIES)}, not {policy!r}")
-        if policy == "static" and hot is None:
-            raise EngramError(f"{self.name}: a static tier keeps a profile's rows; give it one (engram profile --out)")
-        window = tuning.get("window_ids", WINDOW_IDS)
-        scales = self._scales_kept(budget_bytes)
-        capacity = capacity_for(
-            budget_bytes - scales,
-            self.shard.format.row_bytes,
-            self.shard.rows,
-            window,
-            policy,
-            eager=self.shard.readahead,
-        )
-        if capacity == 0:
-            self.tier = None
-            if budget_bytes > 0 and self.shard.rows:
-                need = scales + tier_bytes(1, self.shard.format.row_bytes, self.shard.rows, window, policy, self.shard.readahead)  # fmt: skip
-                log.warning(
-                    "engram: %s gets no %s tier of hot rows: its %s bytes hold no row once the tier's own state is "
-                    "paid; give its tier at least %s bytes (the rank's budget is split over its tables), or 0 for none",
-                    self.name, name, f"{budget_bytes:,}", f"{need:,}",
-                )  # fmt: skip
-            return 0
-        if scales:
-            with self._disk_reads():
-                private_scales(self.shard)
-        tier = Tier(self.shard, capacity, device, name, policy=policy, scale_bytes=scales, **tuning)
-        if hot is not None:
-            with self._disk_reads():
-                held = tier.warm(hot, hot_counts)
-            if held == 0 and policy == "static":
-                return 0  # the profile has none of this shard's rows
-        self.tier = tier
-        return capacity
-
-    def _scales_kept(self, budget_bytes: int) -> int:
-        """The bytes of a RAM tier's budget its shard's block scales take in private memory
-        (private_scales): kept there when they take at most 1/SCALES_SHARE of it, so that most of it
-        holds rows, or when they already are."""
-        scale = self.shard.scale
-        if not self.shard.readahead or scale is None:
-            return 0
-        size = scale.numel() * scale.element_size()
-        return 0 if in_files(self.shard, scale) and size * SCALES_SHARE > budget_bytes else size
+        """Keep this shard's hottest rows in a tier of `budget_bytes` in `device` memory (tiers.open.open_tier:
+        a RamTier over a file on disk, a DeviceTier over memory; `hot`, `hot_counts` a profile's warm start,
+        `tuning` the device tier's window_ids and half_life); the rows it can hold. Call it once the rows are
+        loaded: the table reads through its tier from its next lookup."""
+        self.tier = open_tier(
+            self.shard, budget_bytes, device, name, policy=policy, hot=hot, hot_counts=hot_counts,
+            disk_reads=self.reads, **tuning,
+        )  # fmt: skip
+        return 0 if self.tier is None else self.tier.capacity
 
     def refresh(self) -> int:
-        """Refresh the tier from the ids served since the last refresh (Tier.refresh); the rows admitted.
-        Call it between steps."""
+        """Refresh the tier from the ids served since the last refresh (DeviceTier.refresh); the rows
+        admitted. Call it between steps."""
         if self.tier is None:
             return 0
-        with self._disk_reads():
+        with self.reads():
             return self.tier.refresh()
 
     def weight_loader(self, part: Part) -> Callable[..., None]:

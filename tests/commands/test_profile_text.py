@@ -20,13 +20,15 @@ from engram.apps.presets import get_preset
 from engram.apps.replay import STEP_TOKENS
 from engram.cli import main
 from engram.ngram.vocab import deepseek_v4_tokenizer
-from engram.runtime import table as table_module
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.checkpoints.writer import write_checkpoint
+from engram.runtime.lookup.file import FileReader
 from engram.runtime.plan import table_shards
 from engram.runtime.table import Table, read_profile
 from engram.runtime.tables import open_tables
-from engram.runtime.tier import WINDOW_IDS, Tier, state_bytes
+from engram.runtime.tiers.budget import WINDOW_IDS, state_bytes
+from engram.runtime.tiers.device import DeviceTier
+from engram.runtime.tiers.ram import RamTier
 from tests.runtime.shards import random_shard
 
 TINY = get_preset("tiny")
@@ -112,7 +114,7 @@ def test_replay_of_plain_text_and_json_lines(
         for table, (stream, hot, counts, rows) in enumerate(hot_sets):
             shard = random_shard(TINY.layout.table_rows[table], "fp8", table, dim=32)
             runtime = Table(shard, shard.rows)
-            runtime.tier = Tier(shard, rows, "cpu", "device")
+            runtime.tier = DeviceTier(shard, rows, "cpu")
             runtime.tier.warm(torch.tensor(hot), torch.tensor(counts))
             for step in torch.split(stream, STEP_TOKENS):
                 runtime.lookup(step)
@@ -139,7 +141,7 @@ def test_the_ram_tier_replay_hits_what_a_file_backed_table_serves(
     served = torch.tensor([i for t in texts["prose_texts"] for i in tokenizer.encode(t, add_special_tokens=False).ids])
     fit = torch.tensor(tokenizer.encode((d / "fit.py").read_text(), add_special_tokens=False).ids)
     write_checkpoint(TINY, tmp_path, seed=3)
-    monkeypatch.setattr(table_module, "READ_BATCH_ROWS", 1 << 20)
+    monkeypatch.setattr(FileReader, "batch_rows", 1 << 20)
     tables = open_tables(TINY, Checkpoint(tmp_path), "file", plans=table_shards(TINY, 0, 1), progress=False)
     served_hits = 0
     for table, (shard, stream, fitted) in enumerate(zip(tables, hashed(served), hashed(fit), strict=True)):
@@ -151,7 +153,7 @@ def test_the_ram_tier_replay_hits_what_a_file_backed_table_serves(
         assert runtime.keep_hot(budget, "cpu", "ram", hot=hot, hot_counts=counts) == rows
         for step in torch.split(stream, STEP_TOKENS):
             runtime.lookup(step)
-        assert runtime.tier is not None and runtime.tier.eager
+        assert isinstance(runtime.tier, RamTier)
         served_hits += runtime.tier.stats().hits
         runtime.release()
     assert sum(w["hits"] for w in ram["windows"]) == served_hits > 0

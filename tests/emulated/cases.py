@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from engram.ops import DEAD_ID, SCALE_DTYPE, cpu, gather, gather_reference, kernel_ids, ngram_hash_reference
 from engram.ops.cuda import gather_cuda
-from engram.runtime.rowindex import EMPTY, FREE, buckets_for
-from engram.runtime.tier import CLEAR, PINNED, SET
+from engram.runtime.tiers.clock import CLEAR, PINNED, SET
+from engram.runtime.tiers.row_index import EMPTY, FREE, buckets_for
 from tests.bits import same_bytes
 from tests.emulated.library import emulated, sanitized_tier
 from tests.runtime.placement.reference import direct_ranges

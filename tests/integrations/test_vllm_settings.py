@@ -92,8 +92,8 @@ def test_the_section_with_vllms_fields_beside_it(monkeypatch: pytest.MonkeyPatch
         (
             {"engram": {"device_cache_bytes": 1, "cache_admission": "static"}},
             None,
-            "engram setting 'cache_admission' 'static' needs 'device_cache_profile': the hot rows `engram profile "
-            "--out` wrote for this model \\(or use 'online'\\)",
+            "cache_admission 'static' keeps the rows of a profile: set device_cache_profile to the hot rows "
+            "`engram profile --out` wrote for this model, or use cache_admission 'online'",
         ),
         (
             {"engram": {"device_cache_bytes": 1, "device_cache_profile": "/nonexistent/hot.safetensors"}},

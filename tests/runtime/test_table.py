@@ -24,7 +24,7 @@ from engram.runtime.placement.filemap import in_memory_fs
 from engram.runtime.placement.residency import drop_file_cache
 from engram.runtime.shard import Placement
 from engram.runtime.table import PACKED, ShardFormat, Table, open_table
-from engram.runtime.tier import state_bytes
+from engram.runtime.tiers.budget import state_bytes
 from tests.bits import same_bits
 from tests.runtime.reference import DEAD_ID, dequantise
 

@@ -14,7 +14,7 @@ from vllm.models.deepseek_v41.common import engram as vllm_engram
 from engram.config import EngramConfig
 from engram.errors import EngramError
 from engram.integrations.vllm import files
-from engram.integrations.vllm.cache import keep_hot
+from engram.integrations.vllm.cache import give_tier
 from engram.integrations.vllm.metrics import METRICS
 from engram.integrations.vllm.settings import engram_config, open_vllm_table, placement
 from engram.runtime.table import PACKED, ShardFormat, Table, as_parameter, shared_group
@@ -82,7 +82,7 @@ class EngramParallelEmbedding(vllm_engram.ParallelEngramEmbedding):
         dim] or packed bytes (values, then scales, per head); heads past the last and rows of other ranks
         read zeros."""
         table = self._hot_table()
-        if table is None or not indices.shape[0] or (indices.is_cuda and table.tier is None and not table.staged):
+        if table is None or not indices.shape[0] or (indices.is_cuda and table.tier is None and not table.shard.staged):
             super().lookup(indices, out, background)
             return
         tokens, heads = indices.shape[0], self.part_n_hash_cols
@@ -100,7 +100,7 @@ class EngramParallelEmbedding(vllm_engram.ParallelEngramEmbedding):
         """The engram table, its tier of hot rows (device_cache_bytes, ram_cache_bytes) built on the first lookup."""
         table = self.engram_table
         if table is not None and not self._cache_built and self.cpu_offload:
-            keep_hot(self._engram, self._table_name, table, self._tables)
+            give_tier(self._engram, self._table_name, table, self._tables)
         self._cache_built = True
         return table
 

@@ -97,7 +97,7 @@ class Metrics:
         a table with a RAM tier or none."""
         seen = self._published.setdefault(table, Published())
         tier = table.tier
-        if tier is not None and not tier.eager:
+        if tier is not None and tier.windowed:
             if tier.refreshes == seen.refreshes and seen.same_tier(tier):
                 return
         elif table.lookups - seen.lookups < PUBLISH_EVERY and seen.same_tier(tier):

@@ -21,7 +21,7 @@ from vllm.models.qwen4_exp.common.ngram_embedding import (
 from engram.config import EngramConfig
 from engram.errors import EngramError
 from engram.integrations.vllm import files
-from engram.integrations.vllm.cache import keep_hot
+from engram.integrations.vllm.cache import give_tier
 from engram.integrations.vllm.metrics import METRICS
 from engram.integrations.vllm.settings import engram_config, open_vllm_table, placement
 from engram.runtime.table import Part, ShardFormat, Table, as_parameter
@@ -118,7 +118,7 @@ class EngramStorage:
         table = self.engram_table
         assert table is not None
         if not self._cache_built and self._cacheable:
-            keep_hot(self._engram, self.prefix, table, self._tables)
+            give_tier(self._engram, self.prefix, table, self._tables)
         self._cache_built = True
         method = self.embedding_method  # 0.32's has no lookup_dtype: its lookups return the rows as stored
         rows = table.lookup(
@@ -170,7 +170,7 @@ def _host_views_of_staged(module: EngramStorage) -> Iterator[None]:
     theirs = vllm_ple.get_accelerator_view_from_cpu_tensor
 
     def view(tensor: torch.Tensor) -> torch.Tensor:
-        return tensor if module.engram_table is not None and module.engram_table.staged else theirs(tensor)
+        return tensor if module.engram_table is not None and module.engram_table.shard.staged else theirs(tensor)
 
     vllm_ple.get_accelerator_view_from_cpu_tensor = view
     try:

@@ -16,7 +16,7 @@ from vllm.models.qwen4_exp.nvidia.ngram_embedding import Qwen4ExpPLEDiskOffloadE
 from engram.config import EngramConfig
 from engram.errors import EngramError
 from engram.integrations.vllm import files
-from engram.integrations.vllm.cache import keep_hot
+from engram.integrations.vllm.cache import give_tier
 from engram.integrations.vllm.metrics import METRICS
 from engram.integrations.vllm.qwen import _init_engram, _row_format
 from engram.integrations.vllm.settings import open_vllm_table
@@ -89,7 +89,7 @@ class EngramQwenDiskOffloadEmbedding(Qwen4ExpPLEDiskOffloadEmbedding):
             raise EngramError(
                 f"engram: vLLM stages {row_bytes}-byte rows of {name}, engram's {fmt.dtype} table has {fmt.row_bytes}"
             )
-        keep_hot(config, self.prefix, table, self._tables)
+        give_tier(config, self.prefix, table, self._tables)
         self._bound = True
 
     def stage_rows(self, num_tokens: int) -> None:

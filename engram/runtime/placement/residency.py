@@ -11,12 +11,13 @@ all of it, so the bound is the node's: past it, every rank releases what it hold
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import logging
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -200,3 +201,21 @@ def storage_read_bytes() -> int:
     except OSError:
         pass
     return 0
+
+
+class DiskReads:
+    """What the reads of one file-backed table on disk bring in from storage, counted around them (a rank's
+    lookups run one at a time, so its process's count is theirs); nothing for a table in memory."""
+
+    def __init__(self, on_disk: bool) -> None:
+        self.on_disk = on_disk
+        self.bytes = 0
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        before = storage_read_bytes() if self.on_disk else 0
+        try:
+            yield
+        finally:
+            if self.on_disk:
+                self.bytes += storage_read_bytes() - before

@@ -1,6 +1,6 @@
 """Hot rows of a table kept in faster memory: device memory over a host table (device_cache_bytes), or
-private RAM over a file-backed one (ram_cache_bytes). Which rows a tier holds is chosen by engram.runtime.tier
-(from the served traffic, or from a profile of real text). A lookup finds each id in the tier's sorted
+private RAM over a file-backed one (ram_cache_bytes). Which rows a tier holds is chosen by the tier
+(engram.runtime.tiers: from the served traffic, or from a profile of real text). A lookup finds each id in the tier's sorted
 ids (torch.searchsorted: static shapes, no host sync, capturable), reads hits from the tier's slots and
 misses from the table, and merges the two: bit for bit the uncached lookup, since both read the same
 stored bytes through the same kernels. DEAD_ID, rows of other shards and ids outside the table never hit
@@ -8,19 +8,14 @@ stored bytes through the same kernels. DEAD_ID, rows of other shards and ids out
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import torch
 
-from engram.errors import EngramError
 from engram.ops import DEAD_ID, GatherCall
 from engram.ops.segments import Rows, dense
-from engram.runtime.checkpoints.files import check_regular
-from engram.runtime.checkpoints.loader import SafetensorsFile
-from engram.runtime.rowindex import RowIndex
 from engram.runtime.shard import TableShard
+from engram.runtime.tiers.row_index import RowIndex
 
 EMPTY_KEY = torch.iinfo(torch.int64).max  # an unused slot's id: above every row id, never looked up
 
@@ -49,36 +44,6 @@ class HotRows:
         assert self.ids is not None
         position, hit = find(self.ids, flat)
         return hit, position if self.slots is None else self.slots[position]
-
-
-class Profile(dict[str, torch.Tensor]):
-    """The hot rows per table of a profile (most frequent first), and in `counts` how often it saw each."""
-
-    def __init__(self, rows: dict[str, torch.Tensor], counts: dict[str, torch.Tensor]) -> None:
-        super().__init__(rows)
-        self.counts = counts
-
-
-def read_profile(path: str | os.PathLike[str]) -> Profile:
-    """The hot rows per table ('<table>.hot_rows', most frequent first) of an `engram profile --out` file,
-    and their counts ('<table>.hot_counts'), read into private memory: never a view of a mapping of the
-    file, which a rewrite under a running engine would turn into SIGBUS."""
-    where = Path(path)
-    check_regular(where, "the profile")  # a FIFO or a missing file, named as such
-    try:
-        file = SafetensorsFile(where)
-        parts = {
-            suffix: {n.removesuffix(suffix): file.tensor(n) for n in file.entries if n.endswith(suffix)}
-            for suffix in (".hot_rows", ".hot_counts")
-        }
-        return Profile(parts[".hot_rows"], parts[".hot_counts"])
-    except EngramError as exc:
-        raise EngramError(f"cannot read the profile {exc}; write one with `engram profile --out`") from None
-    except (MemoryError, RuntimeError) as exc:  # a header claiming more rows than memory holds
-        raise EngramError(
-            f"cannot read the profile {where}: its hot rows do not fit in this process's memory "
-            f"({str(exc).splitlines()[0][:120]}); write a smaller one with `engram profile --out`"
-        ) from None
 
 
 def stored_rows(shard: TableShard, part: Rows, rows: torch.Tensor, device: torch.device | str) -> torch.Tensor:

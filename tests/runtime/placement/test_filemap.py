@@ -33,7 +33,7 @@ from engram.runtime.plan import TableShardPlan, table_shards
 from engram.runtime.shard import ShardFormat, TableShard
 from engram.runtime.table import Table
 from engram.runtime.tables import open_tables
-from engram.runtime.tier import Tier
+from engram.runtime.tiers.ram import RamTier
 from tests.bits import same_bits
 from tests.memory.fakes import FakeRuntime
 from tests.runtime import workers
@@ -180,8 +180,8 @@ CHILD = textwrap.dedent(
         print(int(shards[-1].weight[-1].view(torch.uint8).sum()))
     try:
         if how == "cache":  # a device cache chosen from a profile reads its hot rows from the file
-            from engram.runtime.tier import Tier
-            Tier(shards[-1], 4096, "cpu", "ram").warm(ids[:, 0].contiguous())
+            from engram.runtime.tiers.ram import RamTier
+            RamTier(shards[-1], 4096).warm(ids[:, 0].contiguous())
         else:
             layer(ids)
     except EngramError as exc:
@@ -327,7 +327,7 @@ def test_device_cache_rows_of_a_file_backed_table_are_read_guarded(small_checkpo
     loaded = open_tables(SMALL, Checkpoint(small_checkpoint), "host", plans=plans, progress=False)
     tiers = []
     for shards in (mapped, loaded):
-        tiers.append([Tier(s, 8, "cpu", "ram") for s in shards])
+        tiers.append([RamTier(s, 8) for s in shards])
         for i, tier in enumerate(tiers[-1]):
             assert tier.warm(torch.tensor([5, 1, plans[i].table_rows - 1, 40])) == 4
     for first, second in zip(tiers[0], tiers[1], strict=True):

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from engram.errors import EngramError
 from engram.ops import cpu
-from engram.runtime.rowindex import EMPTY, FREE, LOAD, RowIndex, buckets_for
-from engram.runtime.tier import CLEAR, PINNED, SET
+from engram.runtime.tiers.clock import CLEAR, PINNED, SET
+from engram.runtime.tiers.row_index import EMPTY, FREE, LOAD, RowIndex, buckets_for
 
 START, ROWS = 1000, 5000  # the shard's global rows [START, START + ROWS)
 

@@ -1,9 +1,7 @@
-"""Tiers of hot rows that learn from the traffic: the sketch's bounds, the admission's choice against
-its definition, rows in the slots bit-equal to the table's own bytes, lookups bit-equal to the uncached
-ones across refreshes, the tier's state rewritten in place, counters reconciling with counts made
-outside the code under test, and a RAM tier over a file-backed table that admits after every lookup:
-its choice against its definition, its rows bit-equal across prefill- and decode-sized lookups, and the
-file read only for its misses."""
+"""The RAM tier (ram_cache_bytes over a checkpoint file on disk): its CLOCK choice against CLOCK taken one
+slot at a time, and its lookups (through the page cache and past it) bit-equal to the loaded table's,
+whatever fails or changes under them: ids out of range, failed reads, a rewritten file, a file system or
+io_uring that refuses."""
 
 from __future__ import annotations
 
@@ -23,23 +21,24 @@ from hypothesis import strategies as st
 
 from engram.errors import EngramError
 from engram.memory.mapping import PAGE, madvise
-from engram.ops import DEAD_ID, gather
-from engram.runtime import table as table_module
-from engram.runtime import tier as tier_module
+from engram.ops import DEAD_ID
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.checkpoints.writer import write_checkpoint
+from engram.runtime.lookup.file import FileReader
 from engram.runtime.placement import filemap as filemap_module
 from engram.runtime.placement.filemap import DIRECT_GAP, DIRECT_MAX_RANGE, direct_file, in_files
 from engram.runtime.placement.residency import MADV_DONTNEED, drop_file_cache, resident_bytes, resident_pages
 from engram.runtime.plan import table_shards
-from engram.runtime.sketch import DEPTH, SATURATED, FrequencySketch
 from engram.runtime.table import PACKED, Table
 from engram.runtime.tables import open_tables
-from engram.runtime.tier import PINNED, Admission, EagerAdmission, Tier, capacity_for, state_bytes
-from engram.runtime.tiers.hot_rows import EMPTY_KEY
+from engram.runtime.tiers import base as base_module
+from engram.runtime.tiers import ram as ram_module
+from engram.runtime.tiers.budget import capacity_for, state_bytes
+from engram.runtime.tiers.clock import PINNED, ClockAdmission
+from engram.runtime.tiers.open import Tier
+from engram.runtime.tiers.ram import RamTier
 from tests.bits import same_bits
 from tests.runtime.placement.reference import direct_ranges
-from tests.runtime.shards import random_shard
 from tests.runtime.specs import SMALL
 
 
@@ -48,151 +47,6 @@ def zipf_ids(generator: torch.Generator, rows: int, count: int, shift: int = 0) 
     weights = 1.0 / torch.arange(1, rows + 1, dtype=torch.float64)
     ranks = torch.multinomial(weights, count, replacement=True, generator=generator)
     return (ranks * 7919 + shift) % rows
-
-
-def test_the_sketch_never_underestimates_and_halves() -> None:
-    generator = torch.Generator().manual_seed(1)
-    sketch = FrequencySketch(1 << 12, half_life=3)
-    assert sketch.nbytes == DEPTH * (1 << 12) * 4
-    ids = zipf_ids(generator, 50_000, 20_000)
-    sketch.add(ids)
-    distinct, counts = torch.unique(ids, return_counts=True)
-    estimate = sketch.estimate(distinct)
-    assert bool((estimate >= counts).all())
-    wide = FrequencySketch(1 << 16)
-    wide.add(ids)  # 16 times the distinct ids: an id whose 4 counters all collide is rare
-    assert float((wide.estimate(distinct) == counts).float().mean()) > 0.99
-    before = sketch.counts.clone()
-    sketch.add(ids[:0])
-    sketch.add(ids[:0])  # the third addition halves first
-    assert torch.equal(sketch.counts, before >> 1)
-    with pytest.raises(ValueError, match="power of two"):
-        FrequencySketch(3000)
-    full = FrequencySketch(1 << 12)  # weighted counts saturate at the int32 maximum, never wrap
-    big = torch.tensor([SATURATED - 5, SATURATED - 5])
-    full.add(torch.tensor([7, 7]), big)
-    full.add(torch.tensor([7]))
-    assert int(full.estimate(torch.tensor([7]))[0]) == SATURATED and int(full.counts.min()) >= 0
-
-
-def check_choice(admission: Admission, held_before: set[int], pool: torch.Tensor) -> None:
-    """The admission's state after a refresh, against its definition: ids ascending, EMPTY_KEY past the
-    held ones, slots a permutation; held = min(capacity, pool) rows, and no row outside beats one inside
-    (score: twice the estimate, plus one for a row held before)."""
-    keys, slots, used = admission.keys, admission.slots, admission.used
-    assert torch.equal(torch.sort(slots).values, torch.arange(admission.capacity))
-    assert bool((keys[:used][1:] > keys[:used][:-1]).all()) and bool((keys[used:] == EMPTY_KEY).all())
-    candidates = sorted(held_before | set(pool.tolist()))
-    assert used == min(admission.capacity, len(candidates))
-    assert admission.sketch is not None
-    estimate = dict(zip(candidates, admission.sketch.estimate(torch.tensor(candidates)).tolist(), strict=True))
-
-    def score(row: int) -> int:
-        return 2 * estimate[row] + (row in held_before)
-
-    held = set(keys[:used].tolist())
-    outside = [score(r) for r in candidates if r not in held]
-    if outside:
-        assert min(score(r) for r in held) >= max(outside)
-
-
-def test_admission_keeps_the_rows_of_highest_estimate() -> None:
-    generator = torch.Generator().manual_seed(2)
-    admission = Admission(300, (100, 5100), half_life=4, window_ids=2000)
-    for step in range(12):
-        window = zipf_ids(generator, 6000, 2000, shift=0 if step < 6 else 2500)  # some outside [100, 5100)
-        before = set(admission.keys[: admission.used].tolist())
-        change = admission.refresh(window)
-        owned = window[(window >= 100) & (window < 5100)]
-        check_choice(admission, before, owned)
-        held = set(admission.keys[: admission.used].tolist())
-        assert set(change.admitted.tolist()) == held - before and change.evicted == len(before - held)
-
-
-def test_warm_start_and_static_tiers() -> None:
-    admission = Admission(3, (10, 20), policy="static")
-    change = admission.warm(torch.tensor([15, 2, 11, 19, 12]))  # 2 is another shard's row
-    assert admission.keys.tolist() == [11, 15, 19] and change.admitted.tolist() == [15, 11, 19]
-    assert admission.refresh(torch.tensor([12, 12, 12])).admitted.numel() == 0  # static: never changes
-    assert admission.keys.tolist() == [11, 15, 19]
-    with pytest.raises(EngramError, match="lists a row twice"):
-        admission.warm(torch.tensor([11, 11]))
-    shard = random_shard(10, "fp8", 1)
-    with pytest.raises(EngramError, match="a static tier keeps a profile's rows"):
-        Table(shard, 10).keep_hot(1 << 20, "cpu", policy="static")
-    with pytest.raises(EngramError, match="a tier's policy is one of online, static, not 'lru'"):
-        Table(shard, 10).keep_hot(1 << 20, "cpu", policy="lru")
-
-
-@pytest.mark.parametrize("dtype", ["fp8", "bf16", "nvfp4"])
-def test_online_lookups_equal_the_uncached_ones_and_counters_reconcile(dtype: str) -> None:
-    generator = torch.Generator().manual_seed(3)
-    rows, row_start, table_rows = 4000, 500, 5000
-    shard = random_shard(rows, dtype, table_rows, row_start=row_start)
-    table = Table(shard, table_rows)
-    table_scale = None if shard.table_scale is None else float(shard.table_scale[0])
-    budget = 200 * shard.format.row_bytes + 3000 * 16 + 4 * 4 * 8192  # 200 rows, the ring, the sketch
-    capacity = table.keep_hot(budget, "cpu", window_ids=3000, half_life=3)
-    tier = table.tier
-    assert capacity == capacity_for(budget, shard.format.row_bytes, rows, 3000) and tier is not None
-    fixed, per_row = 3000 * 16 + 4 * 4 * 8192, shard.format.row_bytes + 16  # a sketch of 4 x 8,192 counters
-    assert fixed + capacity * per_row == tier.stats().bytes <= budget < fixed + (capacity + 1) * per_row
-    pointers = (tier.admission.keys.data_ptr(), tier.admission.slots.data_ptr(), tier.rows.weight.data_ptr())
-    hits = looked_up = owned_misses = 0
-    for step in range(30):
-        ids = zipf_ids(generator, table_rows, 64 * 8, shift=0 if step < 15 else 1700).view(64, 8)
-        ids[0, :3] = torch.tensor([-1, 0, row_start - 1])  # DEAD_ID, and rows of another shard
-        will_refresh = tier.due
-        if will_refresh:
-            table.refresh()
-        held = tier.rows.ids[: tier.admission.used]
-        hit = torch.isin(ids, held)
-        owned = (ids >= row_start) & (ids < row_start + rows)
-        hits, looked_up = hits + int(hit.sum()), looked_up + ids.numel()
-        owned_misses += int((owned & ~hit).sum())
-        want = gather(shard.weight, shard.scale, ids, row_start, table_rows, torch.bfloat16, table_scale=table_scale)
-        got = table.lookup(ids)
-        assert same_bits(got, want), step
-        # every held row's slot holds the table's own stored bytes
-        slot_rows = tier.rows.weight.view(torch.uint8)[tier.rows.slots[: held.numel()]]
-        assert torch.equal(slot_rows, shard.weight.view(torch.uint8)[held - row_start])
-    stats = table.stats().tier
-    assert stats is not None and stats.refreshes >= 4
-    assert (stats.hits, stats.lookups, stats.misses) == (hits, looked_up, looked_up - hits)
-    assert stats.rows == tier.admission.used == stats.admissions - stats.evictions
-    row_bytes = shard.format.row_bytes
-    assert (stats.bytes_admitted, stats.bytes_hit, stats.bytes_missed) == (
-        stats.admissions * row_bytes, hits * row_bytes, owned_misses * row_bytes
-    )  # fmt: skip
-    assert hits > looked_up // 4  # the Zipf head is served from the tier, after the switch too
-    assert (tier.admission.keys.data_ptr(), tier.admission.slots.data_ptr(), tier.rows.weight.data_ptr()) == pointers
-
-
-def test_online_admission_follows_a_switch_of_domain() -> None:
-    """Zipfian traffic whose hot rows move: the online tier's hit rate on the new rows comes back to what
-    a tier holding exactly the new head would hit, where a static tier of the old head does not."""
-    generator = torch.Generator().manual_seed(4)
-    table_rows, capacity = 200_000, 2000
-    admission = Admission(capacity, (0, table_rows), window_ids=20_000, half_life=4)
-    static = Admission(capacity, (0, table_rows), policy="static")
-    old = zipf_ids(generator, table_rows, 200_000)
-    static.warm(
-        torch.unique(old, return_counts=True)[0][
-            torch.argsort(torch.unique(old, return_counts=True)[1], descending=True)
-        ]
-    )
-    for start in range(0, old.numel(), 20_000):
-        admission.refresh(old[start : start + 20_000])
-    new = zipf_ids(generator, table_rows, 400_000, shift=12345)
-    for start in range(0, 300_000, 20_000):
-        admission.refresh(new[start : start + 20_000])
-    tail = new[300_000:]
-    oracle = Admission(capacity, (0, table_rows), policy="static")
-    distinct, counts = torch.unique(new[:300_000], return_counts=True)
-    oracle.warm(distinct[torch.argsort(counts, descending=True, stable=True)])
-    best = float(oracle.hits(tail).float().mean())
-    assert float(admission.hits(tail).float().mean()) >= 0.9 * best
-    assert float(static.hits(tail).float().mean()) < 0.5 * best
 
 
 def file_tables(checkpoint: Path) -> tuple[Table, Table, int]:
@@ -219,7 +73,7 @@ def reads_as_told(table: Table, read_path: str) -> Tier:
     """The table's RAM tier, which reads its misses the way `read_path` says (skipped where direct reads
     cannot work: a file system that refuses O_DIRECT)."""
     tier = table.tier
-    assert tier is not None and tier.eager
+    assert tier is not None and isinstance(tier, RamTier)
     if read_path == "direct" and not tier.direct and not direct_file(table.shard, table.shard.weight):
         pytest.skip("this file system refuses O_DIRECT")
     assert tier.direct == (read_path == "direct")
@@ -242,7 +96,7 @@ def drop_pages(table: Table) -> None:
     raise AssertionError("the file's pages stayed in the page cache after 200 drops")
 
 
-def check_eager_state(admission: EagerAdmission) -> None:
+def check_eager_state(admission: ClockAdmission) -> None:
     """Slots and rows in one-to-one correspondence: the index maps each held row to the slot that says it
     holds that row, every row held is distinct and ours, and nothing past `used` is held."""
     held = admission.held_rows()
@@ -254,7 +108,7 @@ def check_eager_state(admission: EagerAdmission) -> None:
     assert bool((admission.row_of_slot[admission.used :] == -1).all())
 
 
-def rows_of_slots(admission: EagerAdmission) -> list[int | None]:
+def rows_of_slots(admission: ClockAdmission) -> list[int | None]:
     """The global row each slot holds (None: empty), as ScalarClock keeps them."""
     return [None if r < 0 else r + admission.rows[0] for r in admission.row_of_slot.tolist()]
 
@@ -304,7 +158,7 @@ def test_eager_admission_is_clock(capacity: int) -> None:
     the free slots filled and held ones swept in one lookup, small tiers whose sweeps lap them, and a
     large one swept in windows."""
     generator = torch.Generator().manual_seed(capacity)
-    admission, oracle = EagerAdmission(capacity, (1000, 19000)), ScalarClock(capacity, (1000, 19000))
+    admission, oracle = ClockAdmission(capacity, (1000, 19000)), ScalarClock(capacity, (1000, 19000))
     profile = torch.arange(18999, 18999 - 3 * (capacity // 3), -3)
     admission.warm(profile)
     oracle.warm(profile.tolist())
@@ -322,7 +176,7 @@ def test_eager_admission_is_clock(capacity: int) -> None:
         assert change.evicted == len(held_before - held)
         evictions += change.evicted
     assert evictions > 0
-    static = EagerAdmission(4, (0, 100), policy="static")
+    static = ClockAdmission(4, (0, 100), policy="static")
     static.warm(torch.tensor([5, 7]))
     assert static.admit(torch.tensor([1, 2, 3])).admitted.numel() == 0 and static.held_rows().tolist() == [5, 7]
 
@@ -337,7 +191,7 @@ def test_eager_admission_is_clock_for_any_lookups(capacity: int, profile: list[i
     """Any capacity, warm start (a profile of rows, some not ours, some past the capacity) and lookups
     (repeats, rows not ours, more misses than slots) leave the slots, bits and hand of ScalarClock."""
     rows = (10, 110)
-    admission, oracle = EagerAdmission(capacity, rows), ScalarClock(capacity, rows)
+    admission, oracle = ClockAdmission(capacity, rows), ScalarClock(capacity, rows)
     hot = torch.tensor(list(dict.fromkeys(profile)), dtype=torch.int64)
     admission.warm(hot)
     oracle.warm([r for r in hot.tolist() if rows[0] <= r < rows[1]][:capacity])
@@ -356,13 +210,13 @@ def test_a_ram_tier_serves_rows_bit_equal_to_the_loaded_table(
     """Decode- and prefill-sized lookups (the latter read in many small batches) through a RAM tier that
     fills, then evicts: every row equals the loaded table's, the counters equal counts made outside, the
     tier's slots hold the file's bytes, and its bytes are exactly its budget's formula."""
-    monkeypatch.setattr(table_module, "READ_BATCH_ROWS", 300)
+    monkeypatch.setattr(FileReader, "batch_rows", 300)
     table, plain, rows = file_tables(small_checkpoint)
     row_bytes = table.shard.format.row_bytes
     budget = 2000 * row_bytes + state_bytes(2000, rows, 0, "online", eager=True)
     assert table.keep_hot(budget, "cpu", "ram") == 2000 == capacity_for(budget, row_bytes, rows, eager=True)
     tier = reads_as_told(table, read_path)
-    assert tier is not None and tier.eager and isinstance(tier.admission, EagerAdmission)
+    assert tier is not None and isinstance(tier, RamTier) and isinstance(tier.admission, ClockAdmission)
     generator = torch.Generator().manual_seed(8)
     hits = looked_up = owned_misses = 0
     for step in range(14):
@@ -404,11 +258,11 @@ def test_a_failed_ram_tier_lookup_leaves_no_row_pinned_and_no_row_wrong(
     """An id outside the table fails a lookup before the tier changes; a read or copy into the tier that
     fails (as a file that shrank fails it) leaves the tier holding nothing rather than rows it never got,
     and no slot pinned: the lookups after it are bit-equal and the tier fills again."""
-    monkeypatch.setattr(table_module, "READ_BATCH_ROWS", 100)
+    monkeypatch.setattr(FileReader, "batch_rows", 100)
     table, plain, rows = file_tables(small_checkpoint)
     assert table.keep_hot(300 * table.shard.format.row_bytes + state_bytes(300, rows, 0, "online", True), "cpu", "ram")
     tier = reads_as_told(table, read_path)
-    assert isinstance(tier.admission, EagerAdmission)
+    assert isinstance(tier.admission, ClockAdmission)
     generator = torch.Generator().manual_seed(5)
     table.lookup(zipf_ids(generator, rows, 2048).view(256, 8))
     held, state = tier.admission.held_rows(), tier.admission.referenced.clone()
@@ -424,13 +278,14 @@ def test_a_failed_ram_tier_lookup_leaves_no_row_pinned_and_no_row_wrong(
         return real(*args)  # type: ignore[arg-type]
 
     copies = "read_direct" if tier.direct else "stored_rows"  # what brings the admitted rows' bytes
-    real = getattr(tier_module, copies)
-    monkeypatch.setattr(tier_module, copies, fail_second)
+    where = ram_module if tier.direct else base_module
+    real = getattr(where, copies)
+    monkeypatch.setattr(where, copies, fail_second)
     ids = zipf_ids(generator, rows, 4096, shift=333).view(512, 8)
     with pytest.raises(EngramError, match="shrank"):
         table.lookup(ids)
     assert len(calls) == 2 and tier.admission.used == 0 and not bool((tier.admission.referenced == PINNED).any())
-    monkeypatch.setattr(tier_module, copies, real)
+    monkeypatch.setattr(where, copies, real)
     for _ in range(3):
         assert same_bits(table.lookup(ids), plain.lookup(ids))
         check_eager_state(tier.admission)
@@ -447,7 +302,7 @@ def test_ids_of_another_dtype_are_refused_with_a_tier_as_without(small_checkpoin
     table, plain, rows = file_tables(small_checkpoint)
     assert table.keep_hot(64 * table.shard.format.row_bytes + state_bytes(64, rows, 0, "online", True), "cpu", "ram")
     tier = table.tier
-    assert tier is not None and tier.eager
+    assert tier is not None and isinstance(tier, RamTier)
     ids = torch.tensor([0.5, 1.7]).to(dtype)
     for each in (table, plain):
         with pytest.raises(EngramError, match=f"^ids must be int64 or int32 row ids; got {dtype} \\[2\\] on cpu$"):
@@ -658,12 +513,14 @@ def test_a_large_lookup_without_a_tier_reads_in_batches_bit_equal(
     """A lookup of more than BATCHED_IDS ids from a file on disk reads its distinct rows in address-ordered
     batches (counted here), and every id gets the loaded table's row: repeats, DEAD_ID, and the two
     ends of the table."""
-    monkeypatch.setattr(table_module, "READ_BATCH_ROWS", 1000)
-    monkeypatch.setattr(table_module, "BATCHED_IDS", 5000)
+    monkeypatch.setattr(FileReader, "batch_rows", 1000)
+    monkeypatch.setattr(FileReader, "batched_ids", 5000)
     table, plain, rows = file_tables(small_checkpoint)
     batches = []
-    real = table._gather
-    monkeypatch.setattr(table, "_gather", lambda ids, kind, **kw: batches.append(ids.clone()) or real(ids, kind, **kw))
+    real = table.reader.gather
+    monkeypatch.setattr(
+        table.reader, "gather", lambda ids, kind, **kw: batches.append(ids.clone()) or real(ids, kind, **kw)
+    )
     ids = torch.randint(0, rows, (2000, 4), generator=torch.Generator().manual_seed(10))
     ids[0] = torch.tensor([0, rows - 1, DEAD_ID, 0])
     assert same_bits(table.lookup(ids), plain.lookup(ids))
@@ -674,29 +531,3 @@ def test_a_large_lookup_without_a_tier_reads_in_batches_bit_equal(
         table.lookup(torch.cat([ids.view(-1), torch.tensor([rows])]).view(-1, 1))
     table.release()
     plain.release()
-
-
-@pytest.mark.parametrize("budget", [1, 1 << 20, 8 << 20])
-def test_a_budget_too_small_for_one_row_says_the_smallest_that_holds_one(
-    budget: int, caplog: pytest.LogCaptureFixture
-) -> None:
-    """An online device tier's own state (its window's ring and its sketch) takes a few MiB before it holds
-    a row: a budget below that gives no tier and one warning naming the smallest budget that holds a row,
-    which does hold one, where one byte less does not."""
-    shard = random_shard(1 << 20, "fp8", seed=3, dim=256)
-    table = Table(shard, 1 << 20)
-    smallest = tier_module.tier_bytes(1, shard.format.row_bytes, shard.rows)
-    with caplog.at_level(logging.WARNING, logger="engram"):
-        held = table.keep_hot(budget, "cpu")
-    if budget >= smallest:
-        assert held > 0 and table.tier is not None and caplog.records == []
-        return
-    assert held == 0 and table.tier is None
-    assert [r.getMessage() for r in caplog.records] == [
-        f"engram: {shard.name} gets no device tier of hot rows: its {budget:,} bytes hold no row once the tier's "
-        f"own state is paid; give its tier at least {smallest:,} bytes (the rank's budget is split over its "
-        "tables), or 0 for none"
-    ]
-    assert capacity_for(smallest, shard.format.row_bytes, shard.rows) == 1
-    assert capacity_for(smallest - 1, shard.format.row_bytes, shard.rows) == 0
-    assert Table(shard, 1 << 20).keep_hot(smallest, "cpu") == 1

@@ -20,8 +20,9 @@ from safetensors.torch import load_file, save_file
 from engram.errors import EngramError
 from engram.ops import GatherCall, gather
 from engram.runtime.local_ranks import run_local, values
-from engram.runtime.tier import Tier
-from engram.runtime.tiers.hot_rows import cached_gather, read_profile
+from engram.runtime.tiers.device import DeviceTier
+from engram.runtime.tiers.hot_rows import cached_gather
+from engram.runtime.tiers.profile import read_profile
 from tests.runtime import sharding_workers
 from tests.runtime.shards import random_shard
 
@@ -39,7 +40,7 @@ def test_cached_equals_uncached(
     rows: int, row_start: int, dtype: str, hot: list[int], ids: list[int], budget_rows: int
 ) -> None:
     shard = random_shard(rows, dtype, rows + row_start, row_start=row_start)
-    tier = Tier(shard, budget_rows + 1, "cpu", "device", policy="static")
+    tier = DeviceTier(shard, budget_rows + 1, "cpu", policy="static")
     held = tier.warm(torch.tensor(hot, dtype=torch.int64))
     owned = [h for h in hot if row_start <= h < row_start + rows][: budget_rows + 1]
     cache = tier.rows
@@ -53,7 +54,7 @@ def test_cached_equals_uncached(
 
 def test_an_id_outside_the_table_still_raises() -> None:
     shard = random_shard(10, "fp8", 1)
-    tier = Tier(shard, 4, "cpu", "device", policy="static")
+    tier = DeviceTier(shard, 4, "cpu", policy="static")
     tier.warm(torch.tensor([3, 4]))
     cache = tier.rows
     with pytest.raises(EngramError, match=r"row id 10 is outside the table's 10 rows"):
@@ -62,15 +63,15 @@ def test_an_id_outside_the_table_still_raises() -> None:
 
 def test_profile_errors(tmp_path: Path) -> None:
     from engram.config import load_config
-    from engram.runtime.engine import keep_hot
     from engram.runtime.table import Table
+    from engram.runtime.tiers.assign import keep_hot
 
     shard = random_shard(10, "fp8", 1)
     config = load_config({"cpu_offload": True, "device_cache_bytes": 1 << 20}, env={})
     with pytest.raises(EngramError, match="the profile has no hot rows for t"):
-        keep_hot([Table(shard, 10)], config, {}, torch.device("cpu"))
+        keep_hot(config, [Table(shard, 10)], torch.device("cpu"), {})
     with pytest.raises(EngramError, match="lists a row twice"):
-        Tier(shard, 4, "cpu", "device").warm(torch.tensor([3, 3]))
+        DeviceTier(shard, 4, "cpu").warm(torch.tensor([3, 3]))
     missing = tmp_path / "missing.safetensors"
     with pytest.raises(EngramError) as raised:
         read_profile(missing)
@@ -134,7 +135,7 @@ def test_a_profile_rewritten_after_it_was_read_changes_nothing(tmp_path: Path) -
 SPARSE_PROFILE = """
 import resource, sys
 from engram.errors import EngramError
-from engram.runtime.tiers.hot_rows import read_profile
+from engram.runtime.tiers.profile import read_profile
 resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
 try:
     read_profile(sys.argv[1])

@@ -1,0 +1,70 @@
+"""The reader of a file on disk with a RamTier (lookup/__init__.py): host ids are served through the tier,
+which admits the rows it misses while this lookup reads them."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from engram.ops.checks import check_ids
+from engram.runtime.lookup.file import FileReader
+from engram.runtime.lookup.spread import Spread
+from engram.runtime.placement.filemap import reading
+from engram.runtime.shard import Output
+from engram.runtime.tiers.ram import RamTier
+from engram.runtime.tiers.row_index import FREE
+
+
+class RamTierReader(FileReader):
+    """Reads a shard of a file on disk through its RAM tier (module docstring)."""
+
+    tier: RamTier
+
+    def from_host(self, ids: torch.Tensor, out: torch.Tensor | None, kind: Output) -> torch.Tensor:
+        """A lookup of a file on disk from host ids through its RAM tier. The distinct rows it does not
+        hold are admitted (Tier.admitting): read from the disk straight into their slots, all at once,
+        where direct reads work, else batch_rows at a time in address order through the page cache
+        (as FileReader does a prefill), copied while their pages are resident. Every id's row is gathered from
+        the tier while the first reads are on their way (the rows not held yet come out as zeros), and
+        the rows admitted are then written to their ids. Its hits and the rows it admits are pinned until
+        then (Tier.serving). A row it cannot admit (a static tier, or a lookup that pins every slot) is
+        gathered from the file, batch_rows at a time, and written straight to its ids (Spread)."""
+        tier = self.tier
+        flat = ids.reshape(-1)
+        if not flat.numel():
+            return self.read(ids, out, kind, None)
+        distinct, inverse = torch.unique(flat, return_inverse=True)
+        distinct = distinct.to(torch.int64)  # int32 ids too: the tier's rows are int64
+        check_ids(distinct[[0, -1]], self.table_rows)  # as the file's gather would: the tier's reads no id
+        with tier.serving(distinct, inverse) as slot:
+            misses = ((slot == FREE) & (distinct >= self.shard.row_start) & (distinct < self.shard.row_stop)).nonzero()
+            misses = misses.squeeze(1)  # others' rows and DEAD_ID keep FREE, a DEAD_ID slot: zeros
+            if not misses.numel():
+                return self.from_tier(slot[inverse].view(ids.shape), kind, out)
+            rows, spread, admitted = None, None, torch.zeros(distinct.numel(), dtype=torch.bool)
+            batch = misses.numel() if tier.direct else self.batch_rows  # direct reads leave no page to push out
+            for start in range(0, misses.numel(), batch):
+                at = misses[start : start + batch]
+                asking = (
+                    contextlib.nullcontext()
+                    if tier.direct
+                    else reading(self.shard, distinct[at], self.budget, behind=True)
+                )
+                with self.reads(), asking, tier.admitting(distinct[at]) as got:
+                    if rows is None:  # the CPU's share of the lookup, while the disk reads the first batch
+                        rows = self.from_tier(slot[inverse].view(ids.shape), kind, out)
+                slot[at[: got.numel()]] = got
+                admitted[at[: got.numel()]] = True
+                left = at[got.numel() :]
+                for first in range(0, left.numel(), self.batch_rows):  # pages that fit the page cache at once
+                    part = left[first : first + self.batch_rows]
+                    spread = spread or Spread(inverse, distinct.numel(), rows)
+                    with self.reads(), reading(self.shard, distinct[part], self.budget):
+                        spread.put(part, self.gather(distinct[part], kind))
+            assert rows is not None
+            late = admitted[inverse].nonzero().squeeze(1)  # the ids whose rows this lookup admitted
+            for start in range(0, late.numel(), self.batch_rows):  # a few MB of transient rows at a time
+                at = late[start : start + self.batch_rows]
+                rows.view(flat.numel(), -1)[at] = self.gather(slot[inverse[at]], kind, from_tier=True)
+        return rows

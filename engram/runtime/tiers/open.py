@@ -1,0 +1,94 @@
+"""A tier of one shard's hottest rows, opened for a budget: its class chosen by what a miss costs (the
+package's docstring), its capacity by what the budget holds once the tier's own state is paid."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import torch
+
+from engram.errors import EngramError
+from engram.runtime.placement.filemap import in_files, private_scales
+from engram.runtime.placement.residency import DiskReads
+from engram.runtime.shard import TableShard
+from engram.runtime.tiers.budget import POLICIES, WINDOW_IDS, Policy, TierName, capacity_for, tier_bytes
+from engram.runtime.tiers.device import DeviceTier
+from engram.runtime.tiers.ram import RamTier
+
+Tier = DeviceTier | RamTier
+SCALES_SHARE = 4  # a RAM tier keeps its file's block scales in private memory when they take at most 1/4 of it
+log = logging.getLogger("engram")
+
+
+def open_tier(
+    shard: TableShard,
+    budget_bytes: int,
+    device: torch.device | str,
+    name: TierName = "device",
+    *,
+    policy: str = "online",
+    hot: torch.Tensor | None = None,
+    hot_counts: torch.Tensor | None = None,
+    disk_reads: DiskReads | None = None,
+    **tuning: int,
+) -> Tier | None:
+    """A tier of this shard's hottest rows in `device` memory, as many as `budget_bytes` hold with the
+    tier's own state (capacity_for) and, for a RAM tier, the block scales it may keep (scales_kept); None
+    where it holds no row (said with the budget that would hold one) or `device` cannot serve the shard.
+    The class follows what a miss costs (the package's docstring): a RamTier over a file on disk, a
+    DeviceTier over memory. `hot`: a profile's rows (most frequent first), its warm start, and
+    `hot_counts` their counts; with policy "static" the only rows it holds (None where the profile has
+    none of this shard's). `tuning`: the device tier's window_ids and half_life; `disk_reads` counts what
+    its warm start reads."""
+    if shard.staged and torch.device(device).type == "cuda":
+        log.warning(
+            "engram: device_cache_bytes is not used for %s: its file is gathered on host threads (put the "
+            "checkpoint on tmpfs to read it over UVA and cache it, or give it ram_cache_bytes)",
+            shard.name,
+        )
+        return None
+    if policy not in POLICIES:
+        raise EngramError(f"{shard.name}: a tier's policy is one of {', '.join(POLICIES)}, not {policy!r}")
+    if policy == "static" and hot is None:
+        raise EngramError(f"{shard.name}: a static tier keeps a profile's rows; give it one (engram profile --out)")
+    checked: Policy = "online" if policy == "online" else "static"
+    window = tuning.get("window_ids", WINDOW_IDS)
+    scales = scales_kept(shard, budget_bytes)
+    row_bytes, eager = shard.format.row_bytes, shard.readahead
+    capacity = capacity_for(budget_bytes - scales, row_bytes, shard.rows, window, checked, eager=eager)
+    if capacity == 0:
+        if budget_bytes > 0 and shard.rows:
+            need = scales + tier_bytes(1, row_bytes, shard.rows, window, checked, eager)
+            log.warning(
+                "engram: %s gets no %s tier of hot rows: its %s bytes hold no row once the tier's own state is "
+                "paid; give its tier at least %s bytes (the rank's budget is split over its tables), or 0 for none",
+                shard.name, name, f"{budget_bytes:,}", f"{need:,}",
+            )  # fmt: skip
+        return None
+    counted = disk_reads or contextlib.nullcontext
+    if scales:
+        with counted():
+            private_scales(shard)
+    tier: Tier
+    if shard.readahead:
+        tier = RamTier(shard, capacity, name, policy=checked, scale_bytes=scales)
+    else:
+        tier = DeviceTier(shard, capacity, device, name, policy=checked, scale_bytes=scales, **tuning)
+    if hot is not None:
+        with counted():
+            held = tier.warm(hot, hot_counts)
+        if held == 0 and policy == "static":
+            return None  # the profile has none of this shard's rows
+    return tier
+
+
+def scales_kept(shard: TableShard, budget_bytes: int) -> int:
+    """The bytes of a RAM tier's budget its shard's block scales take in private memory (private_scales):
+    kept there when they take at most 1/SCALES_SHARE of it, so that most of it holds rows, or when they
+    already are."""
+    scale = shard.scale
+    if not shard.readahead or scale is None:
+        return 0
+    size = scale.numel() * scale.element_size()
+    return 0 if in_files(shard, scale) and size * SCALES_SHARE > budget_bytes else size
