@@ -63,6 +63,7 @@ test-vllm-engine: setup .venv-vllm-$(VLLM_ENGINE)/.installed
 
 bench-vllm: setup .venv-vllm-$(VLLM_NEWEST)/.installed
 	.venv-vllm-$(VLLM_NEWEST)/bin/python benchmarks/vllm_file_backed.py
+	.venv-vllm-$(VLLM_NEWEST)/bin/python benchmarks/vllm_disk_offload.py
 
 bench: setup
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -1,9 +1,9 @@
 """Which rows a host tier holds and in which of its slots, for a tier that changes a few rows on every
 lookup (the RAM tier): an open-addressing hash table (linear probing, backward-shift deletion) in one
 int64 tensor, searched and changed by the native CPU kernels (kernels/cpu/tier_cpu.c) in one pass over a
-lookup's ids. Its memory is fixed, about 11.4 B a row at the 0.7 load it is sized for, and it never needs
-rebuilding (the sorted arrays it replaced were rebuilt every capacity / 16 changes, and took 25 B a row).
-Host memory only."""
+lookup's ids. Its memory is fixed, about 11.4 B a row at the 0.7 load it is sized for, and a change
+rewrites only the entries it changes (sorted arrays of the held rows, as the device tier keeps, would take
+25 B a row and be rebuilt as rows change on every lookup). Host memory only."""
 
 from __future__ import annotations
 
