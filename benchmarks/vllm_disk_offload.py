@@ -25,8 +25,14 @@ bytes the process read from storage (/proc/self/io). Every run's staged bytes ar
 safetensors' own reader of the parts, step by step (a digest). Runs alternate contenders, --repeat
 times each; the figures are medians over steps, and the spread is over repeats.
 
+Your own checkpoint and text instead: --checkpoint DIR (a Qwen4Exp checkpoint whose PLE tables are stored
+as `shard_<k>` parts, as vLLM's disk offload needs them; the first such table is served, or --table NAME;
+rows of one plane: bf16, fp16, fp32 or fp8) and --text FILE (tokenized with the DeepSeek V4 tokenizer the
+package ships, whose ids fit Qwen4Exp's vocabulary; hashed as that model's config says).
+
 Run as root on a machine with a writable cgroup v1 memory controller, by the vLLM 0.34 venv's Python:
   .venv-vllm-0.34.0/bin/python benchmarks/vllm_disk_offload.py [--table-gb N] [--steps N] [--json]
+  .venv-vllm-0.34.0/bin/python benchmarks/vllm_disk_offload.py --checkpoint DIR --text FILE
 """
 
 from __future__ import annotations
@@ -35,7 +41,6 @@ import argparse
 import dataclasses
 import hashlib
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -47,11 +52,14 @@ from pathlib import Path
 import torch
 from _scratch import scratch_dir
 from _timing import print_table
+from bench_ram_tier import warm_file
 
 from engram.apps.corpus import load_corpus
 from engram.apps.presets import get_preset
 from engram.memory.mapping import PAGE
 from engram.ngram.spec import ModelSpec
+from engram.ngram.vocab import deepseek_v4_tokenizer
+from engram.ops.formats import FORMATS
 from engram.runtime.checkpoints.writer import write_checkpoint
 from engram.runtime.placement.residency import drop_file_cache, storage_read_bytes
 
@@ -62,90 +70,141 @@ CONDITIONS = ("warm", "cold", "limited")
 WAIT_S = 1800  # for one run
 
 
-def qwen_spec(table_gb: float) -> ModelSpec:
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """The table served: its checkpoint directory, the model's spec, the table's name and its layer's index
+    among the model's PLE layers, its rows and row format, and its parts' rows."""
+
+    directory: Path
+    spec: ModelSpec
+    name: str
+    layer: int
+    rows: int
+    dtype: str
+    part_rows: int
+
+
+SAFETENSORS_FORMATS = {"BF16": "bf16", "F16": "fp16", "F32": "fp32", "F8_E4M3": "fp8-table"}
+
+
+def scaled_qwen(table_gb: float) -> ModelSpec:
     """The Qwen4Exp PLE preset, its n-gram vocabulary scaled so its one table holds about `table_gb` GiB."""
     base = get_preset("qwen4-exp-ple")
     config = dict(base.hf_text_config)
-    config["ngram_vocab_size_base"] = max(
-        1024, round(config["ngram_vocab_size_base"] * table_gb * 2**30 / base.table_bytes)
-    )
-    return dataclasses.replace(base, name=f"qwen4-exp-ple@{table_gb}GiB", hf_text_config=config)
+    scale = table_gb * 2**30 / base.table_bytes
+    config["ngram_vocab_size_base"] = max(1024, round(config["ngram_vocab_size_base"] * scale))
+    return dataclasses.replace(base, name=f"qwen4-exp-ple@{table_gb}GiB", hf_text_config=config, multipliers={})
 
 
-def save_stream(directory: Path, spec: ModelSpec, steps: int, prefill_every: int) -> None:
-    """Each step's ids [tokens, heads] of the table, in order, into `directory`/stream.ids."""
-    sizes = [PREFILL if prefill_every and i % prefill_every == prefill_every - 1 else DECODE for i in range(steps)]
-    tokens = load_corpus().held_out[: sum(sizes)]
-    ids = spec.hasher().hash(spec.compress(tokens))[:, 0].contiguous()  # the one PLE layer's columns
-    torch.save({"ids": ids, "sizes": sizes}, directory / "stream.ids")
-
-
-def parts_of(directory: Path, name: str) -> list[torch.Tensor]:
-    """The table's `shard_<k>` parts as safetensors' own reader maps them (uint8 rows); each maps the file
-    while it lives."""
+def source_of(directory: Path, table: str | None) -> Source:
+    """The table of the checkpoint in `directory` (Source), from its config.json and its files' headers."""
     from safetensors import safe_open
 
-    handle = safe_open(str(directory / "model.safetensors"), framework="pt")
-    keys = sorted((k for k in handle.keys() if k.startswith(f"{name}.shard_")), key=lambda k: int(k.split(".")[-2][6:]))  # noqa: SIM118
-    return [handle.get_tensor(k).view(torch.uint8) for k in keys]
+    config = json.loads((directory / "config.json").read_text())
+    spec = ModelSpec(directory.name, config["architectures"][0], config.get("text_config", config))
+    if spec.family != "qwen":
+        raise SystemExit(f"{directory} holds a {spec.architecture}: vLLM's disk offload serves Qwen4Exp only")
+    names = spec.table_names()
+    found: dict[str, list[tuple[int, str]]] = {}  # table -> its parts (index, dtype)
+    for path in sorted(directory.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as handle:
+            for key in handle.keys():  # noqa: SIM118
+                stem, _, rest = key.rpartition(".shard_")
+                if stem in names and rest.endswith(".weight"):
+                    found.setdefault(stem, []).append((int(rest[: -len(".weight")]), handle.get_slice(key).get_dtype()))
+    name = table or next((n for n in names if n in found), None)
+    if name not in found:
+        raise SystemExit(f"{directory} has no PLE table stored as shard_<k> parts{f' named {table}' if table else ''}")
+    dtypes = {d for _, d in found[name]}
+    if len(dtypes) != 1 or next(iter(dtypes)) not in SAFETENSORS_FORMATS:
+        raise SystemExit(
+            f"{name} is stored as {', '.join(sorted(dtypes))}; this benchmark stages bf16, fp16, fp32 or fp8 rows"
+        )
+    rows = spec.layout.table_rows[names.index(name)]
+    parts = len(found[name])
+    dtype = SAFETENSORS_FORMATS[dtypes.pop()]
+    spec = dataclasses.replace(spec, dtype=dtype)  # its rows' bytes
+    return Source(directory, spec, name, names.index(name), rows, dtype, -(-rows // parts))
 
 
-def oracle_digest(directory: Path, name: str, steps: list[torch.Tensor]) -> str:
+def save_stream(path: Path, source: Source, tokens: torch.Tensor, steps: int, prefill_every: int) -> None:
+    """Each step's ids [tokens, heads] of the table, in order, into `path`."""
+    sizes = [PREFILL if prefill_every and i % prefill_every == prefill_every - 1 else DECODE for i in range(steps)]
+    if tokens.numel() < sum(sizes):
+        raise SystemExit(f"the text has {tokens.numel():,} tokens; {steps} steps need {sum(sizes):,}")
+    if int(tokens.max()) >= source.spec.vocab:
+        raise SystemExit(
+            f"the text's token ids reach {int(tokens.max())}, past the model's vocabulary of {source.spec.vocab}"
+        )
+    hashed = source.spec.hasher().hash(source.spec.compress(tokens[: sum(sizes)]))
+    ids = hashed[:, source.layer].contiguous()
+    torch.save({"ids": ids, "sizes": sizes}, path)
+
+
+def parts_of(source: Source) -> list[torch.Tensor]:
+    """The table's `shard_<k>` parts, in order, as safetensors' own reader maps them (uint8 rows); each
+    maps its file while it lives."""
+    from safetensors import safe_open
+
+    parts: dict[int, torch.Tensor] = {}
+    for path in sorted(source.directory.glob("*.safetensors")):
+        handle = safe_open(str(path), framework="pt")
+        for key in handle.keys():  # noqa: SIM118
+            stem, _, rest = key.rpartition(".shard_")
+            if stem == source.name and rest.endswith(".weight"):
+                parts[int(rest[: -len(".weight")])] = handle.get_tensor(key).view(torch.uint8)
+    return [parts[k] for k in sorted(parts)]
+
+
+def oracle_digest(source: Source, steps: list[torch.Tensor]) -> str:
     """The digest of every step's rows as safetensors' reader gives them: [tokens, heads, row bytes]. Its
     copy of the table and its mappings go when it returns, so that a cold run's pages can be dropped."""
-    table = torch.cat(parts_of(directory, name))
+    table = torch.cat(parts_of(source))
     digest = hashlib.sha256()
     for ids in steps:
         digest.update(table[ids.reshape(-1)].numpy().data)
     return digest.hexdigest()
 
 
-def staging(module: torch.nn.Module, spec: ModelSpec, tokens: int, row_bytes: int) -> None:
+def staging(module: torch.nn.Module, source: Source, tokens: int) -> None:
     """The host buffers vLLM's constructor makes for the table (pinned and device ones on a GPU)."""
-    heads = spec.layout.columns
+    heads = source.spec.layout.columns
     module._host_ids = torch.empty((tokens, heads), dtype=torch.long)
-    shape = (tokens, heads, row_bytes // 2)
-    host = torch.empty(shape, dtype=torch.bfloat16)
-    module._planes = {
-        "weight": (
-            torch.zeros(shape, dtype=torch.bfloat16),
-            host,
-            torch.empty_like(host).view(torch.uint8).flatten(0, 1),
-        )
-    }
+    dtype = FORMATS[source.dtype].weight
+    shape = (tokens, heads, source.spec.row_bytes // dtype.itemsize)
+    host = torch.empty(shape, dtype=dtype)
+    rows = torch.empty_like(host).view(torch.uint8).flatten(0, 1)
+    module._planes = {"weight": (torch.zeros(shape, dtype=dtype), host, rows)}
 
 
-def vllm_module(directory: Path, spec: ModelSpec, name: str, parts: int, tokens: int) -> torch.nn.Module:
+def vllm_module(source: Source, tokens: int) -> torch.nn.Module:
     """vLLM 0.34's disk-offload table, bound to the checkpoint's parts by its own bind_file_shards."""
     from vllm.models.qwen4_exp.nvidia.ngram_embedding import Qwen4ExpPLEDiskOffloadEmbedding
 
-    rows = spec.layout.table_rows[0]
     module = Qwen4ExpPLEDiskOffloadEmbedding.__new__(Qwen4ExpPLEDiskOffloadEmbedding)
     torch.nn.Module.__init__(module)
-    staging(module, spec, tokens, spec.row_bytes)
-    module.org_vocab_size, module._shard_size = rows, math.ceil(rows / parts)
+    staging(module, source, tokens)
+    module.org_vocab_size, module._shard_size = source.rows, source.part_rows
     module._bound, module._dummy, module._fds, module._sources = False, False, {}, {}
-    module._shards = {"weight": dict(enumerate(parts_of(directory, name)))}
+    module._shards = {"weight": dict(enumerate(parts_of(source)))}
     module.bind_file_shards()
     return module
 
 
-def engram_module(directory: Path, spec: ModelSpec, name: str, tokens: int, ram_tier: int) -> torch.nn.Module:
+def engram_module(source: Source, tokens: int, ram_tier: int) -> torch.nn.Module:
     """engram's plugin class for the same table (what vLLM runs with engram enabled), its file-backed table
     opened over the same parts, with a RAM tier of `ram_tier` bytes if not 0."""
     from engram.config import load_config
     from engram.integrations.vllm.qwen_disk import EngramQwenDiskOffloadEmbedding
     from engram.runtime.table import Checkpoint, ShardFormat, open_table
 
-    rows = spec.layout.table_rows[0]
     module = EngramQwenDiskOffloadEmbedding.__new__(EngramQwenDiskOffloadEmbedding)
     torch.nn.Module.__init__(module)
-    staging(module, spec, tokens, spec.row_bytes)
-    module.prefix = name
+    staging(module, source, tokens)
+    module.prefix = source.name
     module._engram = load_config({"cpu_offload": True, "file_backed": True, "ram_cache_bytes": ram_tier}, env={})
-    table = open_table(
-        name, ShardFormat(rows, spec.head_dim, "bf16"), "file", checkpoint=Checkpoint(directory), table_rows=rows
-    )
+    fmt = ShardFormat(source.rows, source.spec.head_dim, source.dtype)
+    table = open_table(source.name, fmt, "file", checkpoint=Checkpoint(source.directory), table_rows=source.rows)
     if ram_tier:
         table.keep_hot(ram_tier, "cpu", "ram")
     module.engram_table = table
@@ -155,15 +214,17 @@ def engram_module(directory: Path, spec: ModelSpec, name: str, tokens: int, ram_
 def child(args: argparse.Namespace) -> None:
     """One run (module docstring): the table is opened first and the process joins its group after, so
     that what the group is charged is serving's memory, not the set-up's."""
-    directory = Path(args.child)
-    saved = torch.load(directory / "stream.ids")
+    source = source_of(Path(args.child), args.table)
+    saved = torch.load(args.stream)
     steps = list(torch.split(saved["ids"], saved["sizes"]))
-    spec, name = qwen_spec(args.table_gb), qwen_spec(args.table_gb).table_names()[0]
     tokens = max(saved["sizes"])
     if args.contender == "vllm":
-        module = vllm_module(directory, spec, name, args.parts, tokens)
+        module = vllm_module(source, tokens)
     else:
-        module = engram_module(directory, spec, name, tokens, args.ram_tier)
+        module = engram_module(source, tokens, args.ram_tier)
+    if args.cold:  # the set-up read some of the file (safetensors' views of the parts): what it read goes again
+        for path in source.directory.glob("*.safetensors"):
+            drop_file_cache(path)
     if args.group:
         (CGROUP / args.group / "cgroup.procs").write_text(str(os.getpid()))
     digest, per_step = hashlib.sha256(), []
@@ -180,18 +241,21 @@ def child(args: argparse.Namespace) -> None:
     print(json.dumps({"steps": per_step, "digest": digest.hexdigest(), "tier": tier}))
 
 
-def run(args: argparse.Namespace, directory: Path, contender: str, condition: str, limit: int, ram_tier: int) -> dict:
+def run(source: Source, stream: Path, contender: str, condition: str, limit: int, ram_tier: int) -> dict:
     """One run in a fresh memory group (of `limit` bytes where limited); its report and the group's peak."""
-    if condition != "warm":
-        drop_file_cache(directory / "model.safetensors")  # pages are charged to whoever read them first
+    for path in source.directory.glob("*.safetensors"):
+        if condition == "warm":  # read once from this process: its pages are charged here, not to the child
+            warm_file(path)
+        else:
+            drop_file_cache(path)
     group = f"engram-bench-{uuid.uuid4().hex[:8]}"
     (CGROUP / group).mkdir()
     try:
         if condition == "limited":
             (CGROUP / group / "memory.limit_in_bytes").write_text(str(limit))
         command = [
-            sys.executable, __file__, "--child", str(directory), "--group", group, "--contender", contender,
-            "--table-gb", str(args.table_gb), "--parts", str(args.parts), "--ram-tier", str(ram_tier),
+            sys.executable, __file__, "--child", str(source.directory), "--table", source.name, "--stream", str(stream), "--group", group,
+            "--contender", contender, "--ram-tier", str(ram_tier), *(["--cold"] if condition != "warm" else []),
         ]  # fmt: skip
         env = {"OMP_NUM_THREADS": "1", **os.environ}  # vLLM's workers' threads, unless set
         done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=WAIT_S)
@@ -220,6 +284,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--table-gb", type=float, default=1.0)
     parser.add_argument("--parts", type=int, default=8, help="shard_<k> parts the table is written as")
+    parser.add_argument("--checkpoint", help="a Qwen4Exp checkpoint of your own, its PLE tables in shard_<k> parts")
+    parser.add_argument("--table", help="with --checkpoint: which PLE table (default: the first in parts)")
+    parser.add_argument("--text", help="with --checkpoint: the text to serve (default: the corpus's held-out part)")
     parser.add_argument("--steps", type=int, default=240)
     parser.add_argument("--prefill-every", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=40)
@@ -228,22 +295,31 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--group", help=argparse.SUPPRESS)
+    parser.add_argument("--stream", help=argparse.SUPPRESS)
+    parser.add_argument("--cold", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--contender", choices=CONTENDERS, help=argparse.SUPPRESS)
     parser.add_argument("--ram-tier", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args)
         return
+    if bool(args.checkpoint) != bool(args.text):
+        parser.error("--checkpoint and --text go together")
     if not (CGROUP / "memory.limit_in_bytes").exists() or os.geteuid() != 0:
         raise SystemExit(f"needs root and a cgroup v1 memory controller at {CGROUP}")
-    spec = qwen_spec(args.table_gb)
-    name = spec.table_names()[0]
-    with scratch_dir() as directory:
-        write_checkpoint(spec, directory, dtype="bf16", split_parts=args.parts)
-        save_stream(directory, spec, args.steps, args.prefill_every)
-        saved = torch.load(directory / "stream.ids")
-        expected = oracle_digest(directory, name, list(torch.split(saved["ids"], saved["sizes"])))
-        table_bytes = spec.layout.table_rows[0] * spec.row_bytes
+    with scratch_dir() as scratch:
+        if args.checkpoint:
+            source = source_of(Path(args.checkpoint).resolve(), args.table)
+            tokens = torch.tensor(deepseek_v4_tokenizer().encode(Path(args.text).read_text()).ids, dtype=torch.int64)
+        else:
+            write_checkpoint(scaled_qwen(args.table_gb), scratch, dtype="bf16", split_parts=args.parts)
+            source = source_of(scratch, None)
+            tokens = load_corpus().held_out
+        stream = scratch / "stream.ids"
+        save_stream(stream, source, tokens, args.steps, args.prefill_every)
+        saved = torch.load(stream)
+        expected = oracle_digest(source, list(torch.split(saved["ids"], saved["sizes"])))
+        table_bytes = source.rows * source.spec.row_bytes
         results: dict[str, dict[str, list[dict]]] = {c: {k: [] for k in CONDITIONS} for c in CONTENDERS}
         limit, ram_tier = 0, int(args.tier_share * table_bytes / 4)
         for condition in CONDITIONS:
@@ -251,9 +327,8 @@ def main() -> None:
                 limit = max(r["peak"] for c in ("vllm", "engram") for r in results[c]["warm"]) + table_bytes // 4
             for _ in range(args.repeat):
                 for contender in CONTENDERS:
-                    report = run(
-                        args, directory, contender, condition, limit, ram_tier if contender == "engram+ram" else 0
-                    )
+                    tier = ram_tier if contender == "engram+ram" else 0
+                    report = run(source, stream, contender, condition, limit, tier)
                     if report["digest"] != expected:
                         raise SystemExit(f"{contender} ({condition}) staged other bytes than safetensors' reader")
                     report["summary"] = summary(report, args.warmup)
@@ -276,7 +351,7 @@ def main() -> None:
                     "/".join(f"{x:.2f}" for x in pages),
                 ])  # fmt: skip
     print(
-        f"table {table_bytes / 2**30:.2f} GiB in {args.parts} parts; limit {limit / 2**20:.0f} MiB; RAM tier {ram_tier / 2**20:.0f} MiB; rows equal safetensors' reader in every run"
+        f"{source.name}: {source.dtype}, {table_bytes / 2**30:.2f} GiB in {-(-source.rows // source.part_rows)} parts; limit {limit / 2**20:.0f} MiB; RAM tier {ram_tier / 2**20:.0f} MiB; rows equal safetensors' reader in every run"
     )
     print_table(["condition", "contender", "step", "host ms", "cpu ms", "x vLLM", "pages read", "x vLLM"], rows)
     if args.json:
