@@ -1,7 +1,7 @@
 """The tiers of hot rows inside vLLM, given as engram's engine gives them (tiers.assign.keep_hot, through
 the table layer's face): a table is given its tier on its first lookup, when vLLM has loaded its weights
 (vLLM's profile run comes before any CUDA graph capture), with the rank's budget split over the model's
-tables, and it refreshes itself between steps. On vLLM's CPU platform the device tier lives in host
+tables (the profile's, where one is given, else vLLM's count of them), and it refreshes itself between steps. On vLLM's CPU platform the device tier lives in host
 memory: the same lookups, for the tests."""
 
 from __future__ import annotations
@@ -41,4 +41,5 @@ def give_tier(config: EngramConfig | None, name: str, table: Table, tables: int)
             f"the profile {config.device_cache_profile} holds {len(found)} tables ending in {tail} ({', '.join(found[:3])}); profile this model with `engram profile --out`"
         )
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    keep_hot(config, [table], device, hot, among=tables, profile_key=lambda _: found[0] if found else name)
+    among = len(hot) if hot is not None else tables  # the model's tables: the profile's, else vLLM's count
+    keep_hot(config, [table], device, hot, among=among, profile_key=lambda _: found[0] if found else name)
