@@ -45,6 +45,7 @@ class TierBase:
     """Hot rows of one shard in `device` memory, chosen by `admission` (module docstring)."""
 
     rows: HotRows  # the tier's rows as lookups read them (hot_rows.cached_gather): each tier links them to its choice
+    direct = False  # whether its misses are read from the disk past the page cache (a RamTier, where that works)
 
     def __init__(
         self,
