@@ -67,9 +67,17 @@ class Prefetched:
 
     outputs: list[torch.Tensor]
     events: list[torch.cuda.Event | None]
+    later: Iterator[torch.Tensor] | None = None  # on the CPU: the lookups not run yet, in layer order
 
     def take(self, layer: int) -> torch.Tensor:
-        """Layer `layer`'s rows [T, C, D], safe to read on the current stream."""
+        """Layer `layer`'s rows [T, C, D], safe to read on the current stream (on the CPU its lookup, and
+        those of the layers before it not taken yet, run now)."""
+        while self.later is not None and len(self.outputs) <= layer:
+            rows = next(self.later, None)
+            if rows is None:
+                raise IndexError(f"layer {layer} of {len(self.outputs)}")
+            self.outputs.append(rows)
+            self.events.append(None)
         rows, event = self.outputs[layer], self.events[layer]
         if event is not None:
             stream = torch.cuda.current_stream(rows.device)
@@ -225,7 +233,20 @@ class EngramTables:
         return out
 
     def _lookups(self, rows: torch.Tensor) -> Iterator[torch.Tensor]:
-        """Each layer's lookup, launched as the caller asks for it (prefetch records an event between)."""
+        """Each layer's lookup, run as the caller asks for the next (prefetch records an event between, or
+        on the CPU leaves each to its take); the step's checks and ids (_step_ids) now."""
+        return self._layer_lookups(*self._step_ids(rows))
+
+    def _layer_lookups(self, ids: torch.Tensor, mine: slice | None) -> Iterator[torch.Tensor]:
+        """Each layer's lookup of the step's ids (_step_ids), as the caller asks for the next."""
+        if mine is None:
+            return (layer(ids[:, i]) for i, layer in enumerate(self.layers))
+        return (layer.lookup_gathered(ids[:, i])[mine] for i, layer in enumerate(self.layers))
+
+    def _step_ids(self, rows: torch.Tensor) -> tuple[torch.Tensor, slice | None]:
+        """The ids this rank's tables serve this step, [tokens, layers, columns], after the checks and a
+        due refresh: `rows`, or with embedding_across_dp every replica's, gathered once for all layers, and
+        the slice of them that is this rank's."""
         self.check_errors()
         if any(t.tier is not None and t.tier.due for t in self.tables):
             self.refresh()  # between steps, before this step's lookups (Table.lookup would, but not waiting for prefetch)
@@ -235,14 +256,10 @@ class EngramTables:
                 f"rows must be [tokens, {', '.join(map(str, expected))}] (tokens, layers, columns); got {list(rows.shape)}"
             )
         if self.groups.dp is None or self.groups.dp.size == 1:
-            for i, layer in enumerate(self.layers):
-                yield layer(rows[:, i])
-            return
+            return rows, None
         tokens, layers, columns = rows.shape
         everyone, start = gather_replica_ids(rows.reshape(tokens, layers * columns).to(torch.int64), self.groups.dp)
-        everyone = everyone.view(-1, layers, columns)
-        for i, layer in enumerate(self.layers):
-            yield layer.lookup_gathered(everyone[:, i])[start : start + tokens]
+        return everyone.view(-1, layers, columns), slice(start, start + tokens)
 
     def prefetch(self, rows: torch.Tensor, *, sm_share: float = 0.25) -> Prefetched:
         """Start every layer's lookup now (row ids depend only on the tokens, so all are known when the
@@ -251,16 +268,17 @@ class EngramTables:
         keeps the rest; the layer's stream waits on that layer's event only. The cap holds engram's gather
         kernels only: the sort of the sorted form and the device cache's search and merge are torch ops,
         which take what grid they take (short next to the gathers). Capturable in a CUDA graph (the side
-        stream forks from and joins the capturing stream). On the CPU they run at once, after every layer's
-        file-backed table has asked for the cold pages of its rows (Table.prefetch), so that the reads of
-        all layers are in flight together."""
+        stream forks from and joins the capturing stream). On the CPU every layer's file-backed table starts
+        reading the rows it lacks now (Table.prefetch: into its RAM tier, or the page cache), so that the
+        reads of all layers are in flight together while the model works, and each layer's lookup runs
+        when the layer takes its rows (in layer order)."""
         if not 0 < sm_share <= 1:
             raise EngramError(f"sm_share must be in (0, 1], got {sm_share}")
         if not rows.is_cuda:
-            if rows.dim() == 3 and rows.shape[1] == len(self.layers):  # lookup checks the shape
-                for i, layer in enumerate(self.layers):
-                    layer.table.prefetch(rows[:, i])
-            return Prefetched(self.lookup(rows), [None] * len(self.layers))
+            ids, mine = self._step_ids(rows)
+            for i, layer in enumerate(self.layers):
+                layer.table.prefetch(ids[:, i])
+            return Prefetched([], [], self._layer_lookups(ids, mine))
         if self._side is None:
             self._side = torch.cuda.Stream(rows.device)  # type: ignore[no-untyped-call]
         handle = prefetch_on(self._side, lambda: self._lookups(rows), sm_share)

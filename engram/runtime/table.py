@@ -189,7 +189,11 @@ class Table:
 
     @tier.setter
     def tier(self, tier: Tier | None) -> None:
-        """A new tier (or none) brings the reader of the mode it makes (engram.runtime.lookup)."""
+        """A new tier (or none) brings the reader of the mode it makes (engram.runtime.lookup); the tier
+        it replaces has no read left in flight."""
+        old = getattr(self, "_tier", None)
+        if old is not None and old is not tier:
+            old.drop()
         self._tier = tier
         self.reader = reader_for(self.shard, self.table_rows, tier, self.budget, self.reads)
 

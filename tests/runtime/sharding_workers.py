@@ -19,6 +19,7 @@ from engram.ngram.spec import ModelSpec
 from engram.ops import DEAD_ID
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.engine import EngramTables
+from engram.runtime.placement.residency import drop_file_cache
 from tests.bits import same_bits
 from tests.runtime.reference import expected_lookup, expected_tables
 from tests.runtime.specs import SPECS
@@ -207,6 +208,34 @@ def bad_id_then_good(
         "good_after": matches(got, want),
         "prefetch": matches([prefetched.take(i) for i in range(len(want))], want),
     }
+    tables.release()
+    return report
+
+
+def prefetch_into_ram_tiers(rank: int, world: int, dp: int, checkpoint: str) -> dict[str, Any]:
+    """File-backed tables with RAM tiers, the files' page cache dropped: prefetch starts every layer's reads
+    of the rows its tier lacks (every replica's ids, gathered) before any layer takes its rows, and the
+    rows taken equal the reference's, step after step."""
+    spec = SPECS["ds7"]
+    parallel = ParallelConfig(data_parallel_size=dp)
+    engram = {"cpu_offload": True, "file_backed": True, "embedding_across_dp": dp > 1, "ram_cache_bytes": 1 << 20}
+    tables = EngramTables.build(spec, load_config(engram, env={}), parallel, checkpoint, platform="cpu", progress=False)
+    for table in tables.tables:
+        for mapping in table.shard.files:
+            drop_file_cache(mapping.path, file_id=mapping.file_id)
+    reference = expected_tables(checkpoint, spec)
+    report: dict[str, Any] = {"tiers": [type(t.tier).__name__ for t in tables.tables], "steps": []}
+    for ids in batches(spec, tables.rank_plan.dp_rank, dp):
+        before = [t.tier.stats().admissions for t in tables.tables if t.tier is not None]
+        prefetched = tables.prefetch(ids)
+        started = [t.tier.stats().admissions for t in tables.tables if t.tier is not None]
+        got = [prefetched.take(i) for i in range(len(tables.layers))]
+        report["steps"].append(
+            {
+                "admitted_before_take": [b - a for a, b in zip(before, started, strict=True)],
+                "rows": matches(got, expected_lookup(reference, spec, ids)),
+            }
+        )
     tables.release()
     return report
 

@@ -216,6 +216,19 @@ def test_a_bad_id_raises_on_every_rank_alike(
     ]
 
 
+@pytest.mark.parametrize("dp", [1, 2])
+def test_a_cpu_prefetch_starts_every_layers_reads_into_its_ram_tier(dp: int, checkpoints: dict[str, str]) -> None:
+    """EngramTables.prefetch on the CPU with RAM tiers over the checkpoint's files: before any layer takes
+    its rows, every layer's tier has admitted the rows of the step it lacked (their reads on their way),
+    across replicas too (the gathered ids); the rows taken equal safetensors' reader's."""
+    reports = values(run_local(dp, sharding_workers.prefetch_into_ram_tiers, dp, checkpoints["ds7"], timeout=300))
+    for report in reports:
+        assert report["tiers"] == ["RamTier", "RamTier"]
+        assert all(step["rows"] for step in report["steps"])
+        first = report["steps"][0]["admitted_before_take"]
+        assert len(first) == 2 and all(n > 0 for n in first)
+
+
 @pytest.mark.parametrize(
     ("nodes", "tp", "dp", "expected"),
     [

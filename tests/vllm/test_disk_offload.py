@@ -26,7 +26,7 @@ def test_disk_offload_is_served_by_engram_with_vllms_rows(dtype: str, tmp_path: 
     sections = {"file": {}, "ram": {"ram_cache_bytes": 1 << 20}, "bounded": {"file_cache_bytes": 1 << 20}}
     [answer] = ask_vllm("plugin_disk_offload", [{"path": str(tmp_path), "steps": [40, 3, 1, 17], "sections": sections}])
     assert "error" not in answer["vllm"], answer["vllm"]
-    layers = sorted(answer["vllm"])
+    layers = sorted(k for k in answer["vllm"] if k != "calls")
     assert len(layers) == len(spec.table_names())
     for layer in layers:
         theirs = answer["vllm"][layer]
@@ -41,3 +41,32 @@ def test_disk_offload_is_served_by_engram_with_vllms_rows(dtype: str, tmp_path: 
             assert stats["placement"] == "file" and stats["lookups"] == 4 and stats["row_start"] == 0
         tier = answer["ram"][layer]["stats"]["tier"]
         assert tier is not None and tier["tier"] == "ram" and tier["rows"] > 0
+
+
+def test_a_step_starts_every_layers_reads_before_its_first_lookup(tmp_path: Path) -> None:
+    """vLLM's stage_checkpoint_rows stages every PLE layer of a step after one stream sync: with engram,
+    the step's first stage_rows starts the reads of every layer's rows (Table.prefetch, into its RAM tier
+    or the page cache), then each layer's lookup follows; the rows equal vLLM's own, step after step."""
+    if vllm_version() < (0, 34):
+        pytest.skip("disk_offload is vLLM 0.34's")
+    write_checkpoint(QWEN, tmp_path, seed=5, split_parts=37)
+    sections = {"file": {}, "ram": {"ram_cache_bytes": 1 << 20}}
+    steps = [40, 3, 1, 17]
+    [answer] = ask_vllm(
+        "plugin_disk_offload", [{"path": str(tmp_path), "steps": steps, "sections": sections, "together": True}]
+    )
+    assert "error" not in answer["vllm"], answer["vllm"]
+    assert answer["vllm"]["calls"] == []
+    layers = sorted(k for k in answer["vllm"] if k != "calls")
+    assert len(layers) == len(QWEN.table_names()) > 1
+    for name in sections:
+        ours = answer[name]
+        assert "error" not in ours, ours
+        for layer in layers:
+            assert ours[layer]["rows"] == answer["vllm"][layer]["rows"], (name, layer)
+        tables = [call.split(" ", 1)[1] for call in ours["calls"][: len(layers)]]
+        step = [f"prefetch {t}" for t in tables] + [f"lookup {t}" for t in tables]
+        assert ours["calls"] == step * len(steps), name
+        assert len(set(tables)) == len(layers)
+    tier = answer["ram"][layers[-1]]["stats"]["tier"]
+    assert tier is not None and tier["rows"] > 0

@@ -1070,13 +1070,25 @@ def plugin_register_case(case: dict) -> dict:
 KINDS["plugin_register"] = plugin_register_case
 
 
+def recorded(method: Any, name: str, calls: list[str]) -> Any:
+    """Table.`name` that appends "name table" to `calls` as it is called."""
+
+    def call(table: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(f"{name} {table.name}")
+        return method(table, *args, **kwargs)
+
+    return call
+
+
 def plugin_disk_offload_case(case: dict) -> dict:
     """vLLM 0.34's disk offload (EngramConfig.disk_offload) of a Qwen4Exp checkpoint split into parts: each
     PLE layer's Qwen4ExpNGramEmbedding built by vLLM's constructor, loaded by its load_weights (the parts
     handed over as the safetensors library maps them), bound by its process_weights_after_loading, staged
     by its own stage_checkpoint_rows and read by its forward; once as vLLM serves it, then after the plugins
     are loaded with each engram section of case["sections"]. Answers each build's rows, table class and
-    whether engram's file-backed table served it (with its tier's stats)."""
+    whether engram's file-backed table served it (with its tier's stats), and the prefetches and lookups
+    of engram's tables in order ("calls"). With case["together"] every layer is staged in one
+    stage_checkpoint_rows a step, as vLLM's model runner stages them; else each alone."""
     import dataclasses
 
     import vllm.models.qwen4_exp.nvidia.ngram_embedding as nvidia
@@ -1123,16 +1135,28 @@ def plugin_disk_offload_case(case: dict) -> dict:
                 for _, module, _ in modules:
                     table = module.ngram_embedding
                     table.embedding_method.process_weights_after_loading(table)
+                calls: list[str] = []  # engram's prefetches and lookups, in order, by layer
+                if "engram.runtime.table" in sys.modules:
+                    table_class = sys.modules["engram.runtime.table"].Table
+                    for method in ("prefetch", "lookup"):
+                        real = getattr(table_class, method)
+                        stack.enter_context(mock.patch.object(table_class, method, recorded(real, method, calls)))
+                rows: dict[int, list] = {layer_id: [] for layer_id, _, _ in modules}
+                # each layer staged alone, step after step, or (together) every layer's rows at each step
+                runs = [modules] if case.get("together") else [[each] for each in modules]
+                for run in runs:
+                    for input_ids, query_start_loc, ngram_context in steps:
+                        staged = [(module, module.ngram_embedding) for _, module, _ in run]
+                        nvidia.stage_checkpoint_rows(staged, input_ids, query_start_loc, ngram_context)
+                        for layer_id, module, _ in run:
+                            got = module(torch.empty(input_ids.shape[0], 1), input_ids, query_start_loc, ngram_context)
+                            rows[layer_id].append(got.contiguous().view(torch.uint8).flatten().tolist())
                 for layer_id, module, _ in modules:
                     table = module.ngram_embedding
-                    rows = []
-                    for input_ids, query_start_loc, ngram_context in steps:
-                        nvidia.stage_checkpoint_rows([(module, table)], input_ids, query_start_loc, ngram_context)
-                        got = module(torch.empty(input_ids.shape[0], 1), input_ids, query_start_loc, ngram_context)
-                        rows.append(got.contiguous().view(torch.uint8).flatten().tolist())
                     engram = getattr(table, "engram_table", None)
                     stats = None if engram is None else dataclasses.asdict(engram.stats())
-                    out[str(layer_id)] = {"class": type(table).__name__, "rows": rows, "stats": stats}
+                    out[str(layer_id)] = {"class": type(table).__name__, "rows": rows[layer_id], "stats": stats}
+                out["calls"] = calls
         except Exception as exc:  # the message is the answer
             return {"error": f"{type(exc).__name__}: {exc}"}
         return out

@@ -7,7 +7,7 @@ buffers the forward reads (so CUDA graphs replay it), filled here from engram's 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from vllm.config import get_current_vllm_config
@@ -31,6 +31,9 @@ class EngramQwenDiskOffloadEmbedding(Qwen4ExpPLEDiskOffloadEmbedding):
     _engram: EngramConfig | None
     engram_table: Table | None
     _tables: int
+    # The layers whose ids this step has copied (stage_checkpoint_rows copies every layer's before any
+    # stage_rows): the step's first stage_rows starts all their reads at once (Table.prefetch).
+    _copied: ClassVar[list[EngramQwenDiskOffloadEmbedding]] = []
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         _init_engram(self)
@@ -92,6 +95,11 @@ class EngramQwenDiskOffloadEmbedding(Qwen4ExpPLEDiskOffloadEmbedding):
         give_tier(config, self.prefix, table, self._tables)
         self._bound = True
 
+    def copy_ids_to_host(self, ids: torch.Tensor) -> None:
+        super().copy_ids_to_host(ids)
+        if self._engram is not None and self.engram_table is not None:
+            self._copied.append(self)
+
     def stage_rows(self, num_tokens: int) -> None:
         """This step's rows (vLLM's _host_ids[:num_tokens], [T, H]) as stored, into vLLM's pinned planes
         (rows, then NVFP4's block scales) and on to its device buffers, as vLLM's stage_rows leaves them."""
@@ -100,6 +108,11 @@ class EngramQwenDiskOffloadEmbedding(Qwen4ExpPLEDiskOffloadEmbedding):
             super().stage_rows(num_tokens)
             return
         ids = self._host_ids[:num_tokens]
+        if self._copied:  # the step's first: every layer's reads start now, its own first
+            for layer in self._copied:
+                assert layer.engram_table is not None
+                layer.engram_table.prefetch(layer._host_ids[:num_tokens])
+            self._copied.clear()
         rows = table.lookup(ids, output=PACKED)  # [T, H, row_bytes]: each row's stored bytes, its scales after
         at = 0
         for _, host, _ in self._planes.values():

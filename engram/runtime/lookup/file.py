@@ -107,6 +107,8 @@ class FileReader(Reader):
         table is in memory)."""
         if not self.shard.readahead:
             return 0
+        if self.tier is not None and not ids.is_cuda:  # what the tier holds is not read from the file
+            ids = ids.reshape(-1)[~self.tier.admission.hits(ids)]
         with self.reads():
             asked = read_ahead(self.shard, ids)
         return 0 if asked is None else asked.bytes

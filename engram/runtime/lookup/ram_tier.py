@@ -20,6 +20,7 @@ class RamTierReader(FileReader):
     """Reads a shard of a file on disk through its RAM tier (module docstring)."""
 
     tier: RamTier
+    _ahead: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # a prefetch's ids, distinct, inverse
 
     def from_host(self, ids: torch.Tensor, out: torch.Tensor | None, kind: Output) -> torch.Tensor:
         """A lookup of a file on disk from host ids through its RAM tier. The distinct rows it does not
@@ -29,14 +30,13 @@ class RamTierReader(FileReader):
         the tier while the first reads are on their way (the rows not held yet come out as zeros), and
         the rows admitted are then written to their ids. Its hits and the rows it admits are pinned until
         then (Tier.serving). A row it cannot admit (a static tier, or a lookup that pins every slot) is
-        gathered from the file, batch_rows at a time, and written straight to its ids (Spread)."""
+        gathered from the file, batch_rows at a time, and written straight to its ids (Spread). After a
+        prefetch of the same ids, their rows are the tier's once its reads are in: one gather."""
         tier = self.tier
         flat = ids.reshape(-1)
         if not flat.numel():
             return self.read(ids, out, kind, None)
-        distinct, inverse = torch.unique(flat, return_inverse=True)
-        distinct = distinct.to(torch.int64)  # int32 ids too: the tier's rows are int64
-        check_ids(distinct[[0, -1]], self.table_rows)  # as the file's gather would: the tier's reads no id
+        distinct, inverse = self._distinct(flat)
         with tier.serving(distinct, inverse) as slot:
             misses = ((slot == FREE) & (distinct >= self.shard.row_start) & (distinct < self.shard.row_stop)).nonzero()
             misses = misses.squeeze(1)  # others' rows and DEAD_ID keep FREE, a DEAD_ID slot: zeros
@@ -46,12 +46,12 @@ class RamTierReader(FileReader):
             batch = misses.numel() if tier.direct else self.batch_rows  # direct reads leave no page to push out
             for start in range(0, misses.numel(), batch):
                 at = misses[start : start + batch]
-                asking = (
-                    contextlib.nullcontext()
+                asking = (  # direct reads: counted by the tier as they are made, and no page to ask for
+                    (contextlib.nullcontext(), contextlib.nullcontext())
                     if tier.direct
-                    else reading(self.shard, distinct[at], self.budget, behind=True)
+                    else (self.reads(), reading(self.shard, distinct[at], self.budget, behind=True))
                 )
-                with self.reads(), asking, tier.admitting(distinct[at]) as got:
+                with asking[0], asking[1], tier.admitting(distinct[at]) as got:
                     if rows is None:  # the CPU's share of the lookup, while the disk reads the first batch
                         rows = self.from_tier(slot[inverse].view(ids.shape), kind, out)
                 slot[at[: got.numel()]] = got
@@ -68,3 +68,36 @@ class RamTierReader(FileReader):
                 at = late[start : start + self.batch_rows]
                 rows.view(flat.numel(), -1)[at] = self.gather(slot[inverse[at]], kind, from_tier=True)
         return rows
+
+    def prefetch(self, ids: torch.Tensor) -> int:
+        """Start reading the rows of host ids the tier does not hold straight into it, past the page cache
+        (RamTier.prefetch), while the caller does other work; the next lookup waits for them. A tier that
+        reads through the page cache (or a GPU's ids) asks for their pages instead (FileReader.prefetch).
+        The bytes asked for."""
+        tier = self.tier
+        if ids.is_cuda or not tier.direct:
+            return super().prefetch(ids)
+        flat = ids.reshape(-1)
+        if not flat.numel():
+            return 0
+        distinct, inverse = self._distinct(flat)
+        admitted = tier.prefetch(distinct)
+        self._ahead = (flat.clone(), distinct, inverse)  # the lookup of the same ids reuses them, and their slots
+        return admitted * self.shard.format.row_bytes
+
+    def _distinct(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The distinct ids of a lookup's `flat` ids (int64, ascending) and where each id is among them,
+        checked against the table as the file's gather would check them (the tier's reads check none);
+        a prefetch's own for the same ids (taken once)."""
+        ahead, self._ahead = self._ahead, None
+        if (
+            ahead is not None
+            and ahead[0].shape == flat.shape
+            and ahead[0].dtype == flat.dtype
+            and torch.equal(ahead[0], flat)
+        ):
+            return ahead[1], ahead[2]
+        distinct, inverse = torch.unique(flat, return_inverse=True)
+        distinct = distinct.to(torch.int64)  # int32 ids too: the tier's rows are int64
+        check_ids(distinct[[0, -1]], self.table_rows)
+        return distinct, inverse

@@ -102,6 +102,12 @@ class TierBase:
         chooses between steps admits nothing here)."""
         return 0
 
+    def settle(self) -> None:
+        """Wait for rows a prefetch is reading into it (a RamTier's), before anything else touches them."""
+
+    def drop(self) -> None:
+        """It is going away: wait for any read still writing its slots."""
+
     def warm(self, hot: torch.Tensor, counts: torch.Tensor | None = None) -> int:
         """Start from a profile's hot rows (most frequent first) and their counts; the rows held."""
         self._move(self.admission.warm(hot, counts), cold=True)

@@ -102,7 +102,7 @@ def cached_gather(
     if not flat.is_cuda:  # the misses into the output, then the hits over them: no second full-size buffer
         rows = replace(call, ids=misses).run()  # (a prefill's transient copies would push a file's pages out)
         picked = hit.nonzero().squeeze(1)
-        flat_rows = rows.view(flat.numel(), -1)
+        flat_rows = rows.view(flat.numel(), rows.shape[-1])  # [-1] is ambiguous for no ids (an idle replica)
         for start in range(0, picked.numel(), HIT_CHUNK):
             part = picked[start : start + HIT_CHUNK]
             flat_rows[part] = GatherCall(

@@ -72,7 +72,7 @@ def open_tier(
             private_scales(shard)
     tier: Tier
     if shard.readahead:
-        tier = RamTier(shard, capacity, name, policy=checked, scale_bytes=scales)
+        tier = RamTier(shard, capacity, name, policy=checked, scale_bytes=scales, disk_reads=disk_reads)
     else:
         tier = DeviceTier(shard, capacity, device, name, policy=checked, scale_bytes=scales, **tuning)
     if hot is not None:

@@ -10,10 +10,14 @@ import contextlib
 import logging
 from collections.abc import Iterator
 from concurrent.futures import Future
+from dataclasses import dataclass
 
 import torch
 
+from engram.ops.segments import Rows
 from engram.runtime.placement.filemap import (
+    READAHEAD_TIMEOUT_S,
+    WAIT_MARGIN_S,
     Asked,
     DirectReadsFailed,
     direct_file,
@@ -22,14 +26,36 @@ from engram.runtime.placement.filemap import (
     read_direct,
     reader,
 )
+from engram.runtime.placement.residency import DiskReads
 from engram.runtime.shard import TableShard
 from engram.runtime.tiers.base import TierBase
 from engram.runtime.tiers.budget import Policy, TierName
+from engram.runtime.tiers.choice import Change
 from engram.runtime.tiers.clock import ClockAdmission
 from engram.runtime.tiers.hot_rows import HotRows
+from engram.runtime.tiers.row_index import FREE
 
 log = logging.getLogger("engram")
 _refusals_said: set[int] = set()  # errnos of io_uring's refusals already said in this process
+
+
+@dataclass(frozen=True)
+class Started:
+    """An admission whose rows have slots and whose reads past the page cache are on their way."""
+
+    change: Change
+    parts: list[tuple[Rows, torch.Tensor]]  # the shard's parts, each with the tier's rows of it
+    direct: list[bool]  # whether each part is read past the page cache
+    pending: list[Future[Asked]]  # those reads
+
+    def parts_where(self, *, direct: bool) -> list[tuple[Rows, torch.Tensor]]:
+        return [pair for pair, past in zip(self.parts, self.direct, strict=True) if past == direct]
+
+
+def wait_for(pending: list[Future[Asked]]) -> None:
+    """Until reads that write a tier's slots are done, whatever they did (bounded as `finished` is)."""
+    for job in pending:
+        job.exception(timeout=READAHEAD_TIMEOUT_S + WAIT_MARGIN_S)
 
 
 class RamTier(TierBase):
@@ -45,15 +71,23 @@ class RamTier(TierBase):
         *,
         policy: Policy = "online",
         scale_bytes: int = 0,
+        disk_reads: DiskReads | None = None,
     ) -> None:
+        """`disk_reads`: the table's count of what its reads bring in, to which the tier adds its reads
+        past the page cache (their bytes, as they are made on another thread)."""
         admission = ClockAdmission(capacity, (shard.row_start, shard.row_stop), policy=policy)
         super().__init__(shard, admission, "cpu", name, scale_bytes=scale_bytes)
         self.rows = HotRows(None, self.weight, self.scale, index=admission.index)
         self.direct = policy == "online" and direct_reads_work(shard)
+        self.disk_reads = disk_reads or DiskReads(True)
+        self._ahead: Started | None = None  # a prefetch's admission, until the next lookup settles it
+        self._known: tuple[torch.Tensor, torch.Tensor] | None = None  # a prefetch's distinct ids and their slots
 
     def admit(self, ids: torch.Tensor) -> int:
         """After a lookup of `ids` from a file on disk, while the pages it read are in the page cache:
         admit the rows it missed (ClockAdmission.admit); the rows admitted."""
+        self.settle()
+        self._known = None  # this changes slots
         change = self.admission.admit(ids)
         self._move(change)
         return change.admitted.numel()
@@ -62,8 +96,15 @@ class RamTier(TierBase):
     def serving(self, distinct: torch.Tensor, inverse: torch.Tensor) -> Iterator[torch.Tensor]:
         """A lookup of a file on disk, made of `distinct` ids (ascending; its ids are distinct[inverse]):
         its ids counted (hits, lookups, misses of our rows), and each distinct id's slot given (FREE where
-        not held) with its row pinned until the lookup ends (ClockAdmission.begin, end)."""
-        hit, slot = self.admission.index.find(distinct)
+        not held) with its row pinned until the lookup ends (ClockAdmission.begin, end). For the very
+        `distinct` a prefetch was given, the slots it found and took (nothing has moved a row since)."""
+        self.settle()
+        known, self._known = self._known, None
+        if known is not None and known[0] is distinct:
+            slot = known[1]
+            hit = slot != FREE
+        else:
+            hit, slot = self.admission.index.find(distinct)
         ours = (distinct >= self.shard.row_start) & (distinct < self.shard.row_stop)
         times = torch.bincount(inverse, minlength=distinct.numel())
         self.counts += torch.stack([times[hit].sum(), times.sum(), times[ours & ~hit].sum()])
@@ -81,6 +122,71 @@ class RamTier(TierBase):
         thread while it runs (`direct`), else copied from the file's pages after it (the caller asked for
         them: filemap.reading). If anything fails, the tier lets every row go rather than name rows whose
         bytes never came."""
+        started = self._start(rows)
+        try:
+            try:
+                yield started.change.slots
+            finally:  # the slots are written until the reads are done, the body's error or not
+                self._finish(started)
+        except BaseException:
+            self.admission.warm(started.change.admitted[:0])
+            raise
+
+    def prefetch(self, distinct: torch.Tensor) -> int:
+        """Start admitting the rows of ours among a lookup to come's `distinct` ids (ascending) that the
+        tier does not hold, read from the disk past the page cache while the caller does other work (a
+        step's earlier layers); the rows admitted. Until the next lookup (of any ids) waits for them
+        (settle), they and the rows held among `distinct` are pinned, as that lookup's own would be."""
+        self.settle()
+        hit, slot = self.admission.index.find(distinct)
+        ours = (distinct >= self.shard.row_start) & (distinct < self.shard.row_stop)
+        self.admission.begin(hit, slot)
+        try:
+            self._ahead = self._start(distinct[ours & ~hit])
+        except BaseException:
+            self.admission.end()
+            raise
+        taken = self._ahead.change.slots
+        slot = slot.clone()
+        slot[(ours & ~hit).nonzero().squeeze(1)[: taken.numel()]] = taken
+        self._known = (distinct, slot)  # for the lookup of the same ids (serving)
+        return taken.numel()
+
+    def settle(self) -> None:
+        """Wait for the rows a prefetch is reading (if one is): they are the tier's, as any admitted row,
+        once this returns. Its reads' failure is raised here, the tier having let every row go."""
+        started, self._ahead = self._ahead, None
+        if started is None:
+            return
+        try:
+            self._finish(started)
+        except BaseException:
+            self._known = None
+            self.admission.end()
+            self.admission.warm(started.change.admitted[:0])
+            raise
+        self.admission.end()
+
+    def drop(self) -> None:
+        """The tier is going away: wait for the reads a prefetch has in flight (they write its slots),
+        whatever they did."""
+        started, self._ahead = self._ahead, None
+        if started is not None:
+            wait_for(started.pending)
+
+    def warm(self, hot: torch.Tensor, counts: torch.Tensor | None = None) -> int:
+        self.settle()
+        self._known = None
+        return super().warm(hot, counts)
+
+    def forget(self) -> None:
+        self.settle()
+        self._known = None
+        super().forget()
+
+    def _start(self, rows: torch.Tensor) -> Started:
+        """Take slots for `rows` and start their reads: past the page cache on the read-ahead thread where
+        `direct` (the parts in memory, block scales kept private, copied meanwhile), else none yet."""
         change = self.admission.take(rows)
         self.admissions += change.admitted.numel()
         self.evictions += change.evicted
@@ -90,31 +196,33 @@ class RamTier(TierBase):
             reader().submit(read_direct, self.shard, part, change.admitted, change.slots, mine)
             for (part, mine), direct in zip(parts, past, strict=True) if direct
         ]  # fmt: skip
-        copied = [pair for pair, direct in zip(parts, past, strict=True) if not direct]
+        started = Started(change, parts, past, pending)
         try:
-            try:
-                if pending:  # the parts in memory (block scales kept private) copied while the disk reads
-                    self._copy(change, copied)
-                yield change.slots
-            finally:  # the slots are written until the reads are done, the body's error or not
-                refused = self._direct_refused(pending)
-            if refused:  # io_uring failed this lookup, not the disk: its rows come through the page cache
-                self._copy(change, [pair for pair, direct in zip(parts, past, strict=True) if direct])
-            if not pending:  # from the file's pages, asked for by the caller, after the body's work
-                self._copy(change, copied)
+            if pending:
+                self._copy(change, started.parts_where(direct=False))
         except BaseException:
-            self.admission.warm(change.admitted[:0])
+            wait_for(pending)
             raise
+        return started
 
-    def _direct_refused(self, pending: list[Future[Asked]]) -> bool:
-        """Wait for the reads past the page cache; True when io_uring could not make them (said once per
-        errno): the caller reads those rows through the page cache instead, this lookup only, so a
-        ring that works again is used again. Any other failure (the disk's) is raised."""
+    def _finish(self, started: Started) -> None:
+        """Wait for the reads `_start` started and count them; rows io_uring could not read, and every row
+        where nothing was read past the page cache, copied from the file's pages."""
         try:
-            finished(pending, self.shard)
-        except DirectReadsFailed as exc:
-            if exc.code not in _refusals_said:
-                _refusals_said.add(exc.code)
-                log.warning("engram: %s; the lookups it fails read them through the page cache", exc)
-            return True
-        return False
+            asked = finished(started.pending, self.shard)
+        except DirectReadsFailed as exc:  # io_uring failed this lookup, not the disk: the page cache serves
+            self._say_refused(exc)
+            with self.disk_reads():
+                self._copy(started.change, started.parts_where(direct=True))
+        else:
+            self.disk_reads.bytes += sum(a.bytes for a in asked)
+        if not started.pending:
+            self._copy(started.change, started.parts_where(direct=False))
+
+    @staticmethod
+    def _say_refused(exc: DirectReadsFailed) -> None:
+        """io_uring's refusal, said once per errno: the lookups it fails read through the page cache
+        instead, each time, so a ring that works again is used again."""
+        if exc.code not in _refusals_said:
+            _refusals_said.add(exc.code)
+            log.warning("engram: %s; the lookups it fails read them through the page cache", exc)

@@ -144,6 +144,8 @@ def test_online_lookups_equal_the_uncached_ones_and_counters_reconcile(dtype: st
     )  # fmt: skip
     assert hits > looked_up // 4  # the Zipf head is served from the tier, after the switch too
     assert (tier.admission.keys.data_ptr(), tier.admission.slots.data_ptr(), tier.rows.weight.data_ptr()) == pointers
+    none = table.lookup(torch.empty(0, 8, dtype=torch.int64))  # an idle replica's step: no ids, no rows
+    assert none.shape == (0, 8, shard.format.dim) and none.dtype == torch.bfloat16
 
 
 def test_online_admission_follows_a_switch_of_domain() -> None:

@@ -531,3 +531,105 @@ def test_a_large_lookup_without_a_tier_reads_in_batches_bit_equal(
         table.lookup(torch.cat([ids.view(-1), torch.tensor([rows])]).view(-1, 1))
     table.release()
     plain.release()
+
+
+def test_a_prefetch_reads_a_lookups_misses_into_the_tier_before_it(small_checkpoint: Path, read_path: str) -> None:
+    """Table.prefetch of a step's ids with the file's page cache dropped: past the page cache, the rows the
+    tier does not hold are admitted while the caller works, their bytes counted as their direct reads
+    (the rule's model) with no page of the file cached, and the lookup that follows admits nothing more:
+    every row it serves is a hit. Through the page cache, the pages of the rows not held are asked for
+    (readahead_bytes). Rows bit-equal to the loaded table's either way, and for a lookup of other ids."""
+    table, plain, rows = file_tables(small_checkpoint)
+    budget = 600 * table.shard.format.row_bytes + state_bytes(600, rows, 0, "online", eager=True)
+    assert table.keep_hot(budget, "cpu", "ram") == 600
+    tier = reads_as_told(table, read_path)
+    generator = torch.Generator().manual_seed(21)
+    for _ in range(3):
+        table.lookup(zipf_ids(generator, rows, 1024).view(128, 8))
+    drop_pages(table)
+    ids = zipf_ids(generator, rows, 512, shift=4321).view(64, 8)  # fewer distinct rows than slots
+    held = set(tier.admission.held_rows().tolist())
+    misses = sorted({int(r) for r in ids.flatten()} - held)
+    assert 0 < len(misses) < 600
+    read_before, admissions_before = table.stats().disk_bytes_read, tier.stats().admissions
+    asked = table.prefetch(ids)
+    if tier.direct:
+        assert asked == len(misses) * table.shard.format.row_bytes
+        assert same_bits(table.lookup(ids), plain.lookup(ids))
+        stats = tier.stats()
+        assert stats.admissions - admissions_before == len(misses)
+        assert set(misses) <= set(tier.admission.held_rows().tolist())
+        expected = 0
+        for part in (table.shard.weight, table.shard.scale):
+            assert part is not None
+            row_bytes, file = part.shape[1] * part.element_size(), table.shard.files[0]
+            local = [r - table.row_start for r in misses]
+            expected += direct_ranges(
+                file.size, part.data_ptr() - file.addr, row_bytes, local, DIRECT_GAP, DIRECT_MAX_RANGE
+            )[1]
+        assert table.stats().disk_bytes_read - read_before == expected
+        assert resident_bytes(table.shard.files) == 0
+    else:
+        assert asked > 0 and table.stats().readahead_bytes >= asked
+        assert same_bits(table.lookup(ids), plain.lookup(ids))
+    none = torch.empty(0, 8, dtype=torch.int64)  # an idle replica's step: no ids, no rows, no read
+    assert table.prefetch(none) == 0 and table.lookup(none).shape == (0, 8, table.shard.format.dim)
+    other = zipf_ids(generator, rows, 1024, shift=999).view(128, 8)
+    table.prefetch(ids)
+    assert same_bits(table.lookup(other), plain.lookup(other))  # a prefetch of other ids: still exact
+    again = zipf_ids(generator, rows, 512, shift=3131).view(64, 8)
+    table.prefetch(again)  # then a lookup that admits by another path (ids checked with others') moves rows
+    checked = zipf_ids(generator, rows, 512, shift=2718).view(64, 8)
+    assert same_bits(table.lookup(checked, check=other), plain.lookup(checked))
+    assert same_bits(table.lookup(again), plain.lookup(again))
+    buffer = again.clone()
+    table.prefetch(buffer)
+    buffer.copy_(other[:64])  # a caller that reuses its ids buffer before the lookup
+    assert same_bits(table.lookup(buffer), plain.lookup(other[:64]))
+    check_eager_state(tier.admission)
+    assert not bool((tier.admission.referenced == PINNED).any())
+    table.release()
+    plain.release()
+
+
+def test_a_prefetch_whose_reads_fail_fails_the_lookup_after_it_and_leaves_no_row_wrong(
+    small_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prefetch's read past the page cache that fails (a file that shrank) is raised by the lookup that
+    waits for it, with the tier holding nothing rather than rows whose bytes never came; the lookups
+    after it are bit-equal. A prefetch still reading when its table is released is waited for: the
+    release returns once no read writes the freed tier."""
+    monkeypatch.delenv("ENGRAM_DIRECT_READS", raising=False)
+    table, plain, rows = file_tables(small_checkpoint)
+    assert table.keep_hot(300 * table.shard.format.row_bytes + state_bytes(300, rows, 0, "online", True), "cpu", "ram")
+    tier = reads_as_told(table, "direct")
+    generator = torch.Generator().manual_seed(23)
+    table.lookup(zipf_ids(generator, rows, 2048).view(256, 8))
+    real = ram_module.read_direct
+
+    def shrunk(*args: object) -> object:
+        raise EngramError("the checkpoint shrank")
+
+    monkeypatch.setattr(ram_module, "read_direct", shrunk)
+    ids = zipf_ids(generator, rows, 2048, shift=555).view(256, 8)
+    assert table.prefetch(ids) > 0  # the reads fail on the read-ahead thread: nothing is raised yet
+    monkeypatch.setattr(ram_module, "read_direct", real)
+    with pytest.raises(EngramError, match="shrank"):
+        table.lookup(ids)
+    assert tier.admission.used == 0 and not bool((tier.admission.referenced == PINNED).any())
+    for _ in range(2):
+        assert same_bits(table.lookup(ids), plain.lookup(ids))
+        check_eager_state(tier.admission)
+    done = []
+
+    def slow(*args: object) -> object:
+        time.sleep(0.3)
+        got = real(*args)  # type: ignore[arg-type]
+        done.append(1)
+        return got
+
+    monkeypatch.setattr(ram_module, "read_direct", slow)
+    assert table.prefetch(zipf_ids(generator, rows, 2048, shift=777).view(256, 8)) > 0
+    table.release()
+    assert done  # the release waited for the read in flight
+    plain.release()
