@@ -2,7 +2,8 @@
 every lookup by CLOCK (ClockAdmission): a row a lookup misses is admitted while that lookup reads it,
 straight from the disk into its slot past the page cache where direct reads work here
 (filemap.direct_reads_work: under a memory limit the page cache's reads reclaim), else copied from the
-file's pages while they are resident."""
+file's pages while they are resident. Rows whose pages a sample finds in the page cache (a file that fits
+in memory after all) are copied from there either way: a read past it would go to the disk for them."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from engram.runtime.placement.filemap import (
     WAIT_MARGIN_S,
     Asked,
     DirectReadsFailed,
+    all_resident,
     direct_file,
     direct_reads_work,
     finished,
@@ -192,6 +194,8 @@ class RamTier(TierBase):
         self.evictions += change.evicted
         parts = self._parts() if change.admitted.numel() else []
         past = [self.direct and direct_file(self.shard, part) for part, _ in parts]
+        if any(past) and all_resident(self.shard.weight, self.shard.row_start, change.admitted):
+            past = [False] * len(parts)  # their pages are cached (a file that fits after all): copied from there
         pending = [
             reader().submit(read_direct, self.shard, part, change.admitted, change.slots, mine)
             for (part, mine), direct in zip(parts, past, strict=True) if direct
@@ -216,8 +220,9 @@ class RamTier(TierBase):
                 self._copy(started.change, started.parts_where(direct=True))
         else:
             self.disk_reads.bytes += sum(a.bytes for a in asked)
-        if not started.pending:
-            self._copy(started.change, started.parts_where(direct=False))
+        if not started.pending:  # a direct tier's copies read their own pages; the caller counts the others'
+            with self.disk_reads() if self.direct else contextlib.nullcontext():
+                self._copy(started.change, started.parts_where(direct=False))
 
     @staticmethod
     def _say_refused(exc: DirectReadsFailed) -> None:

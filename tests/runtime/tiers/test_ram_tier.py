@@ -277,6 +277,8 @@ def test_a_failed_ram_tier_lookup_leaves_no_row_pinned_and_no_row_wrong(
             raise EngramError("the checkpoint shrank")
         return real(*args)  # type: ignore[arg-type]
 
+    if tier.direct:
+        drop_pages(table)  # pages in the page cache would be copied from there, not read
     copies = "read_direct" if tier.direct else "stored_rows"  # what brings the admitted rows' bytes
     where = ram_module if tier.direct else base_module
     real = getattr(where, copies)
@@ -407,6 +409,7 @@ def test_a_lookup_that_io_uring_fails_reads_through_the_page_cache(
     table, plain, rows = file_tables(small_checkpoint)
     assert table.keep_hot(300 * table.shard.format.row_bytes + state_bytes(300, rows, 0, "online", True), "cpu", "ram")
     tier = reads_as_told(table, "direct")
+    drop_pages(table)  # pages in the page cache would be copied from there, not read
     generator = torch.Generator().manual_seed(9)
     ids = zipf_ids(generator, rows, 512)
     assert same_bits(table.lookup(ids), plain.lookup(ids))
@@ -603,6 +606,7 @@ def test_a_prefetch_whose_reads_fail_fails_the_lookup_after_it_and_leaves_no_row
     table, plain, rows = file_tables(small_checkpoint)
     assert table.keep_hot(300 * table.shard.format.row_bytes + state_bytes(300, rows, 0, "online", True), "cpu", "ram")
     tier = reads_as_told(table, "direct")
+    drop_pages(table)  # pages in the page cache would be copied from there, not read
     generator = torch.Generator().manual_seed(23)
     table.lookup(zipf_ids(generator, rows, 2048).view(256, 8))
     real = ram_module.read_direct
@@ -632,4 +636,40 @@ def test_a_prefetch_whose_reads_fail_fails_the_lookup_after_it_and_leaves_no_row
     assert table.prefetch(zipf_ids(generator, rows, 2048, shift=777).view(256, 8)) > 0
     table.release()
     assert done  # the release waited for the read in flight
+    plain.release()
+
+
+def test_a_direct_tier_copies_misses_whose_pages_are_cached(
+    small_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the file's pages are in the page cache (a file that fits in memory after all), a tier that
+    reads past the page cache copies its misses from there instead: no read past it, rows bit-equal, the
+    rows admitted; with the pages dropped it reads past the page cache again."""
+    monkeypatch.delenv("ENGRAM_DIRECT_READS", raising=False)
+    table, plain, rows = file_tables(small_checkpoint)
+    assert table.keep_hot(300 * table.shard.format.row_bytes + state_bytes(300, rows, 0, "online", True), "cpu", "ram")
+    tier = reads_as_told(table, "direct")
+    reads = []
+    real = ram_module.read_direct
+
+    def counted(*args: object) -> object:
+        reads.append(1)
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ram_module, "read_direct", counted)
+    for mapping in table.shard.files:
+        assert mapping.path is not None
+        with open(mapping.path, "rb") as f:
+            while f.read(1 << 20):
+                pass
+    generator = torch.Generator().manual_seed(31)
+    ids = zipf_ids(generator, rows, 512).view(64, 8)
+    admitted = tier.stats().admissions
+    assert same_bits(table.lookup(ids), plain.lookup(ids))
+    assert not reads and tier.stats().admissions > admitted
+    drop_pages(table)
+    other = zipf_ids(generator, rows, 512, shift=4000).view(64, 8)
+    assert same_bits(table.lookup(other), plain.lookup(other))
+    assert reads
+    table.release()
     plain.release()
