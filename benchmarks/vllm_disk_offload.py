@@ -19,7 +19,8 @@ decode steps of 256 tokens and every --prefill-every steps a prefill chunk of 8,
 is not timed on either side. Each run is one process, in three conditions: "warm" (every page of the
 file in the page cache, no limit), "cold" (the file's pages dropped before the run, no limit) and
 "limited" (dropped, and the process in a cgroup v1 memory group of what serving itself needs plus a
-quarter of the table: the same memory for every contender). Measured per step after --warmup steps: the
+quarter of the table: the same memory for every contender). Measured per step after --warmup steps (400
+by default: the RAM tier fills from empty, as the page cache does, over hundreds of steps): the
 host time of the staging call (wall clock: the disk's waits included), its thread's CPU time, and the
 bytes the process read from storage (/proc/self/io). Every run's staged bytes are checked against
 safetensors' own reader of the parts, step by step (a digest). Runs alternate contenders, --repeat
@@ -287,9 +288,9 @@ def main() -> None:
     parser.add_argument("--checkpoint", help="a Qwen4Exp checkpoint of your own, its PLE tables in shard_<k> parts")
     parser.add_argument("--table", help="with --checkpoint: which PLE table (default: the first in parts)")
     parser.add_argument("--text", help="with --checkpoint: the text to serve (default: the corpus's held-out part)")
-    parser.add_argument("--steps", type=int, default=240)
+    parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--prefill-every", type=int, default=40)
-    parser.add_argument("--warmup", type=int, default=40)
+    parser.add_argument("--warmup", type=int, default=400, help="steps before the steady state: a tier fills")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--tier-share", type=float, default=0.9, help="of the rows' memory, to the RAM tier")
     parser.add_argument("--json", action="store_true")

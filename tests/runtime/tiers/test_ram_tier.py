@@ -96,6 +96,17 @@ def drop_pages(table: Table) -> None:
     raise AssertionError("the file's pages stayed in the page cache after 200 drops")
 
 
+def direct_tier(checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Table, Table, int, Tier]:
+    """file_tables' pair, the mapped one with a RAM tier of 300 rows that reads past the page cache, and
+    the file's pages dropped (a miss whose pages are cached is copied from them, not read)."""
+    monkeypatch.delenv("ENGRAM_DIRECT_READS", raising=False)
+    table, plain, rows = file_tables(checkpoint)
+    assert table.keep_hot(300 * table.shard.format.row_bytes + state_bytes(300, rows, 0, "online", True), "cpu", "ram")
+    tier = reads_as_told(table, "direct")
+    drop_pages(table)
+    return table, plain, rows, tier
+
+
 def check_eager_state(admission: ClockAdmission) -> None:
     """Slots and rows in one-to-one correspondence: the index maps each held row to the slot that says it
     holds that row, every row held is distinct and ours, and nothing past `used` is held."""
@@ -405,11 +416,7 @@ def test_a_lookup_that_io_uring_fails_reads_through_the_page_cache(
     """Once io_uring cannot set up a ring (the descriptor limit reached after start), a lookup's misses
     are read through the page cache, bit-equal, with one warning naming the errno; once it can again,
     the tier reads past the page cache again."""
-    monkeypatch.delenv("ENGRAM_DIRECT_READS", raising=False)
-    table, plain, rows = file_tables(small_checkpoint)
-    assert table.keep_hot(300 * table.shard.format.row_bytes + state_bytes(300, rows, 0, "online", True), "cpu", "ram")
-    tier = reads_as_told(table, "direct")
-    drop_pages(table)  # pages in the page cache would be copied from there, not read
+    table, plain, rows, tier = direct_tier(small_checkpoint, monkeypatch)
     generator = torch.Generator().manual_seed(9)
     ids = zipf_ids(generator, rows, 512)
     assert same_bits(table.lookup(ids), plain.lookup(ids))
@@ -602,11 +609,7 @@ def test_a_prefetch_whose_reads_fail_fails_the_lookup_after_it_and_leaves_no_row
     waits for it, with the tier holding nothing rather than rows whose bytes never came; the lookups
     after it are bit-equal. A prefetch still reading when its table is released is waited for: the
     release returns once no read writes the freed tier."""
-    monkeypatch.delenv("ENGRAM_DIRECT_READS", raising=False)
-    table, plain, rows = file_tables(small_checkpoint)
-    assert table.keep_hot(300 * table.shard.format.row_bytes + state_bytes(300, rows, 0, "online", True), "cpu", "ram")
-    tier = reads_as_told(table, "direct")
-    drop_pages(table)  # pages in the page cache would be copied from there, not read
+    table, plain, rows, tier = direct_tier(small_checkpoint, monkeypatch)
     generator = torch.Generator().manual_seed(23)
     table.lookup(zipf_ids(generator, rows, 2048).view(256, 8))
     real = ram_module.read_direct
@@ -645,10 +648,7 @@ def test_a_direct_tier_copies_misses_whose_pages_are_cached(
     """Where the file's pages are in the page cache (a file that fits in memory after all), a tier that
     reads past the page cache copies its misses from there instead: no read past it, rows bit-equal, the
     rows admitted; with the pages dropped it reads past the page cache again."""
-    monkeypatch.delenv("ENGRAM_DIRECT_READS", raising=False)
-    table, plain, rows = file_tables(small_checkpoint)
-    assert table.keep_hot(300 * table.shard.format.row_bytes + state_bytes(300, rows, 0, "online", True), "cpu", "ram")
-    tier = reads_as_told(table, "direct")
+    table, plain, rows, tier = direct_tier(small_checkpoint, monkeypatch)
     reads = []
     real = ram_module.read_direct
 
