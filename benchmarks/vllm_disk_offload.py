@@ -197,6 +197,7 @@ def engram_module(source: Source, tokens: int, ram_tier: int) -> torch.nn.Module
     opened over the same parts, with a RAM tier of `ram_tier` bytes if not 0."""
     from engram.config import load_config
     from engram.integrations.vllm.qwen_disk import EngramQwenDiskOffloadEmbedding
+    from engram.integrations.vllm.tables import Served
     from engram.runtime.table import Checkpoint, ShardFormat, open_table
 
     module = EngramQwenDiskOffloadEmbedding.__new__(EngramQwenDiskOffloadEmbedding)
@@ -209,6 +210,7 @@ def engram_module(source: Source, tokens: int, ram_tier: int) -> torch.nn.Module
     if ram_tier:
         table.keep_hot(ram_tier, "cpu", "ram")
     module.engram_table = table
+    module._served = Served(module._engram, source.name, table, 1, tiered=False)
     return module
 
 

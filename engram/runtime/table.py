@@ -44,6 +44,7 @@ __all__ = [
     "PACKED",
     "Checkpoint",
     "Group",
+    "Output",
     "Part",
     "Placement",
     "Profile",

@@ -13,10 +13,8 @@ from vllm.models.deepseek_v41.common import engram as vllm_engram
 
 from engram.config import EngramConfig
 from engram.errors import EngramError
-from engram.integrations.vllm import files
-from engram.integrations.vllm.cache import give_tier
-from engram.integrations.vllm.metrics import METRICS
-from engram.integrations.vllm.settings import engram_config, open_vllm_table, placement
+from engram.integrations.vllm.settings import engram_config
+from engram.integrations.vllm.tables import Served, open_for, placement
 from engram.runtime.table import PACKED, ShardFormat, Table, as_parameter, shared_group
 
 
@@ -31,14 +29,14 @@ class EngramParallelEmbedding(vllm_engram.ParallelEngramEmbedding):
     read (its rows gathered by host threads, one copy to the GPU)."""
 
     def __init__(
-        self, *args: Any, engram: EngramConfig, table: str, checkpoint: str | None, tables: int, **kwargs: Any
+        self, *args: Any, engram: EngramConfig, table: str, vllm_config: Any, tables: int, **kwargs: Any
     ) -> None:
         self._engram = engram
         self._tables = tables  # the model's Engram tables, over which a tier's budget is split
         self._table_name = table  # the checkpoint's name for it: layers.{id}.engram.embed
-        self._checkpoint = checkpoint
+        self._vllm_config = vllm_config
         self.engram_table: Table | None = None
-        self._cache_built = False  # a tier of hot rows: built on the first lookup (weights loaded)
+        self._served: Served | None = None
         super().__init__(*args, **kwargs)
         if self.engram_table is not None:
             self.weight.weight_loader = self.engram_table.weight_loader("weight")
@@ -56,11 +54,11 @@ class EngramParallelEmbedding(vllm_engram.ParallelEngramEmbedding):
             if coordinator is None:
                 raise EngramError("dp_shared_memory needs vLLM's node-local Engram DP group, and it has none here")
             group = shared_group(coordinator.cpu_group, coordinator.ranks, "vLLM's Engram DP group")
-        table = open_vllm_table(
-            self._engram, self._table_name, ShardFormat(self.part_num_embeddings, self.dim, "fp8"), where,
-            row_start=self.vocab_start_idx, table_rows=self.num_embeddings, model_dir=self._checkpoint, group=group,
+        self.engram_table = table = open_for(
+            self._engram, self._vllm_config, self._table_name, ShardFormat(self.part_num_embeddings, self.dim, "fp8"),
+            where, row_start=self.vocab_start_idx, table_rows=self.num_embeddings, group=group,
         )  # fmt: skip
-        self.engram_table = table
+        self._served = Served(self._engram, self._table_name, table, self._tables, tiered=self._engram.cpu_offload)
         assert table.scale is not None
         return as_parameter(table.weight), as_parameter(table.scale).view(
             torch.uint8
@@ -81,28 +79,21 @@ class EngramParallelEmbedding(vllm_engram.ParallelEngramEmbedding):
         """As vLLM's: this rank's heads of `indices` [T, n_hash_cols] into `out`, dequantised bf16 [T, heads,
         dim] or packed bytes (values, then scales, per head); heads past the last and rows of other ranks
         read zeros."""
-        table = self._hot_table()
+        served = self._served
+        table = None if served is None else served.tiered()
         if table is None or not indices.shape[0] or (indices.is_cuda and table.tier is None and not table.shard.staged):
             super().lookup(indices, out, background)
             return
+        assert served is not None
         tokens, heads = indices.shape[0], self.part_n_hash_cols
         ids = indices[:, self.head_start : self.head_start + heads].to(torch.int64)
         if ids.shape[1] < heads:  # heads past the last read zeros
             ids = torch.nn.functional.pad(ids, (0, heads - ids.shape[1]), value=-1)
         if out.dtype == torch.uint8:
-            rows = table.lookup(ids, output=PACKED)
+            rows = served.lookup(ids, PACKED)
             out[:, : rows.shape[1] * rows.shape[2]].copy_(rows.reshape(tokens, -1))
         else:
-            out.view(tokens, heads, self.dim).copy_(table.lookup(ids, output=torch.bfloat16))
-        METRICS.observe(self._table_name, table, indices.device)
-
-    def _hot_table(self) -> Table | None:
-        """The engram table, its tier of hot rows (device_cache_bytes, ram_cache_bytes) built on the first lookup."""
-        table = self.engram_table
-        if table is not None and not self._cache_built and self.cpu_offload:
-            give_tier(self._engram, self._table_name, table, self._tables)
-        self._cache_built = True
-        return table
+            out.view(tokens, heads, self.dim).copy_(served.lookup(ids, torch.bfloat16))
 
 
 _VLLMS_FACTORY = vllm_engram.Engram._create_embedding
@@ -114,7 +105,6 @@ def create_embedding(self: Any, layout: Any, layer_hash_index: int) -> Any:
     config = engram_config(vllm_config)
     if config is None:
         return _VLLMS_FACTORY(self, layout, layer_hash_index)
-    checkpoint = files.checkpoint_dir(vllm_config, config) if files.reads_checkpoint(config) else None
     return EngramParallelEmbedding(
         layout.num_embeddings[layer_hash_index],
         layout.head_dim,
@@ -124,7 +114,7 @@ def create_embedding(self: Any, layout: Any, layer_hash_index: int) -> Any:
         use_thp=config.use_thp,
         engram=config,
         table=f"layers.{layout.layer_ids[layer_hash_index]}.engram.embed",
-        checkpoint=checkpoint,
+        vllm_config=vllm_config,
         tables=len(layout.layer_ids),
     )
 

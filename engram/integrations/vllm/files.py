@@ -1,10 +1,11 @@
-"""File-backed tables inside vLLM (both families): the model's checkpoint directory, opened once per process
-and shared by every table in it, and the checkpoint's name for the table a vLLM module holds. The table
-layer (engram.runtime.table) maps each table from it, as in engram's own engine; with file_cache_bytes one
-resident-set budget per checkpoint and process bounds the page cache of every file its tables read."""
+"""The model's checkpoint inside vLLM (both families), which file-backed tables are served from and node
+copies loaded from: its directory, opened once per process and shared by every table in it, the
+checkpoint's name for the table a vLLM module holds, and with file_cache_bytes one resident-set budget per
+checkpoint and process over the page cache of every file its tables read."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -12,19 +13,25 @@ from engram.config import EngramConfig
 from engram.errors import EngramError
 from engram.runtime.table import Checkpoint, ResidentBudget
 
-_CHECKPOINTS: dict[str, Checkpoint] = {}  # one open checkpoint per directory and process
-_BUDGETS: dict[tuple[str, int], ResidentBudget] = {}  # file_cache_bytes: one per checkpoint and bound
+checkpoint = functools.cache(Checkpoint)  # one open checkpoint per directory and process
+
+
+@functools.cache
+def budget(path: str, budget_bytes: int) -> ResidentBudget:
+    """The one budget (file_cache_bytes) of the checkpoint at `path` in this process, which every table
+    served from it shares."""
+    return ResidentBudget(budget_bytes)
+
+
+def forget_checkpoints() -> None:
+    """Drop this process's open checkpoints and budgets (each file's mapping goes with its last table view)."""
+    checkpoint.cache_clear()
+    budget.cache_clear()
 
 
 def setting(config: EngramConfig) -> str:
     """The setting that makes engram read the checkpoint itself: file_backed, or node_sharing."""
     return "file_backed" if config.file_backed else "node_sharing"
-
-
-def reads_checkpoint(config: EngramConfig) -> bool:
-    """Whether engram reads the model's checkpoint itself: a file-backed table serves its pages, and a
-    node copy is loaded from it once for every engine of the node."""
-    return config.file_backed or config.node_sharing != "off"
 
 
 def checkpoint_dir(vllm_config: Any, config: EngramConfig) -> str:
@@ -40,18 +47,6 @@ def checkpoint_dir(vllm_config: Any, config: EngramConfig) -> str:
     if load == "dummy":
         raise EngramError(f"engram setting {name!r} reads the checkpoint's own tables; load_format 'dummy' has none")
     return model
-
-
-def checkpoint(path: str) -> Checkpoint:
-    if path not in _CHECKPOINTS:
-        _CHECKPOINTS[path] = Checkpoint(path)
-    return _CHECKPOINTS[path]
-
-
-def forget_checkpoints() -> None:
-    """Drop this process's open checkpoints (each file's mapping goes with its last table view)."""
-    _CHECKPOINTS.clear()
-    _BUDGETS.clear()
 
 
 def layer_tail(prefix: str) -> str:
@@ -74,11 +69,3 @@ def table_named(found: Checkpoint, prefix: str) -> str:
             f"engram: the checkpoint should hold one table ending in {tail}.weight (or in {tail}.shard_<k>.weight parts) for vLLM's {prefix}, it holds {where}"
         )
     return names[0]
-
-
-def budget_for(path: str, budget_bytes: int) -> ResidentBudget | None:
-    """file_cache_bytes (None for 0, no bound): the one budget of the checkpoint at `path` in this process,
-    which every table served from it shares."""
-    if not budget_bytes:
-        return None
-    return _BUDGETS.setdefault((path, budget_bytes), ResidentBudget(budget_bytes))

@@ -49,13 +49,8 @@ def _figures(table: Table) -> dict[str, int]:
     stats = table.stats()
     out = {"engram_lookups": stats.ids, "engram_disk_read_bytes": stats.disk_bytes_read}
     if stats.tier is not None:
-        tier = stats.tier
-        out.update(
-            engram_tier_lookups=tier.lookups, engram_tier_hits=tier.hits, engram_tier_misses=tier.misses,
-            engram_tier_admissions=tier.admissions, engram_tier_evictions=tier.evictions,
-            engram_tier_bytes_admitted=tier.bytes_admitted, engram_tier_bytes_hit=tier.bytes_hit,
-            engram_tier_bytes_missed=tier.bytes_missed, engram_tier_rows=tier.rows,
-        )  # fmt: skip
+        tier = [key for key in (*COUNTERS, "engram_tier_rows") if key.startswith("engram_tier_")]
+        out.update({key: getattr(stats.tier, key.removeprefix("engram_tier_")) for key in tier})
     return out
 
 
@@ -98,21 +93,19 @@ class Metrics:
         seen = self._published.setdefault(table, Published())
         tier = table.tier
         if tier is not None and tier.windowed:
-            if tier.refreshes == seen.refreshes and seen.same_tier(tier):
-                return
-        elif table.lookups - seen.lookups < PUBLISH_EVERY and seen.same_tier(tier):
-            return
-        if on.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return
-        self.publish(name, table)
+            due = tier.refreshes != seen.refreshes
+        else:
+            due = table.lookups - seen.lookups >= PUBLISH_EVERY
+        if (due or not seen.same_tier(tier)) and not (on.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            self.publish(name, table)
 
     def publish(self, name: str, table: Table) -> None:
         """Add what `table`'s counters gained since the last publish to the metrics."""
         seen = self._published.setdefault(table, Published())
-        figures = _figures(table)
-        if not seen.same_tier(table.tier):  # a new tier: its counters start at zero, not at the old one's
+        figures, tier = _figures(table), table.tier
+        if not seen.same_tier(tier):  # a new tier: its counters start at zero, not at the old one's
             seen.figures = {key: value for key, value in seen.figures.items() if not key.startswith("engram_tier_")}
-        labels = (name, "none" if table.tier is None else table.tier.name, os.environ.get("RANK", "0"))
+        labels = (name, "none" if tier is None else tier.name, os.environ.get("RANK", "0"))
         metrics = self._made()
         for key, value in figures.items():
             series = metrics[key].labels(*labels)  # every series is served from the first publish, zeros too
@@ -120,10 +113,8 @@ class Metrics:
                 series.set(value)
             elif value > seen.figures.get(key, 0):
                 series.inc(value - seen.figures.get(key, 0))
-        seen.figures = figures
-        seen.refreshes = 0 if table.tier is None else table.tier.refreshes
-        seen.lookups = table.lookups
-        seen.tier = None if table.tier is None else weakref.ref(table.tier)
+        seen.figures, seen.lookups = figures, table.lookups
+        seen.refreshes, seen.tier = (0, None) if tier is None else (tier.refreshes, weakref.ref(tier))
 
 
 METRICS = Metrics()

@@ -18,19 +18,16 @@ from vllm.models.qwen4_exp.common.ngram_embedding import (
     Qwen4ExpPLEPinnedHostEmbedding,
 )
 
-from engram.config import EngramConfig
 from engram.errors import EngramError
-from engram.integrations.vllm import files
-from engram.integrations.vllm.cache import give_tier
-from engram.integrations.vllm.metrics import METRICS
-from engram.integrations.vllm.settings import engram_config, open_vllm_table, placement
-from engram.runtime.table import Part, ShardFormat, Table, as_parameter
+from engram.integrations.vllm.settings import engram_config
+from engram.integrations.vllm.tables import Served, open_for, placement
+from engram.runtime.table import ShardFormat, Table, as_parameter
 
 UNQUANTIZED = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 NVFP4_METHOD = getattr(vllm_ple, "Qwen4ExpPLENvFp4EmbeddingMethod", None)  # vLLM 0.33 and newer
 
 
-def _row_format(method: Any, dtype: torch.dtype) -> str:
+def row_format(method: Any, dtype: torch.dtype) -> str:
     """engram's name for the rows vLLM's quantisation method stores (engram.ops.formats)."""
     if NVFP4_METHOD is not None and isinstance(method, NVFP4_METHOD):
         return "nvfp4"
@@ -45,52 +42,50 @@ def _row_format(method: Any, dtype: torch.dtype) -> str:
     return UNQUANTIZED[dtype]
 
 
-class EngramStorage:
-    """What the swapped classes add: vLLM's ETP shard of the table (org_vocab_start_index on: a row range)
-    served by engram's table layer (engram.runtime.table), placed as engram's engine places it, filled by
-    the table's loaders, and looked up by it. Kept alive with the module."""
+# vLLM's table classes, Any to the type checker (vLLM is not installed beside engram): the mixin reads their
+# attributes (shard_indices, quant_method, embedding_dim, prefix, weight, ...), set by their constructors.
+_VllmTable: Any = object
 
-    _engram: EngramConfig | None
+
+class EngramStorage(_VllmTable):
+    """What the swapped classes add: vLLM's ETP shard of the table (org_vocab_start_index on: a row range)
+    served by engram's table layer, placed as engram's engine places it, filled by the table's loaders, and
+    looked up by it (tables.Served). Kept alive with the module."""
+
+    _host_table = False  # cpu_offload's class: engram's on a GPU too, and given a tier of hot rows
     engram_table: Table | None
-    _engram_params: dict[int, Part]  # the tensors handed to vLLM as the table's parameters, by address
-    _cache_built: bool
-    _tables: int  # the model's PLE tables, over which a tier's budget is split
-    _cacheable = False  # device_cache_bytes serves host tables only
-    # vLLM's, set by its constructor (declared here only, for the type checker)
-    shard_indices: Any
-    quant_method: Any
-    embedding_method: Any
-    embedding_dim: int
-    prefix: str
-    weight: torch.Tensor
-    num_embeddings_padded: int
-    org_vocab_size: int
+    _served: Served | None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        init_engram(self)
+        super().__init__(*args, **kwargs)
 
     def _engram_part(self, rows: int, width: int, dtype: torch.dtype) -> torch.Tensor:
         """engram's storage for one of the table's row tensors vLLM asks for (the rows, or NVFP4's block
         scales), the table opened on the first."""
-        config = self._engram
-        assert config is not None
-        if self.engram_table is None:
+        config, table = self._engram, self.engram_table
+        if table is None:
             where = placement(config, "qwen")
             assert where is not None  # a GPU's device table is vLLM's: the classes never get here
-            start = self.shard_indices.org_vocab_start_index
-            fmt = ShardFormat(rows, self.embedding_dim, _row_format(self.quant_method, dtype))
-            name, table_rows, model_dir = self.prefix, self.num_embeddings_padded, None
-            if where in ("file", "node"):  # the checkpoint's tensor, of the vocabulary's rows
-                model_dir = files.checkpoint_dir(get_current_vllm_config(), config)
-                found = files.checkpoint(model_dir)
-                name, table_rows = files.table_named(found, name), self.org_vocab_size
-            self.engram_table = open_vllm_table(
-                config, name, fmt, where, row_start=start, table_rows=table_rows, model_dir=model_dir
-            )
-        table = self.engram_table
+            fmt = ShardFormat(rows, self.embedding_dim, row_format(self.quant_method, dtype))
+            vocabulary = where in ("file", "node")  # the checkpoint's tensor, of the vocabulary's rows
+            self.engram_table = table = open_for(
+                config, get_current_vllm_config(), self.prefix, fmt, where, find=True,
+                row_start=self.shard_indices.org_vocab_start_index,
+                table_rows=self.org_vocab_size if vocabulary else self.num_embeddings_padded,
+            )  # fmt: skip
+            self._served = Served(config, self.prefix, table, self._tables, tiered=self._host_table)
         for part, rows_of in (("weight", table.weight), ("scale", table.scale)):
             if rows_of is not None and rows_of.dtype == dtype and tuple(rows_of.shape) == (rows, width):
                 param = as_parameter(rows_of)  # rows in pieces of the checkpoint's parts: a stand-in of no memory
-                self._engram_params[param.data_ptr()] = "weight" if part == "weight" else "scale"
+                self._engram_params[param.data_ptr()] = part
                 return param
         raise EngramError(f"engram: vLLM asks for {dtype} [{rows}, {width}] rows the table {table.name} does not hold")
+
+    def allocate_embedding_weight(self, num_embeddings: int, embedding_dim: int, dtype: torch.dtype) -> torch.Tensor:
+        if self._engram is None or (torch.cuda.is_available() and not self._host_table):  # a GPU's device table: vLLM's
+            return super().allocate_embedding_weight(num_embeddings, embedding_dim, dtype)
+        return self._engram_part(num_embeddings, embedding_dim, dtype)
 
     def weight_loader(
         self, param: torch.nn.Parameter, loaded_weight: torch.Tensor, checkpoint_start: int | None = None
@@ -99,57 +94,41 @@ class EngramStorage:
         checkpoint's read-only pages); vLLM's for every other parameter, and the table scale then reaches
         the table too."""
         table = self.engram_table
-        if table is None:
-            super().weight_loader(param, loaded_weight, checkpoint_start)  # type: ignore[misc]
-            return
-        part = self._engram_params.get(param.data_ptr())
-        if part is not None:
+        part = None if table is None else self._engram_params.get(param.data_ptr())
+        if table is None or part is None:
+            super().weight_loader(param, loaded_weight, checkpoint_start)
+        else:
             table.weight_loader(part)(param, loaded_weight, checkpoint_start)
+        if table is None or table.table_scale is None:
             return
-        super().weight_loader(param, loaded_weight, checkpoint_start)  # type: ignore[misc]
-        if table.table_scale is not None and param is getattr(
-            self, table.shard.format.row_format.table_scale_name, None
-        ):
+        if param is getattr(self, table.shard.format.row_format.table_scale_name, None):  # it reaches the table too
             table.weight_loader("table_scale")(table.table_scale, loaded_weight)
 
     def _engram_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """This rank's rows for global ids [T, H] (zeros for rows other ETP ranks own), as vLLM's
         quantisation method returns them (lookup_dtype: stored rows, fp8 staying fp8, NVFP4 dequantised)."""
-        table = self.engram_table
-        assert table is not None
-        if not self._cache_built and self._cacheable:
-            give_tier(self._engram, self.prefix, table, self._tables)
-        self._cache_built = True
+        assert self._served is not None
         method = self.embedding_method  # 0.32's has no lookup_dtype: its lookups return the rows as stored
-        rows = table.lookup(
-            ids, output=method.lookup_dtype(self) if hasattr(method, "lookup_dtype") else self.weight.dtype
+        return self._served.lookup(
+            ids, method.lookup_dtype(self) if hasattr(method, "lookup_dtype") else self.weight.dtype
         )
-        METRICS.observe(self.prefix, table, ids.device)
-        return rows
 
 
-def _init_engram(module: Any) -> None:
+def init_engram(module: Any) -> None:
+    """engram's state on one of vLLM's Qwen4Exp table modules, before vLLM's constructor runs: its config
+    (None where engram is not enabled: every method is then vLLM's), and the model's PLE tables, over which
+    a tier's budget is split."""
     vllm_config = get_current_vllm_config()
     module._engram = engram_config(vllm_config)
     text_config = getattr(getattr(vllm_config, "model_config", None), "hf_text_config", None)
-    module._tables = len(getattr(text_config, "ple_layer_ids", None) or [1])  # the tier budget's share
-    module.engram_table = None
-    module._engram_params = {}
-    module._cache_built = False
+    module._tables = len(getattr(text_config, "ple_layer_ids", None) or [1])
+    module.engram_table = module._served = None
+    module._engram_params = {}  # the tensors handed to vLLM as the table's parameters, by address -> Part
 
 
 class EngramQwenDeviceEmbedding(EngramStorage, Qwen4ExpPLEDeviceEmbedding):
     """Qwen4ExpPLEDeviceEmbedding (cpu_offload false). On vLLM's CPU platform engram keeps the table in a
     mapping of its own and gathers with its CPU kernels; on a GPU the table stays vLLM's device tensor."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        _init_engram(self)
-        super().__init__(*args, **kwargs)
-
-    def allocate_embedding_weight(self, num_embeddings: int, embedding_dim: int, dtype: torch.dtype) -> torch.Tensor:
-        if self._engram is None or torch.cuda.is_available():
-            return super().allocate_embedding_weight(num_embeddings, embedding_dim, dtype)
-        return self._engram_part(num_embeddings, embedding_dim, dtype)
 
     def forward(self, ngram_ids: torch.Tensor) -> torch.Tensor:
         if self._engram is None or ngram_ids.is_cuda:  # a GPU's table is vLLM's device tensor: its forward
@@ -186,19 +165,12 @@ class EngramQwenPinnedHostEmbedding(EngramStorage, Qwen4ExpPLEPinnedHostEmbeddin
     its CUDA kernel over UVA, sorted where that pays; for a file the GPU cannot read, host threads and one
     copy. With device_cache_bytes the profile's hot rows of it are kept on the GPU."""
 
-    _cacheable = True
-
+    _host_table = True
     _host_rows: torch.Tensor | None = None  # a CPU step's rows, from start_prefetch to finalize_prefetch
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        _init_engram(self)
         with _host_views_of_staged(self):
             super().__init__(*args, **kwargs)
-
-    def allocate_embedding_weight(self, num_embeddings: int, embedding_dim: int, dtype: torch.dtype) -> torch.Tensor:
-        if self._engram is None:
-            return super().allocate_embedding_weight(num_embeddings, embedding_dim, dtype)
-        return self._engram_part(num_embeddings, embedding_dim, dtype)
 
     def _lookup(self, input_ids: torch.Tensor, output: torch.Tensor | None = None) -> torch.Tensor:
         if self._engram is None:

@@ -13,14 +13,10 @@ import torch
 from vllm.config import get_current_vllm_config
 from vllm.models.qwen4_exp.nvidia.ngram_embedding import Qwen4ExpPLEDiskOffloadEmbedding
 
-from engram.config import EngramConfig
 from engram.errors import EngramError
-from engram.integrations.vllm import files
-from engram.integrations.vllm.cache import give_tier
-from engram.integrations.vllm.metrics import METRICS
-from engram.integrations.vllm.qwen import _init_engram, _row_format
-from engram.integrations.vllm.settings import open_vllm_table
-from engram.runtime.table import PACKED, ShardFormat, Table
+from engram.integrations.vllm.qwen import init_engram, row_format
+from engram.integrations.vllm.tables import Served, give_tier, open_for
+from engram.runtime.table import PACKED, ShardFormat
 
 
 class EngramQwenDiskOffloadEmbedding(Qwen4ExpPLEDiskOffloadEmbedding):
@@ -28,15 +24,13 @@ class EngramQwenDiskOffloadEmbedding(Qwen4ExpPLEDiskOffloadEmbedding):
     ETP rank stages full rows (the whole table, no ETP reduction) and nothing is allocated for the table;
     the checkpoint tensors vLLM's loader hands over are checked and let go (engram maps the files itself)."""
 
-    _engram: EngramConfig | None
-    engram_table: Table | None
-    _tables: int
+    _served: Served | None
     # The layers whose ids this step has copied (stage_checkpoint_rows copies every layer's before any
     # stage_rows): the step's first stage_rows starts all their reads at once (Table.prefetch).
     _copied: ClassVar[list[EngramQwenDiskOffloadEmbedding]] = []
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        _init_engram(self)
+        init_engram(self)
         self._parts_seen: set[tuple[str, int]] = set()
         super().__init__(*args, **kwargs)
 
@@ -78,33 +72,31 @@ class EngramQwenDiskOffloadEmbedding(Qwen4ExpPLEDiskOffloadEmbedding):
         if config is None:
             super().bind_file_shards()
             return
-        if self.engram_table is not None:
+        if self._served is not None:
             raise RuntimeError("PLE disk offload does not support weight reload")
-        model_dir = files.checkpoint_dir(get_current_vllm_config(), config)
-        found = files.checkpoint(model_dir)
-        name = files.table_named(found, self.prefix)
-        fmt = ShardFormat(self.org_vocab_size, self.embedding_dim, _row_format(self.quant_method, self.weight.dtype))
-        self.engram_table = table = open_vllm_table(
-            config, name, fmt, "file", row_start=0, table_rows=self.org_vocab_size, model_dir=model_dir
-        )
+        fmt = ShardFormat(self.org_vocab_size, self.embedding_dim, row_format(self.quant_method, self.weight.dtype))
+        self.engram_table = table = open_for(
+            config, get_current_vllm_config(), self.prefix, fmt, "file", find=True, row_start=0,
+            table_rows=self.org_vocab_size,
+        )  # fmt: skip
         row_bytes = sum(host.shape[-1] * host.element_size() for _, host, _ in self._planes.values())
         if row_bytes != fmt.row_bytes:
             raise EngramError(
-                f"engram: vLLM stages {row_bytes}-byte rows of {name}, engram's {fmt.dtype} table has {fmt.row_bytes}"
+                f"engram: vLLM stages {row_bytes}-byte rows of {table.name}, engram's {fmt.dtype} table has {fmt.row_bytes}"
             )
         give_tier(config, self.prefix, table, self._tables)
+        self._served = Served(config, self.prefix, table, self._tables, tiered=False)
         self._bound = True
 
     def copy_ids_to_host(self, ids: torch.Tensor) -> None:
         super().copy_ids_to_host(ids)
-        if self._engram is not None and self.engram_table is not None:
+        if self._served is not None:
             self._copied.append(self)
 
     def stage_rows(self, num_tokens: int) -> None:
         """This step's rows (vLLM's _host_ids[:num_tokens], [T, H]) as stored, into vLLM's pinned planes
         (rows, then NVFP4's block scales) and on to its device buffers, as vLLM's stage_rows leaves them."""
-        table = self.engram_table
-        if self._engram is None or table is None:
+        if self._served is None:
             super().stage_rows(num_tokens)
             return
         ids = self._host_ids[:num_tokens]
@@ -113,7 +105,7 @@ class EngramQwenDiskOffloadEmbedding(Qwen4ExpPLEDiskOffloadEmbedding):
                 assert layer.engram_table is not None
                 layer.engram_table.prefetch(layer._host_ids[:num_tokens])
             self._copied.clear()
-        rows = table.lookup(ids, output=PACKED)  # [T, H, row_bytes]: each row's stored bytes, its scales after
+        rows = self._served.lookup(ids, PACKED)  # [T, H, row_bytes]: each row's stored bytes, its scales after
         at = 0
         for _, host, _ in self._planes.values():
             width = host.shape[-1] * host.element_size()
@@ -121,4 +113,3 @@ class EngramQwenDiskOffloadEmbedding(Qwen4ExpPLEDiskOffloadEmbedding):
             at += width
         for staging, host, _ in self._planes.values():
             staging[:num_tokens].copy_(host[:num_tokens], non_blocking=True)
-        METRICS.observe(self.prefix, table, ids.device)

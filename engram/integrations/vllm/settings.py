@@ -4,21 +4,15 @@ its own: when the engine config is created, before any worker starts."""
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from engram.config import VLLM_FIELDS, EngramConfig, load_config
 from engram.config.loading import read_json_object
 from engram.errors import EngramError
-from engram.integrations.vllm import files
-from engram.runtime.table import Group, Placement, ShardFormat, Table, open_table, placement_for, uva_runtime
+from engram.integrations.vllm.tables import profile
 from engram.validation.json_values import _describe
-
-log = logging.getLogger("engram")
 
 ENV = "ENGRAM_VLLM_CONFIG"
 
@@ -56,10 +50,7 @@ def engram_config(vllm_config: Any) -> EngramConfig | None:
         raise EngramError(
             f"engram setting 'shard_layout': inside vLLM its own layout decides which rank holds which rows; {config.shard_layout!r} cannot be honoured there, leave it at 'vllm'"
         )
-    if config.device_cache_bytes or config.ram_cache_bytes:
-        from engram.integrations.vllm.cache import profile
-
-        profile(config)  # read now: a missing or unreadable profile is an error before anything is allocated
+    profile(config)  # read now: a missing or unreadable profile is an error before anything is allocated
     return config
 
 
@@ -91,48 +82,3 @@ def install_check(refusal: str | None = None) -> Callable[[], None]:
         VllmConfig._resolve_and_verify_engram_config = theirs
 
     return undo
-
-
-def placement(config: EngramConfig, family: str) -> Placement | None:
-    """Where engram keeps a table of `family` ("deepseek" or "qwen") inside vLLM: the engine's rule
-    (placement_for), or None where vLLM's layout leaves the table to vLLM: a device table on a GPU is
-    vLLM's own tensor, read by vLLM's kernels. vLLM 0.33 gives Qwen4Exp's PLE tables no node-local group
-    of replicas (0.34 neither), so there dp_shared_memory leaves each DP replica its own ETP shard."""
-    on_gpu = torch.cuda.is_available()
-    if on_gpu and not config.cpu_offload:
-        return None
-    if family == "qwen" and config.dp_shared_memory and config.cpu_offload and not config.file_backed:
-        log.warning(
-            "engram: dp_shared_memory applies to DeepSeek V4.1's Engram tables; vLLM gives Qwen4Exp's PLE "
-            "tables no node-local group of replicas, so each DP replica keeps its own ETP shard (embedding_across_dp "
-            "spreads one copy over the replicas instead)"
-        )
-    return placement_for(config, "cuda" if on_gpu else "cpu", shareable=family == "deepseek")
-
-
-def open_vllm_table(
-    config: EngramConfig,
-    name: str,
-    fmt: ShardFormat,
-    placement: Placement,
-    *,
-    row_start: int,
-    table_rows: int,
-    model_dir: str | None = None,
-    group: Group | None = None,
-) -> Table:
-    """A table vLLM's weight loaders fill (Table.weight_loader); with file_backed the pages of the
-    checkpoint in `model_dir` (`name` its tensor's name), under that checkpoint's resident-set budget; with
-    node_sharing the node's copy of it, attached or loaded from that checkpoint now (vLLM's loaders then
-    copy nothing)."""
-    checkpoint = budget = None
-    if placement in ("file", "node"):
-        if model_dir is None:
-            raise EngramError(f"engram {files.setting(config)}: no checkpoint directory to serve {name} from")
-        checkpoint = files.checkpoint(model_dir)
-        budget = files.budget_for(model_dir, config.file_cache_bytes) if placement == "file" else None
-    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    return open_table(
-        name, fmt, placement, row_start=row_start, table_rows=table_rows, checkpoint=checkpoint, group=group,
-        runtime=uva_runtime(), budget=budget, sharing=config.node_sharing, device=device,
-    )  # fmt: skip
