@@ -22,7 +22,8 @@ from engram.runtime.table import PACKED, ShardFormat
 class EngramQwenDiskOffloadEmbedding(Qwen4ExpPLEDiskOffloadEmbedding):
     """Qwen4ExpPLEDiskOffloadEmbedding with engram's file-backed table behind stage_rows. As vLLM's, every
     ETP rank stages full rows (the whole table, no ETP reduction) and nothing is allocated for the table;
-    the checkpoint tensors vLLM's loader hands over are checked and let go (engram maps the files itself)."""
+    the checkpoint tensors vLLM's loader hands over are checked by vLLM's accept_checkpoint_shard and let go once
+    bound (engram maps the files itself)."""
 
     _served: Served | None
     # The layers whose ids this step has copied (stage_checkpoint_rows copies every layer's before any
@@ -31,23 +32,7 @@ class EngramQwenDiskOffloadEmbedding(Qwen4ExpPLEDiskOffloadEmbedding):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         init_engram(self)
-        self._parts_seen: set[tuple[str, int]] = set()
         super().__init__(*args, **kwargs)
-
-    def accept_checkpoint_shard(
-        self, shard_index: int, loaded_weight: torch.Tensor, shard_size: int, name: str
-    ) -> None:
-        if self._engram is None:
-            super().accept_checkpoint_shard(shard_index, loaded_weight, shard_size, name)
-            return
-        dtype = getattr(self, name).dtype
-        if loaded_weight.dtype != dtype:  # as vLLM refuses it: rows are served as stored
-            raise ValueError(
-                f"PLE shard {name} dtype {loaded_weight.dtype} must match the embedding dtype {dtype}; disk offload serves rows as stored"
-            )
-        if (name, shard_index) in self._parts_seen:
-            raise ValueError(f"Duplicate PLE embedding shard {shard_index} {name}")
-        self._parts_seen.add((name, shard_index))
 
     def weight_loader(self, param: torch.Tensor, loaded_weight: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         """A table stored whole (vLLM's disk offload takes `shard_<k>` parts only; engram serves both):
@@ -86,6 +71,7 @@ class EngramQwenDiskOffloadEmbedding(Qwen4ExpPLEDiskOffloadEmbedding):
             )
         give_tier(config, self.prefix, table, self._tables)
         self._served = Served(config, self.prefix, table, self._tables, tiered=False)
+        self._shards.clear()  # the loader's views of the parts, checked by vLLM's accept_checkpoint_shard
         self._bound = True
 
     def copy_ids_to_host(self, ids: torch.Tensor) -> None:
