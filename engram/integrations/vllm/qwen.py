@@ -13,6 +13,14 @@ import torch
 import vllm.models.qwen4_exp.common.ngram_embedding as vllm_ple
 from vllm.config import get_current_vllm_config
 
+# Imported by name, not read off the module when used: a vLLM without one of them fails this import, so the
+# plugin stands aside whole (register) rather than serving with a class missing.
+from vllm.models.qwen4_exp.common.ngram_embedding import (
+    Qwen4ExpPLEDeviceEmbedding,
+    Qwen4ExpPLEFp8EmbeddingMethod,
+    Qwen4ExpPLEPinnedHostEmbedding,
+)
+
 from engram.errors import EngramError
 from engram.integrations.vllm.settings import engram_config
 from engram.integrations.vllm.tables import Served, open_for, placement
@@ -26,7 +34,7 @@ def row_format(method: Any, dtype: torch.dtype) -> str:
     """engram's name for the rows vLLM's quantisation method stores (engram.ops.formats)."""
     if NVFP4_METHOD is not None and isinstance(method, NVFP4_METHOD):
         return "nvfp4"
-    if isinstance(method, vllm_ple.Qwen4ExpPLEFp8EmbeddingMethod):
+    if isinstance(method, Qwen4ExpPLEFp8EmbeddingMethod):
         return "fp8-table"
     if dtype == torch.uint8 and NVFP4_METHOD is None:
         raise EngramError(
@@ -121,7 +129,7 @@ def init_engram(module: Any) -> None:
     module._engram_params = {}  # the tensors handed to vLLM as the table's parameters, by address -> Part
 
 
-class EngramQwenDeviceEmbedding(EngramStorage, vllm_ple.Qwen4ExpPLEDeviceEmbedding):
+class EngramQwenDeviceEmbedding(EngramStorage, Qwen4ExpPLEDeviceEmbedding):
     """Qwen4ExpPLEDeviceEmbedding (cpu_offload false). On vLLM's CPU platform engram keeps the table in a
     mapping of its own and gathers with its CPU kernels; on a GPU the table stays vLLM's device tensor."""
 
@@ -153,7 +161,7 @@ def _host_views_of_staged(module: EngramStorage) -> Iterator[None]:
         vllm_ple.get_accelerator_view_from_cpu_tensor = theirs
 
 
-class EngramQwenPinnedHostEmbedding(EngramStorage, vllm_ple.Qwen4ExpPLEPinnedHostEmbedding):
+class EngramQwenPinnedHostEmbedding(EngramStorage, Qwen4ExpPLEPinnedHostEmbedding):
     """Qwen4ExpPLEPinnedHostEmbedding (cpu_offload true): the table in engram's exact-size host mapping
     (huge pages with use_thp) registered for UVA, or with file_backed the checkpoint's own pages. Every
     lookup vLLM makes (its prefetch hook on the side stream, and sync_lookup) is engram's gather: on a GPU
