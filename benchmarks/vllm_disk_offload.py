@@ -26,6 +26,11 @@ bytes the process read from storage (/proc/self/io). Every run's staged bytes ar
 safetensors' own reader of the parts, step by step (a digest). Runs alternate contenders, --repeat
 times each; the figures are medians over steps, and the spread is over repeats.
 
+Then what the stream allows (_bounds), over the steps after the warm-up, against vLLM's pages under the
+limit: the pages of the rows first asked for (every cache of rows reads them, engram's RAM tier among
+them), of a hindsight choice of the tier's rows, and of a hindsight choice of pages in the memory the limit
+left vLLM's page cache; and how long the rows first asked for take at the rate the tier's reads ran.
+
 Your own checkpoint and text instead: --checkpoint DIR (a Qwen4Exp checkpoint whose PLE tables are stored
 as `shard_<k>` parts, as vLLM's disk offload needs them; the first such table is served, or --table NAME;
 rows of one plane: bf16, fp16, fp32 or fp8) and --text FILE (tokenized with the DeepSeek V4 tokenizer the
@@ -51,6 +56,7 @@ import uuid
 from pathlib import Path
 
 import torch
+from _bounds import FilePages, distinct, first_asked, hindsight, pages_per_step
 from _scratch import scratch_dir
 from _timing import print_table
 from bench_ram_tier import warm_file
@@ -61,6 +67,7 @@ from engram.memory.mapping import PAGE
 from engram.ngram.spec import ModelSpec
 from engram.ngram.vocab import deepseek_v4_tokenizer
 from engram.ops.formats import FORMATS
+from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.checkpoints.writer import write_checkpoint
 from engram.runtime.placement.residency import drop_file_cache, storage_read_bytes
 
@@ -271,6 +278,30 @@ def run(source: Source, stream: Path, contender: str, condition: str, limit: int
         (CGROUP / group).rmdir()
 
 
+def bounds(source: Source, stream: Path, warmup: int, tier_rows: int, memory: int) -> dict[str, float]:
+    """Pages a decode and a prefill step (after the warm-up) that the stream asks of the parts at the least
+    (_bounds): the rows first asked for, a hindsight choice of `tier_rows` rows, and of the pages `memory`
+    holds."""
+    checkpoint = Checkpoint(source.directory)
+    names = [f"{source.name}.shard_{k}.weight" for k in range(-(-source.rows // source.part_rows))]
+    offsets = tuple(checkpoint.files[n].data_start + checkpoint.files[n].entries[n].begin for n in names)
+    pages = FilePages(offsets, source.part_rows, source.spec.row_bytes)
+    universe = -(-max(o + source.part_rows * source.spec.row_bytes for o in offsets) // PAGE)
+    saved = torch.load(stream)
+    steps = distinct([ids.numpy() for ids in torch.split(saved["ids"], saved["sizes"])])
+    found = {
+        "first_asked": pages_per_step(first_asked(steps, source.rows), pages),
+        "hindsight_rows": pages_per_step(hindsight(steps, source.rows, tier_rows), pages),
+        "hindsight_pages": pages_per_step(hindsight([pages.of(s) for s in steps], universe, memory // PAGE), None),
+    }
+    out = {}
+    for kind, tokens in (("decode", DECODE), ("prefill", PREFILL)):
+        chosen = [i for i, n in enumerate(saved["sizes"]) if i >= warmup and n == tokens]
+        for bound, per_step in found.items():
+            out[f"{kind}_{bound}"] = statistics.mean(per_step[i] for i in chosen) if chosen else float("nan")
+    return out
+
+
 def summary(report: dict, warmup: int) -> dict[str, float]:
     """Medians per decode step and per prefill step, after the warm-up."""
     out: dict[str, float] = {}
@@ -336,6 +367,9 @@ def main() -> None:
                         raise SystemExit(f"{contender} ({condition}) staged other bytes than safetensors' reader")
                     report["summary"] = summary(report, args.warmup)
                     results[contender][condition].append(report)
+        tier_rows = max(r["tier"]["capacity_rows"] for r in results["engram+ram"]["limited"])
+        page_memory = limit - min(r["peak"] for r in results["vllm"]["warm"])  # what vLLM's page cache could hold
+        least = bounds(source, stream, args.warmup, tier_rows, page_memory)
     rows = []
     for condition in CONDITIONS:
         theirs = [r["summary"] for r in results["vllm"][condition]]
@@ -357,13 +391,34 @@ def main() -> None:
         f"{source.name}: {source.dtype}, {table_bytes / 2**30:.2f} GiB in {-(-source.rows // source.part_rows)} parts; limit {limit / 2**20:.0f} MiB; RAM tier {ram_tier / 2**20:.0f} MiB; rows equal safetensors' reader in every run"
     )
     print_table(["condition", "contender", "step", "host ms", "cpu ms", "x vLLM", "pages read", "x vLLM"], rows)
+    theirs = {
+        k: statistics.median(r["summary"][f"{k}_pages"] for r in results["vllm"]["limited"])
+        for k in ("decode", "prefill")
+    }
+    tiered = [r["summary"] for r in results["engram+ram"]["limited"]]
+    rate = statistics.median(t["decode_pages"] / t["decode_ms"] for t in tiered)  # pages a ms, the tier's reads
+    vllm_ms = statistics.median(r["summary"]["decode_ms"] for r in results["vllm"]["limited"])
+    print("what the stream allows after the warm-up, in pages a step against vLLM's under the limit (its median):")
+    for kind in ("decode", "prefill"):
+        first, rows_hs, pages_hs = (least[f"{kind}_{b}"] for b in ("first_asked", "hindsight_rows", "hindsight_pages"))
+        print(
+            f"  {kind}: the rows first asked for lie in {first:,.0f} ({first / theirs[kind]:.2f}x: every cache of rows "
+            f"reads them); a hindsight choice of the tier's {tier_rows:,} rows reads {rows_hs:,.0f} ({rows_hs / theirs[kind]:.2f}x), "
+            f"of pages in the {page_memory / 2**20:.0f} MiB the limit left vLLM {pages_hs:,.0f} ({pages_hs / theirs[kind]:.2f}x)"
+        )
+    floor_ms = least["decode_first_asked"] / rate
+    print(
+        f"  at the rate the tier's reads ran under the limit ({rate:.0f} pages a ms), a decode step's rows first asked "
+        f"for take {floor_ms:.1f} ms: {floor_ms / vllm_ms:.2f}x vLLM's step"
+    )
     if args.json:
         print(
             json.dumps(
                 {
                     c: {k: [r["summary"] | {"tier": r["tier"], "peak": r["peak"]} for r in v] for k, v in conds.items()}
                     for c, conds in results.items()
-                },
+                }
+                | {"bounds": least | {"tier_rows": tier_rows, "page_memory": page_memory}},
                 indent=1,
             )
         )
