@@ -64,20 +64,21 @@ def read_host_limits(proc: Path = Path("/proc"), cgroup: Path = Path("/sys/fs/cg
     for line in (proc / "meminfo").read_text().splitlines():
         if line.startswith("MemTotal:"):
             physical = int(line.split()[1]) * 1024
-    return HostLimits(physical, _cgroup_limit(cgroup))
+    limits = [limit for limit, _ in _memory_groups(proc, cgroup)]
+    return HostLimits(physical, min(limits) if limits else None)
 
 
 def free_bytes_now(proc: Path = Path("/proc"), cgroup: Path = Path("/sys/fs/cgroup")) -> int:
-    """Bytes this process could still allocate now: the node's MemAvailable, less what the cgroup has
-    left (memory.max - memory.current), less what RLIMIT_AS leaves of the address space."""
+    """Bytes this process could still allocate now: the node's MemAvailable, less what each memory cgroup
+    it is in has left (its limit less its usage: memory.max - memory.current, or v1's), less what
+    RLIMIT_AS leaves of the address space."""
     free = 0
     for line in (proc / "meminfo").read_text().splitlines():
         if line.startswith("MemAvailable:"):
             free = int(line.split()[1]) * 1024
-    limit = _cgroup_limit(cgroup)
-    if limit is not None:
+    for limit, usage in _memory_groups(proc, cgroup):
         with contextlib.suppress(OSError, ValueError):
-            free = min(free, limit - int((cgroup / "memory.current").read_text()))
+            free = min(free, limit - int(usage.read_text()[:64]))
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
     if soft != resource.RLIM_INFINITY:
         with contextlib.suppress(OSError, ValueError, IndexError):
@@ -88,16 +89,45 @@ def free_bytes_now(proc: Path = Path("/proc"), cgroup: Path = Path("/sys/fs/cgro
     return max(0, free)
 
 
-def _cgroup_limit(root: Path) -> int | None:
-    for path in (root / "memory.max", root / "memory" / "memory.limit_in_bytes"):
-        try:
-            text = path.read_text().strip()
-        except OSError:
-            continue
-        if text == "max" or not text.isdigit() or int(text) >= _V1_UNLIMITED:
-            return None
-        return int(text)
-    return None
+# A memory cgroup's limit and usage files: v2's unified hierarchy, and v1's memory controller below its mount.
+_V2 = ("", "memory.max", "memory.current")
+_V1 = ("memory", "memory.limit_in_bytes", "memory.usage_in_bytes")
+
+
+def _memory_groups(proc: Path, cgroup: Path) -> list[tuple[int, Path]]:
+    """(limit, usage file) of each memory cgroup this process is in that has a limit: its own and its
+    ancestors' (/proc/self/cgroup names them; a parent's limit binds its children too), or, without that
+    file, the hierarchy's root (a container's own group, under a cgroup namespace)."""
+    try:
+        text = (proc / "self" / "cgroup").read_text()[:65536]
+    except OSError:
+        text = ""
+    groups: list[tuple[tuple[str, str, str], list[str]]] = []
+    for line in text.splitlines():
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        kind = _V2 if hierarchy == "0" and not controllers else _V1 if "memory" in controllers.split(",") else None
+        if kind is not None:
+            groups.append((kind, [part for part in path.split("/") if part and part not in (".", "..")]))
+    found = []
+    for (mount, limit_name, usage_name), parts in groups or [(_V2, []), (_V1, [])]:
+        for depth in range(len(parts), -1, -1):
+            directory = cgroup.joinpath(mount, *parts[:depth])
+            limit = _limit_in(directory / limit_name)
+            if limit is not None:
+                found.append((limit, directory / usage_name))
+    return found
+
+
+def _limit_in(path: Path) -> int | None:
+    """The bytes a cgroup's limit file holds, or None for no limit (v2's "max", v1's huge number, no file)."""
+    try:
+        text = path.read_text()[:64].strip()
+    except OSError:
+        return None
+    if text == "max" or not text.isdigit() or int(text) >= _V1_UNLIMITED:
+        return None
+    return int(text)
 
 
 def pinned_bytes_per_node(config: TableSharing, table_bytes: int, parallel: Replicas) -> int:

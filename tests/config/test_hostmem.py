@@ -8,7 +8,7 @@ import pytest
 
 from engram._generated.structs import RUNTIME_CHECKS
 from engram.config import ConfigError, HostLimits, ParallelConfig, load_config
-from engram.memory.host import pinned_bytes_per_node, read_host_limits
+from engram.memory.host import free_bytes_now, pinned_bytes_per_node, read_host_limits
 
 TABLE = 202_758_032_400  # V4.1-Flash, fp8 rows with scales
 GIB = 1 << 30
@@ -92,3 +92,26 @@ def test_reads_meminfo_and_cgroups(tmp_path: Path) -> None:
 def test_this_machine() -> None:
     limits = read_host_limits()
     assert limits.physical_bytes > 0 and 0 < limits.available <= limits.physical_bytes
+
+
+def test_the_groups_this_process_is_in_and_their_ancestors_bind(tmp_path: Path) -> None:
+    """/proc/self/cgroup names the process's own groups, deep in each hierarchy: each level's limit counts
+    (a parent's binds its children), v2's "max" and v1's huge number count as none."""
+    proc, root = tmp_path / "proc", tmp_path / "cgroup"
+    (proc / "self").mkdir(parents=True)
+    (proc / "meminfo").write_text("MemTotal: 33554432 kB\nMemAvailable: 16777216 kB\n")
+    (proc / "self" / "cgroup").write_text("5:cpu,cpuacct:/elsewhere\n4:memory:/pod/job\n0::/slice/unit\n")
+    files = {
+        "memory/pod/memory.limit_in_bytes": 8 * GIB, "memory/pod/memory.usage_in_bytes": 3 * GIB,
+        "memory/pod/job/memory.limit_in_bytes": 9223372036854771712, "memory/pod/job/memory.usage_in_bytes": 2 * GIB,
+        "slice/memory.max": 6 * GIB, "slice/memory.current": 5 * GIB + 4096,
+        "slice/unit/memory.max": "max", "slice/unit/memory.current": GIB,
+    }  # fmt: skip
+    for name, value in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(f"{value}\n")
+    assert free_bytes_now(proc, root) == GIB - 4096  # the slice's 6 GiB less its 5 GiB and a page
+    assert read_host_limits(proc, root) == HostLimits(32 * GIB, 6 * GIB)
+    (root / "slice" / "memory.max").write_text("max\n")
+    assert free_bytes_now(proc, root) == 5 * GIB  # the pod's 8 GiB less its 3
+    assert read_host_limits(proc, root) == HostLimits(32 * GIB, 8 * GIB)

@@ -215,7 +215,9 @@ def bad_id_then_good(
 def prefetch_into_ram_tiers(rank: int, world: int, dp: int, checkpoint: str) -> dict[str, Any]:
     """File-backed tables with RAM tiers, the files' page cache dropped: prefetch starts every layer's reads
     of the rows its tier lacks (every replica's ids, gathered) before any layer takes its rows, and the
-    rows taken equal the reference's, step after step."""
+    rows taken equal the reference's, step after step. Past the page cache (ENGRAM_DIRECT_READS=1) whatever
+    memory this machine has to spare."""
+    os.environ["ENGRAM_DIRECT_READS"] = "1"  # this worker's process alone
     spec = SPECS["ds7"]
     parallel = ParallelConfig(data_parallel_size=dp)
     engram = {"cpu_offload": True, "file_backed": True, "embedding_across_dp": dp > 1, "ram_cache_bytes": 1 << 20}

@@ -653,7 +653,9 @@ def plugin_deepseek_case(case: dict) -> dict:
     if "cache" in case:  # engram settings of a device cache
         answer["cached"] = [build({"engram": case["cache"]}, r, cpu_offload=True) for r in range(tp)]
     ram = {"file_backed": True, "ram_cache_bytes": 1 << 20}  # a RAM tier over the file, misses read past the page cache
+    os.environ["ENGRAM_DIRECT_READS"] = "1"  # whatever memory this machine has to spare
     answer["ram"] = [build({"engram": ram}, r, cpu_offload=True) for r in range(tp)]
+    del os.environ["ENGRAM_DIRECT_READS"]
     return answer
 
 

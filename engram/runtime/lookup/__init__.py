@@ -7,7 +7,8 @@ gets or loses a tier (reader_for); Table.lookup delegates to it, and each reader
 - FileReader (file.py): a checkpoint file's own pages. On disk, the pages of the rows to read are asked
   for first (readahead per lookup, within file_cache_bytes), and a prefill's ids read in batches.
 - RamTierReader (ram_tier.py): a file on disk with a RamTier: the rows it holds come from it, the rows it
-  misses are read into it (from the disk past the page cache where that works) and from it.
+  misses are read into it (from the disk past the page cache where that works and memory is short) and
+  from it.
 
 The gathers all of them build (gathers.py) and the spread of distinct rows back to their ids (spread.py)
 are shared parts."""

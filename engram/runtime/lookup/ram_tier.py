@@ -11,7 +11,8 @@ from engram.ops.checks import check_ids
 from engram.runtime.lookup.file import FileReader
 from engram.runtime.lookup.spread import Spread
 from engram.runtime.placement.filemap import reading
-from engram.runtime.shard import Output
+from engram.runtime.placement.residency import DiskReads, ResidentBudget
+from engram.runtime.shard import Output, TableShard
 from engram.runtime.tiers.ram import RamTier
 from engram.runtime.tiers.row_index import FREE
 
@@ -22,11 +23,19 @@ class RamTierReader(FileReader):
     tier: RamTier
     _ahead: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # a prefetch's ids, distinct, inverse
 
+    def __init__(
+        self, shard: TableShard, table_rows: int, tier: RamTier, reads: DiskReads, budget: ResidentBudget | None
+    ) -> None:
+        super().__init__(shard, table_rows, tier, reads, budget)
+        tier.page_cache_bound = None if budget is None else budget.budget  # what the page cache may keep of it
+        tier.choose_reads(now=True)
+
     def from_host(self, ids: torch.Tensor, out: torch.Tensor | None, kind: Output) -> torch.Tensor:
         """A lookup of a file on disk from host ids through its RAM tier. The distinct rows it does not
         hold are admitted (Tier.admitting): read from the disk straight into their slots, all at once,
-        where direct reads work, else batch_rows at a time in address order through the page cache
-        (as FileReader does a prefill), copied while their pages are resident. Every id's row is gathered from
+        where the tier reads past the page cache (RamTier.direct), else batch_rows at a time in address
+        order through the page cache (as FileReader does a prefill), copied while their pages are
+        resident. Every id's row is gathered from
         the tier while the first reads are on their way (the rows not held yet come out as zeros), and
         the rows admitted are then written to their ids. Its hits and the rows it admits are pinned until
         then (Tier.serving). A row it cannot admit (a static tier, or a lookup that pins every slot) is

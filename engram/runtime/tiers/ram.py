@@ -3,18 +3,30 @@ every lookup by CLOCK (ClockAdmission): a row a lookup misses is admitted while 
 straight from the disk into its slot past the page cache where direct reads work here
 (filemap.direct_reads_work: under a memory limit the page cache's reads reclaim), else copied from the
 file's pages while they are resident. Rows whose pages a sample finds in the page cache (a file that fits
-in memory after all) are copied from there either way: a read past it would go to the disk for them."""
+in memory after all) are copied from there either way: a read past it would go to the disk for them.
+
+Reading past the page cache pays where memory is short. Where the memory left (free_bytes_now: the node's,
+and the process's cgroups') would hold the shard's files SPARE times over, and file_cache_bytes would too,
+misses go through the page cache instead, which then keeps their pages for the lookups after, as it does
+without a tier (a cold file on a machine with memory to spare: vLLM's own disk path is then read from the
+page cache, and a tier that read past it would go to the disk for every miss). The choice is looked at
+again between lookups, once every SPARE_EVERY_S; ENGRAM_DIRECT_READS=1 reads past the page cache whatever
+memory is left, 0 never."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
+import os
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
 
+from engram.memory.host import free_bytes_now
 from engram.ops.segments import Rows
 from engram.runtime.placement.filemap import (
     READAHEAD_TIMEOUT_S,
@@ -39,6 +51,8 @@ from engram.runtime.tiers.row_index import FREE
 
 log = logging.getLogger("engram")
 _refusals_said: set[int] = set()  # errnos of io_uring's refusals already said in this process
+SPARE = 2  # misses go through the page cache where the memory left holds the shard's files this many times
+SPARE_EVERY_S = 1.0  # between two looks at the memory left (a few of the kernel's small files read)
 
 
 @dataclass(frozen=True)
@@ -80,7 +94,12 @@ class RamTier(TierBase):
         admission = ClockAdmission(capacity, (shard.row_start, shard.row_stop), policy=policy)
         super().__init__(shard, admission, "cpu", name, scale_bytes=scale_bytes)
         self.rows = HotRows(None, self.weight, self.scale, index=admission.index)
-        self.direct = policy == "online" and direct_reads_work(shard)
+        self.can_read_direct = policy == "online" and direct_reads_work(shard)
+        self.direct = self.can_read_direct  # for the lookups from now (choose_reads)
+        self.page_cache_bound: int | None = None  # file_cache_bytes over the shard's files, if any
+        self._files_bytes = sum({m.file_id: m.size for m in shard.files}.values())
+        self._looked_at = -math.inf
+        self.choose_reads()
         self.disk_reads = disk_reads or DiskReads(True)
         self._ahead: Started | None = None  # a prefetch's admission, until the next lookup settles it
         self._known: tuple[torch.Tensor, torch.Tensor] | None = None  # a prefetch's distinct ids and their slots
@@ -156,18 +175,34 @@ class RamTier(TierBase):
 
     def settle(self) -> None:
         """Wait for the rows a prefetch is reading (if one is): they are the tier's, as any admitted row,
-        once this returns. Its reads' failure is raised here, the tier having let every row go."""
+        once this returns. Its reads' failure is raised here, the tier having let every row go. Then how
+        the next lookups read is chosen (choose_reads)."""
         started, self._ahead = self._ahead, None
-        if started is None:
-            return
-        try:
-            self._finish(started)
-        except BaseException:
-            self._known = None
+        if started is not None:
+            try:
+                self._finish(started)
+            except BaseException:
+                self._known = None
+                self.admission.end()
+                self.admission.warm(started.change.admitted[:0])
+                raise
             self.admission.end()
-            self.admission.warm(started.change.admitted[:0])
-            raise
-        self.admission.end()
+        self.choose_reads()
+
+    def choose_reads(self, *, now: bool = False) -> None:
+        """Whether the lookups from now read their misses past the page cache (`direct`: the module
+        docstring), looked at once every SPARE_EVERY_S, or `now`. Between lookups only: a lookup, and a
+        prefetch with the lookup that settles it, read one way."""
+        if not self.can_read_direct or os.environ.get("ENGRAM_DIRECT_READS") == "1":
+            self.direct = self.can_read_direct
+            return
+        if not now and time.monotonic() - self._looked_at < SPARE_EVERY_S:
+            return
+        self._looked_at = time.monotonic()
+        room = free_bytes_now()
+        if self.page_cache_bound is not None:
+            room = min(room, self.page_cache_bound)
+        self.direct = room < SPARE * self._files_bytes
 
     def drop(self) -> None:
         """The tier is going away: wait for the reads a prefetch has in flight (they write its slots),

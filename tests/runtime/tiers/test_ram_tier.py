@@ -25,9 +25,17 @@ from engram.ops import DEAD_ID
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.checkpoints.writer import write_checkpoint
 from engram.runtime.lookup.file import FileReader
+from engram.runtime.lookup.ram_tier import RamTierReader
 from engram.runtime.placement import filemap as filemap_module
 from engram.runtime.placement.filemap import DIRECT_GAP, DIRECT_MAX_RANGE, direct_file, in_files
-from engram.runtime.placement.residency import MADV_DONTNEED, drop_file_cache, resident_bytes, resident_pages
+from engram.runtime.placement.residency import (
+    MADV_DONTNEED,
+    DiskReads,
+    ResidentBudget,
+    drop_file_cache,
+    resident_bytes,
+    resident_pages,
+)
 from engram.runtime.plan import table_shards
 from engram.runtime.table import PACKED, Table
 from engram.runtime.tables import open_tables
@@ -60,12 +68,10 @@ def file_tables(checkpoint: Path) -> tuple[Table, Table, int]:
 
 @pytest.fixture(params=["direct", "page cache"])
 def read_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """How a RAM tier reads its misses: past the page cache (O_DIRECT, where the file system takes it),
-    or through it (ENGRAM_DIRECT_READS=0). Set before the file is mapped: its descriptor is kept then."""
-    if request.param == "page cache":
-        monkeypatch.setenv("ENGRAM_DIRECT_READS", "0")
-    else:
-        monkeypatch.delenv("ENGRAM_DIRECT_READS", raising=False)
+    """How a RAM tier reads its misses: past the page cache (O_DIRECT, where the file system takes it:
+    ENGRAM_DIRECT_READS=1, whatever memory this machine has to spare), or through it (0). Set before the
+    file is mapped: its descriptor is kept then."""
+    monkeypatch.setenv("ENGRAM_DIRECT_READS", "0" if request.param == "page cache" else "1")
     return str(request.param)
 
 
@@ -99,7 +105,7 @@ def drop_pages(table: Table) -> None:
 def direct_tier(checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Table, Table, int, Tier]:
     """file_tables' pair, the mapped one with a RAM tier of 300 rows that reads past the page cache, and
     the file's pages dropped (a miss whose pages are cached is copied from them, not read)."""
-    monkeypatch.delenv("ENGRAM_DIRECT_READS", raising=False)
+    monkeypatch.setenv("ENGRAM_DIRECT_READS", "1")
     table, plain, rows = file_tables(checkpoint)
     assert table.keep_hot(300 * table.shard.format.row_bytes + state_bytes(300, rows, 0, "online", True), "cpu", "ram")
     tier = reads_as_told(table, "direct")
@@ -671,5 +677,74 @@ def test_a_direct_tier_copies_misses_whose_pages_are_cached(
     other = zipf_ids(generator, rows, 512, shift=4000).view(64, 8)
     assert same_bits(table.lookup(other), plain.lookup(other))
     assert reads
+    table.release()
+    plain.release()
+
+
+def test_with_memory_to_spare_a_tier_reads_through_the_page_cache_which_keeps_the_pages(
+    small_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unless told (ENGRAM_DIRECT_READS unset), a tier reads past the page cache only while the memory left
+    would not hold its file twice over. With memory to spare, the rows a lookup misses come through the
+    page cache, whose pages then stay for the lookups after (as without a tier); once memory is short,
+    looked at again, they are read past it into the tier alone (the bytes of the rule's model, no page
+    cached); and a file_cache_bytes below twice the file keeps it reading past the page cache whatever
+    memory is left. Rows bit-equal throughout."""
+    monkeypatch.delenv("ENGRAM_DIRECT_READS", raising=False)
+    left = [1 << 50]
+    monkeypatch.setattr(ram_module, "free_bytes_now", lambda: left[0])
+    table, plain, rows = file_tables(small_checkpoint)
+    assert table.keep_hot(600 * table.shard.format.row_bytes + state_bytes(600, rows, 0, "online", True), "cpu", "ram")
+    tier = table.tier
+    assert isinstance(tier, RamTier)
+    if not tier.can_read_direct:
+        pytest.skip("this file system refuses O_DIRECT")
+    assert not tier.direct
+    file = table.shard.files[0]
+    parts = [p for p in (table.shard.weight, table.shard.scale) if p is not None and in_files(table.shard, p)]
+
+    def pages_of(missed: list[int]) -> set[int]:
+        """The file's pages (offsets / PAGE) that the rows `missed` lie in, from their bytes."""
+        found = set()
+        for part in parts:
+            width, start = part.shape[1] * part.element_size(), part.data_ptr() - file.addr
+            for row in missed:
+                at = start + (row - table.row_start) * width
+                found |= set(range(at // PAGE, (at + width - 1) // PAGE + 1))
+        return found
+
+    def cached_pages() -> set[int]:
+        return {i for i, resident in enumerate(resident_pages(file.addr, file.length)) if resident}
+
+    def not_held(count: int, skip: int) -> list[int]:
+        held = set(tier.admission.held_rows().tolist())
+        return [r for r in range(table.row_start, table.row_start + rows) if r not in held][skip : skip + count]
+
+    drop_pages(table)
+    missed = not_held(8, 0)
+    assert same_bits(table.lookup(torch.tensor([missed])), plain.lookup(torch.tensor([missed])))
+    assert pages_of(missed) <= cached_pages()  # they stay for the next lookups
+    assert set(missed) <= set(tier.admission.held_rows().tolist())
+    left[0] = 0  # memory runs short: the next look at it, after SPARE_EVERY_S, reads past the page cache
+    monkeypatch.setattr(ram_module, "SPARE_EVERY_S", 0.0)
+    drop_pages(table)
+    missed = not_held(8, 100)
+    read_before = table.stats().disk_bytes_read
+    assert same_bits(table.lookup(torch.tensor([missed])), plain.lookup(torch.tensor([missed])))
+    assert tier.direct and not cached_pages()
+    expected = sum(
+        direct_ranges(
+            file.size, part.data_ptr() - file.addr, part.shape[1] * part.element_size(),
+            [r - table.row_start for r in missed], DIRECT_GAP, DIRECT_MAX_RANGE,
+        )[1]
+        for part in parts
+    )  # fmt: skip
+    assert table.stats().disk_bytes_read - read_before == expected
+    left[0] = 1 << 50
+    bounded = RamTierReader(table.shard, rows, tier, DiskReads(True), ResidentBudget(2 * file.size - 1))
+    assert tier.page_cache_bound == 2 * file.size - 1 and tier.direct  # the page cache may not keep it twice
+    bounded = RamTierReader(table.shard, rows, tier, DiskReads(True), ResidentBudget(2 * file.size))
+    assert not tier.direct
+    del bounded
     table.release()
     plain.release()
