@@ -8,6 +8,9 @@ set against, computed from the stream itself in the same run.
   (rows, or pages for a page cache): on a miss, the item held that is asked for again last is evicted, or
   the one missed is not kept if it is asked for again later than all of them. It misses the fewest items a
   cache of that many can; no online choice knows the future, so none does better.
+- Recency (recency): an LRU of `capacity` items, the choice online caches of rows approximate (the RAM
+  tier's CLOCK among them): what it reads at the tier's size and at a multiple of it says how much memory
+  recency alone would need to reach what hindsight reads.
 
 Hashed n-gram ids land on rows unrelated to their neighbours, so a row first asked for shares its page
 with rows of other n-grams: a page cache may hold that page by chance, a cache of rows never can.
@@ -16,6 +19,7 @@ with rows of other n-grams: a page cache may hold that page by chance, a cache o
 from __future__ import annotations
 
 import heapq
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -87,6 +91,25 @@ def hindsight(steps: list[np.ndarray], universe: int, capacity: int) -> list[np.
             held[item] = use
             heapq.heappush(latest, (-use, item))
             count += 1
+    return out
+
+
+def recency(steps: list[np.ndarray], capacity: int) -> list[np.ndarray]:
+    """The items each step misses (distinct) in an LRU of `capacity` items: a step's items become the most
+    recent (in ascending order), and the least recent go once more than `capacity` are held."""
+    held: OrderedDict[int, None] = OrderedDict()
+    out = []
+    for items in steps:
+        missed = []
+        for item in items.tolist():
+            if item in held:
+                held.move_to_end(item)
+            else:
+                missed.append(item)
+                held[item] = None
+        while len(held) > capacity:
+            held.popitem(last=False)
+        out.append(np.array(missed, dtype=np.int64))
     return out
 
 

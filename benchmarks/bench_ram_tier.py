@@ -27,7 +27,8 @@ layer (one run each): what remains of the step's wait for the disk after that ov
 
 Then what the stream allows (_bounds), from its steps after the warm-up: the pages of the rows first
 asked for (which every cache of rows reads), of a hindsight choice of the tier's rows, and of a hindsight
-choice of pages in the same memory, each against the LRU's.
+choice of pages in the same memory, each against the LRU's; and what recency alone reads (an LRU of the
+tier's rows, and of twice as many): how much memory an online choice would need to come near hindsight.
 
 Targets: disk pages read per step at most 0.5x the page-cache LRU's; decode step time within 1.1x of the model; the tier's own CPU (a decode
 step's thread CPU less that of the warm gather of the same ids, which every path pays) at most 5 ms. Run as root on a machine with a writable cgroup v1 memory controller.
@@ -51,7 +52,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 import torch
-from _bounds import FilePages, distinct, first_asked, hindsight, pages_per_step
+from _bounds import FilePages, distinct, first_asked, hindsight, pages_per_step, recency
 from _scratch import scratch_dir
 from _timing import print_table
 from bench_cold_rows import drop_cache, write_table
@@ -288,7 +289,7 @@ def summarise(report: dict, warm: dict, warmup: int) -> dict:
 def bounds(directory: Path, warmup: int, tier_rows: int, memory: int) -> dict[str, float]:
     """Pages a step (over the steps after the warm-up) that the run's stream asks of the table's file at the
     least (_bounds): the rows first asked for, a hindsight choice of `tier_rows` rows, and of the pages
-    `memory` holds."""
+    `memory` holds; and through an LRU of `tier_rows` rows and of twice as many."""
     saved = torch.load(directory / "stream.ids")
     name = saved["name"]
     file = Checkpoint(directory).files[f"{name}.weight"]
@@ -301,6 +302,8 @@ def bounds(directory: Path, warmup: int, tier_rows: int, memory: int) -> dict[st
         "first_asked": pages_per_step(first_asked(steps, rows), pages),
         "hindsight_rows": pages_per_step(hindsight(steps, rows, tier_rows), pages),
         "hindsight_pages": pages_per_step(hindsight([pages.of(s) for s in steps], file_pages, memory // PAGE), None),
+        "recency_rows": pages_per_step(recency(steps, tier_rows), pages),
+        "recency_rows_2x": pages_per_step(recency(steps, 2 * tier_rows), pages),
     }
     return {k: statistics.mean(v[warmup:]) for k, v in found.items()}
 
@@ -353,8 +356,8 @@ def main() -> None:
             }
         finally:
             disk.close()
-        held = tier["tier"]["capacity_rows"] if tier["tier"] else 0
-        least = bounds(Path(tmp), args.warmup, held, memory)
+        held_rows = tier["tier"]["capacity_rows"] if tier["tier"] else 0
+        least = bounds(Path(tmp), args.warmup, held_rows, memory)
     results = {"lru": summarise(lru, warm, args.warmup), "tier": summarise(tier, warm, args.warmup)}
     results["bounds"] = least
     results["prefetched"] = {str(ms): summarise(run, warm, args.warmup) for ms, run in ahead.items()}
@@ -388,6 +391,11 @@ def main() -> None:
         f"step ({least['first_asked'] / lru_pages:.2f}x the LRU's: every cache of rows reads them); a hindsight choice "
         f"of the tier's rows {least['hindsight_rows']:.1f} ({least['hindsight_rows'] / lru_pages:.2f}x), of pages in "
         f"the same memory {least['hindsight_pages']:.1f} ({least['hindsight_pages'] / lru_pages:.2f}x)"
+    )
+    print(
+        f"recency alone (an LRU of rows): the tier's {held_rows:,} rows read {least['recency_rows']:.1f} "
+        f"({least['recency_rows'] / lru_pages:.2f}x the LRU of pages), twice as many {least['recency_rows_2x']:.1f} "
+        f"({least['recency_rows_2x'] / lru_pages:.2f}x)"
     )
     print(f"decode step time / model: {b['time_over_model']:.2f}x (target <= 1.1x)")
     print(

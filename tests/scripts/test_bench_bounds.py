@@ -1,6 +1,6 @@
 """benchmarks/_bounds.py, against oracles written apart from it: the fewest misses any cache of a given size
-can make on a small stream (every choice of what to keep, tried), the rows first asked for by sets, and a
-row's pages from its bytes."""
+can make on a small stream (every choice of what to keep, tried), an LRU by each item's last step, the rows
+first asked for by sets, and a row's pages from its bytes."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from _bounds import FilePages, distinct, first_asked, hindsight, pages_per_step
+from _bounds import FilePages, distinct, first_asked, hindsight, pages_per_step, recency
 
 
 def fewest_misses(steps: list[frozenset[int]], capacity: int) -> int:
@@ -52,6 +52,34 @@ def test_hindsight_with_room_for_all_misses_only_the_first_asks() -> None:
     steps = distinct([rng.integers(0, 50, 20) for _ in range(30)])
     misses = hindsight(steps, 50, 50)
     assert [m.tolist() for m in misses] == [m.tolist() for m in first_asked(steps, 50)]
+
+
+def lru_misses(steps: list[list[int]], capacity: int) -> list[list[int]]:
+    """An LRU kept as each item's last (step, place in its step's ascending order): after a step, all but
+    the `capacity` latest are dropped."""
+    last: dict[int, tuple[int, int]] = {}
+    out = []
+    for i, step in enumerate(steps):
+        out.append([item for item in step if item not in last])
+        last.update({item: (i, k) for k, item in enumerate(step)})
+        last = dict(sorted(last.items(), key=lambda kv: kv[1])[-capacity:]) if capacity else {}
+    return out
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_recency_misses_what_an_lru_by_last_step_misses(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    universe, capacity = int(rng.integers(5, 40)), int(rng.integers(0, 20))
+    steps = distinct([rng.integers(0, universe, int(rng.integers(1, 12))) for _ in range(30)])
+    misses = recency(steps, capacity)
+    assert [m.tolist() for m in misses] == lru_misses([s.tolist() for s in steps], capacity)
+    assert sum(map(len, misses)) >= sum(map(len, hindsight(steps, universe, capacity)))
+
+
+def test_recency_with_room_for_all_misses_only_the_first_asks() -> None:
+    rng = np.random.default_rng(5)
+    steps = distinct([rng.integers(0, 50, 20) for _ in range(30)])
+    assert [m.tolist() for m in recency(steps, 50)] == [m.tolist() for m in first_asked(steps, 50)]
 
 
 def test_first_asked_is_what_no_earlier_step_asked() -> None:
