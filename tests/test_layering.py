@@ -12,7 +12,7 @@ ENGRAM = Path(__file__).resolve().parents[1] / "engram"
 # Bottom up; a module belongs to the first layer one of whose prefixes it starts with.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("errors", ("engram.errors",)),
-    ("terminal and cache", ("engram.terminal", "engram.scratch", "engram.user_cache")),
+    ("terminal and cache", ("engram.terminal", "engram.scratch", "engram.user_cache", "engram.output_files")),
     ("memory", ("engram.memory",)),
     ("ops", ("engram.ops",)),
     ("validation", ("engram.validation",)),

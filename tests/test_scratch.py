@@ -4,6 +4,7 @@ another user's and another pid namespace's are left alone."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -120,3 +121,78 @@ def test_scratch_names_are_fresh_and_hidden(suffix: str) -> None:
     assert len(names) == 100 and all(
         n.startswith(".model.safetensors.engram-tmp-") and n.endswith(suffix) for n in names
     )
+
+
+# A writer that makes a scratch file in argv[1], says its name, and lives until its stdin closes.
+WRITER = """
+import sys
+from pathlib import Path
+from engram.scratch import scratch_name
+path = Path(sys.argv[1]) / scratch_name("model.safetensors")
+path.write_bytes(b"half a checkpoint")
+print(path.name, flush=True)
+sys.stdin.read()
+"""
+RECLAIM = "import json, sys; from pathlib import Path; from engram.scratch import reclaim_scratch; print(json.dumps(reclaim_scratch(Path(sys.argv[1]))))"
+TIME_NS = ["unshare", "--time", "--boottime", "100000"]
+PID_NS_FOREIGN_PROC = ["unshare", "--pid", "--fork"]  # /proc stays the parent namespace's
+
+
+def python_in(prefix: list[str], code: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*prefix, sys.executable, "-c", code, *args], cwd=ROOT, text=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+
+
+def reclaimed_in(prefix: list[str], directory: Path) -> list[str]:
+    with python_in(prefix, RECLAIM, str(directory)) as proc:
+        out, err = proc.communicate(timeout=120)
+    if proc.returncode != 0 and "unshare" in err:
+        pytest.skip(f"cannot make that namespace here: {err.strip()}")
+    assert proc.returncode == 0, err
+    return json.loads(out)
+
+
+@pytest.mark.parametrize(
+    ("writer_ns", "reclaimer_ns"), [(TIME_NS, []), ([], TIME_NS)], ids=["writer-in-time-ns", "reclaimer-in-time-ns"]
+)
+def test_a_live_writer_across_time_namespaces_keeps_its_scratch_and_a_gone_ones_is_reclaimed(
+    tmp_path: Path, writer_ns: list[str], reclaimer_ns: list[str]
+) -> None:
+    """/proc/PID/stat shows start times shifted by the reader's time namespace: a live writer's name must
+    still name a live process from the other side, and a gone writer's a gone one."""
+    with python_in(writer_ns, WRITER, str(tmp_path)) as writer:
+        assert writer.stdout is not None and writer.stdin is not None
+        name = writer.stdout.readline().strip()
+        if not name:
+            pytest.skip(f"cannot make a time namespace here: {writer.communicate(timeout=60)[1].strip()}")
+        assert reclaimed_in(reclaimer_ns, tmp_path) == []
+        assert reclaim_scratch(tmp_path) == []
+        assert (tmp_path / name).read_bytes() == b"half a checkpoint"
+        writer.stdin.close()
+        assert writer.wait(timeout=60) == 0
+    assert reclaimed_in(reclaimer_ns, tmp_path) == [name]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_where_proc_is_another_pid_namespaces_no_scratch_is_judged(tmp_path: Path) -> None:
+    """In a pid namespace whose /proc is its parent's, our pid names another process there: a name made
+    there says its owner cannot be told, and a reclaimer there removes nothing, not even a gone writer's."""
+    with python_in(PID_NS_FOREIGN_PROC, WRITER, str(tmp_path)) as writer:
+        assert writer.stdout is not None and writer.stdin is not None
+        made = writer.stdout.readline().strip()
+        if not made:
+            pytest.skip(f"cannot make a pid namespace here: {writer.communicate(timeout=60)[1].strip()}")
+        writer.stdin.close()
+        assert writer.wait(timeout=60) == 0
+    assert made.split(".engram-tmp-")[1].split("-")[1] == "0"  # pid namespace 0: no one can tell
+    done = subprocess.run(
+        [sys.executable, "-c", "from engram.scratch import scratch_name; print(scratch_name('gone'))"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    gone = tmp_path / done.stdout.strip()  # ours, its writer gone
+    gone.write_bytes(b"")
+    assert reclaimed_in(PID_NS_FOREIGN_PROC, tmp_path) == []
+    assert reclaim_scratch(tmp_path) == [gone.name]  # here, where /proc is ours, it is told gone
+    assert [p.name for p in tmp_path.iterdir()] == [made]

@@ -8,8 +8,8 @@ import io
 from collections.abc import Iterator
 from typing import Any
 
-from engram.apps.output_files import check_output_path, write_output
 from engram.errors import EngramError
+from engram.output_files import check_output_path, write_output
 
 
 def check_plot_path(path: str) -> None:
@@ -35,7 +35,7 @@ def figure(path: str) -> Iterator[Any]:
         fig.tight_layout()
         image = io.BytesIO()
         fig.savefig(image, format="png")
-        write_output("--plot", path, image.getvalue(), "plan.png")
+        write_output("--plot", path, image.getvalue())
     except (OSError, ValueError) as exc:
         raise EngramError(f"cannot write the plot to {path}: {getattr(exc, 'strerror', None) or exc}") from None
     finally:

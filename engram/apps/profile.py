@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from safetensors.torch import save
 
-from engram.apps.output_files import write_output
 from engram.errors import EngramError
 from engram.ngram.spec import ModelSpec
+from engram.output_files import write_output
 from engram.runtime.shard import ShardFormat
 
 TOP_SHARES = (0.001, 0.01, 0.05, 0.1)
@@ -132,4 +132,4 @@ def write_profile(path: Path, spec: ModelSpec, profiles: list[TableProfile], rep
         tensors[f"{p.table}.hot_rows"] = p.hot_rows.contiguous()
         tensors[f"{p.table}.hot_counts"] = p.hot_counts.contiguous()
     data = save(tensors, metadata={"engram_profile": json.dumps(report), "preset": spec.name})
-    write_output("--out", path, data, "hot.safetensors")
+    write_output("--out", path, data)

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from engram.apps.corpus import load_corpus
-from engram.apps.output_files import check_output_path
 from engram.apps.plotting import check_plot_path, figure
 from engram.apps.presets import PRESETS, get_preset
 from engram.apps.profile import profile_tables, summary, write_profile
@@ -20,6 +19,7 @@ from engram.commands import add_command
 from engram.errors import EngramError
 from engram.memory.host import free_bytes_now
 from engram.ngram.spec import ModelSpec
+from engram.output_files import check_output_path
 from engram.runtime.table import ShardFormat
 from engram.runtime.tiers.budget import POLICIES, WINDOW_IDS
 from engram.terminal import size_text

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from engram.errors import EngramError
+from engram.output_files import write_output
 from engram.runtime.checkpoints.files import open_regular, read_text
 
 MANIFEST = "SHA256SUMS"
@@ -33,11 +34,15 @@ def file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
+def manifest_text(files: Iterable[Path]) -> str:
+    """SHA256SUMS's text for `files` (all in one directory), in the format `sha256sum -c` reads."""
+    return "".join(f"{file_digest(f)}  {f.name}\n" for f in sorted(files, key=lambda f: f.name))
+
+
 def write_manifest(directory: Path, files: Iterable[Path]) -> Path:
-    """SHA256SUMS for `files` (all in `directory`), in the format `sha256sum -c` reads."""
-    lines = [f"{file_digest(f)}  {f.name}\n" for f in sorted(files)]
+    """SHA256SUMS for `files` (all in `directory`), written as engram writes every file (output_files)."""
     target = directory / MANIFEST
-    target.write_text("".join(lines))
+    write_output(MANIFEST, target, manifest_text(files).encode())
     return target
 
 

@@ -7,7 +7,6 @@ Same preset, dtype and seed: same bytes."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -18,10 +17,10 @@ from safetensors.torch import save_file
 from engram.errors import EngramError
 from engram.ngram.spec import ModelSpec
 from engram.ops.formats import FORMATS
-from engram.runtime.checkpoints.digests import write_manifest
+from engram.output_files import OutputDirectory
+from engram.runtime.checkpoints.digests import MANIFEST, manifest_text
 from engram.runtime.checkpoints.quantize import E2M1_MAX, E4M3_MAX, quantize_fp8, quantize_fp8_table, quantize_nvfp4
 from engram.runtime.shard import ShardFormat
-from engram.scratch import reclaim_scratch, scratch_name
 
 TABLE_RANGE = 0.25  # what a table scale covers in the synthetic tables
 TORCH_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -147,26 +146,25 @@ def write_checkpoint(
     if fmt not in ("safetensors", "pt"):
         raise EngramError(f"format must be safetensors or pt, got {fmt!r}")
     need = sum(ShardFormat(rows, spec.head_dim, dtype).nbytes for rows in spec.layout.table_rows)
-    out.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(out).free
-    if need * 2 > free:  # the file, and the tensors in memory while writing
-        raise EngramError(
-            f"{spec.name} in {dtype} needs {need:,} bytes on disk but only {free:,} are free in {out.parent}; pick a smaller preset (tiny, demo)"
-        )
-    tensors = hash_buffers(spec)
-    for index, (name, rows) in enumerate(zip(spec.table_names(), spec.layout.table_rows, strict=True)):
-        tensors.update(split(name, synthetic_table(rows, spec.head_dim, dtype, seed * 1000 + index), split_parts))
-    target = out / f"model.{'safetensors' if fmt == 'safetensors' else 'pt'}"
-    reclaim_scratch(out)  # what a writer killed half-way left
-    tmp = out / scratch_name(target.name)  # unguessable: nothing can be planted there first
-    if fmt == "safetensors":
-        save_file(tensors, str(tmp))  # no metadata: safetensors writes it in hash order, not byte-stable
-    else:
-        torch.save(tensors, tmp)
-    os.replace(tmp, target)
-    config = hf_config(spec, dtype, seed)
-    if split_parts is not None:
-        config.get("text_config", config)["split_ngram_parts"] = split_parts
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    write_manifest(out, [target])
-    return target
+    name = f"model.{'safetensors' if fmt == 'safetensors' else 'pt'}"
+    with OutputDirectory("the checkpoint directory", out, private=True, create=True) as directory:
+        free = shutil.disk_usage(directory.where("")).free
+        if need * 2 > free:  # the file, and the tensors in memory while writing
+            raise EngramError(
+                f"{spec.name} in {dtype} needs {need:,} bytes on disk but only {free:,} are free in {out}; pick a smaller preset (tiny, demo)"
+            )
+        tensors = hash_buffers(spec)
+        for index, (table, rows) in enumerate(zip(spec.table_names(), spec.layout.table_rows, strict=True)):
+            tensors.update(split(table, synthetic_table(rows, spec.head_dim, dtype, seed * 1000 + index), split_parts))
+        with directory.staged(name) as scratch:  # unguessable, in a directory only we can write
+            if fmt == "safetensors":
+                save_file(tensors, directory.where(scratch))  # no metadata: safetensors writes it in hash order
+            else:
+                torch.save(tensors, directory.where(scratch))
+        del tensors
+        config = hf_config(spec, dtype, seed)
+        if split_parts is not None:
+            config.get("text_config", config)["split_ngram_parts"] = split_parts
+        directory.write("config.json", (json.dumps(config, indent=2) + "\n").encode())
+        directory.write(MANIFEST, manifest_text([Path(directory.where(name))]).encode())
+    return out / name

@@ -54,6 +54,7 @@ from engram.runtime.placement import abstract_names
 from engram.runtime.placement.memfd import capacity_error
 from engram.runtime.placement.node_memory import reserve
 from engram.runtime.placement.numa import preferring
+from engram.scratch import proc_is_ours
 
 log = logging.getLogger("engram")
 
@@ -389,8 +390,9 @@ def _loader(meta: dict[str, Any], server: int) -> tuple[int, str]:
 
 
 def _same_pid_namespace(pid: int) -> bool:
+    """Whether process `pid` (of our pid namespace) shares it, asked of a /proc that is ours."""
     try:
-        return pid > 0 and os.readlink(f"/proc/{pid}/ns/pid") == os.readlink("/proc/self/ns/pid")
+        return pid > 0 and proc_is_ours() and os.readlink(f"/proc/{pid}/ns/pid") == os.readlink("/proc/self/ns/pid")
     except OSError:
         return False
 

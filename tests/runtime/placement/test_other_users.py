@@ -201,3 +201,38 @@ def test_silent_connections_of_our_own_uid_delay_no_peer(monkeypatch: pytest.Mon
         os.close(table)
         if fd is not None:
             os.close(fd)
+
+
+# A leader's table as its leader names it (shm.create_named), made by a process that lives until stdin closes.
+LEADER = """
+import sys
+from pathlib import Path
+from engram.scratch import owner_tag
+path = Path(sys.argv[1]) / f"engram-layers-{owner_tag()}-{'0' * 32}"
+path.write_bytes(b"rows")
+print(path.name, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_doctor_clean_leaves_a_live_leaders_table_made_in_another_time_namespace(tmp_path: Path) -> None:
+    """/proc shows a start time shifted by the reader's time namespace: a leader in one (its boot time
+    moved by 100,000 s) is still alive to `engram doctor --clean` outside it, and gone once it exits."""
+    root = Path(__file__).parents[3]
+    leader = subprocess.Popen(
+        ["unshare", "--time", "--boottime", "100000", sys.executable, "-c", LEADER, str(tmp_path)], cwd=root,
+        text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    with leader:
+        assert leader.stdout is not None and leader.stdin is not None
+        name = leader.stdout.readline().strip()
+        if not name:
+            pytest.skip(f"cannot make a time namespace here: {leader.communicate(timeout=60)[1].strip()}")
+        doctor = [sys.executable, "-m", "engram", "doctor", "--clean"]
+        env = {**os.environ, "ENGRAM_SHM_DIR": str(tmp_path)}
+        done = subprocess.run(doctor, cwd=root, env=env, capture_output=True, text=True, timeout=120)
+        assert (tmp_path / name).read_bytes() == b"rows", done.stdout
+        leader.stdin.close()
+        assert leader.wait(timeout=60) == 0
+    done = subprocess.run(doctor, cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    assert list(tmp_path.iterdir()) == [], done.stdout
