@@ -89,9 +89,6 @@ class Mapping:
     fd: int | None = (
         None  # a mapped file's own descriptor, kept: what it says is the mapped inode's, whatever the name now holds
     )
-    stamp: tuple[int, int, int] | None = (
-        None  # that file's (size, mtime_ns, ctime_ns) when its pages were last taken as the table's
-    )
     direct_fd: int | None = (
         None  # the descriptor for reads past the page cache (fd with O_DIRECT set), where the file system takes it
     )

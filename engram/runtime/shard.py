@@ -7,7 +7,7 @@ Where each placement keeps its memory is placement/storage.py's table."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -103,6 +103,10 @@ class TableShard:
     # File-backed shards: the mappings of the files their weight and scale live in (often one), shared
     # with every other shard of those files, and whether any was out of the page cache when mapped.
     files: tuple[Mapping, ...] = ()
+    # Per file, its (size, mtime_ns, ctime_ns) when this shard last took its pages as the table's: each
+    # shard of a file notices a rewrite on its own (engram.runtime.placement.filemap.rewritten).
+    file_stamps: list[tuple[int, int, int]] = field(default_factory=list)
+    file_scale: Rows | None = None  # the file's block scales, where `scale` is a private copy (a RAM tier's)
     readahead: bool = False
     table_scale: torch.Tensor | None = None  # float32 [1] in host memory: the scale of fp8-table and nvfp4 rows
     loaded_by: int | None = None  # a node copy's: the pid that loaded it (this process's when it did)
@@ -131,6 +135,7 @@ class TableShard:
         """Free the shard now. True when its memory is gone; False when a view held elsewhere still
         keeps it (it goes with the last view). Also happens when the shard is garbage collected."""
         self.weight = self.scale = self.table_scale = torch.empty(0)
+        self.file_scale = None
         if self.files:  # the file mappings are shared: each goes with its last view and its checkpoint
             return not any(f.mapped for f in self.files)
         return self.mapping.release() if self.mapping is not None else True

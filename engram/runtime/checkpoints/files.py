@@ -6,7 +6,10 @@ are not UTF-8."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
+import signal
 import stat
 from pathlib import Path
 
@@ -57,3 +60,22 @@ def read_text(path: Path, what: str, limit: int) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise EngramError(f"{what} {path} is not UTF-8 text (byte {exc.start:,}); write it again") from None
+
+
+F_SETLEASE, F_SETSIG = 1024, 10  # <linux/fcntl.h>
+
+
+def open_for_writing(fd: int) -> bool | None:
+    """Whether any process, in any namespace, has the file of read-only descriptor `fd` open for writing
+    or mapped writable (the kernel refuses a read lease on such an inode: it counts its writers); None
+    where that cannot be asked (a file neither ours nor leasable by us, a file system without leases).
+    The lease is dropped at once; in that instant, another process opening the file for writing waits
+    for it, and the lease break's signal is SIGURG, which by default does nothing (not SIGIO, which
+    kills)."""
+    try:
+        fcntl.fcntl(fd, F_SETSIG, signal.SIGURG)
+        fcntl.fcntl(fd, F_SETLEASE, fcntl.F_RDLCK)
+    except OSError as exc:
+        return True if exc.errno == errno.EAGAIN else None
+    fcntl.fcntl(fd, F_SETLEASE, fcntl.F_UNLCK)
+    return False

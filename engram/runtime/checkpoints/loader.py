@@ -48,6 +48,7 @@ SAFETENSORS_DTYPES = {
     "BOOL": torch.bool,
 }
 MAX_HEADER = 100 << 20
+SHOWN_PROBLEMS = 3  # wrong parts named in a refusal; the others are counted
 COPY_CHUNK = 64 << 20
 
 
@@ -399,7 +400,10 @@ def table_pieces(
         return [], [f"{whole} is missing (nor is it split into {head}<k>{tail} parts)"]
     if 0 not in split:
         return [], [f"{head}0{tail} is missing: the parts of {whole} must start at part 0"]
-    size = shapes[split[0]][0][0] if shapes[split[0]][0] else 0
+    first_shape = shapes[split[0]][0]
+    if len(first_shape) != 2 or first_shape[1] != width:  # its rows would size every other part
+        return [], [f"{split[0]} has shape {list(first_shape)[:8]}; parts are [rows, {width}] tensors"]
+    size = first_shape[0]
     if size < 1:
         return [], [f"{split[0]} holds no rows; parts hold ceil(rows / split_ngram_parts) rows each"]
     count = -(-table_rows // size)
@@ -411,13 +415,34 @@ def table_pieces(
         problems.append(
             f"{head}{missing}{tail} is missing{also}: the parts of {size:,} rows must cover all {table_rows:,}"
         )
+    wrong_parts = []
     for k in sorted(split):
         rows = max(0, min(size, table_rows - k * size))
         if (problem := wrong(split[k], rows)) is not None:
-            problems.append(problem)
+            wrong_parts.append(problem)
         elif rows:
             pieces.append(Piece(split[k], k * size, rows))
-    return pieces, problems
+    if len(wrong_parts) > SHOWN_PROBLEMS:
+        wrong_parts[SHOWN_PROBLEMS:] = [f"and {len(wrong_parts) - SHOWN_PROBLEMS:,} more parts like these"]
+    return pieces, problems + wrong_parts
+
+
+def stored_rows(
+    checkpoint: Checkpoint, shard: TableShard, table_rows: int, part: str, rows: list[int]
+) -> torch.Tensor | None:
+    """Rows `rows` (global ids of `shard`'s) of its `part` ("weight" or "scale"), as the checkpoint's
+    safetensors files store them, read with pread (bytes, [len(rows), row bytes]); None where one lies in
+    a file that is not safetensors (a .pt file is read whole, never a row at a time)."""
+    suffix, width, dtype = expected_parts(shard.format)[part]
+    pieces, _ = table_pieces(checkpoint.shapes, shard.name, suffix, table_rows, width, dtype)
+    out = torch.empty((len(rows), width * dtype.itemsize), dtype=torch.uint8)
+    for at, row in enumerate(rows):
+        piece = next(p for p in pieces if p.start <= row < p.start + p.rows)
+        file = checkpoint.files.get(piece.tensor)
+        if file is None:
+            return None
+        file.read_rows(piece.tensor, row - piece.start, out[at : at + 1].view(file.entries[piece.tensor].dtype))
+    return out
 
 
 RAW_BYTES = {torch.uint8, torch.float8_e8m0fnu}

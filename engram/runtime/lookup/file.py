@@ -11,7 +11,7 @@ import torch
 
 from engram.runtime.lookup.memory import Reader
 from engram.runtime.lookup.spread import Spread
-from engram.runtime.placement.filemap import read_ahead, reading, rewritten
+from engram.runtime.placement.filemap import being_written, read_ahead, reading, rewritten, scales_from
 from engram.runtime.placement.residency import DiskReads, ResidentBudget
 from engram.runtime.shard import Output, TableShard
 from engram.runtime.tiers.open import Tier
@@ -39,12 +39,13 @@ class FileReader(Reader):
     ) -> None:
         super().__init__(shard, table_rows, tier, reads)
         self.budget = budget
+        self.written: list[str] = []  # the files a process had open for writing at the last lookup
 
     def lookup(
         self, ids: torch.Tensor, out: torch.Tensor | None, kind: Output, check: torch.Tensor | None
     ) -> torch.Tensor:
         if self.tier is not None:
-            self._forget_if_rewritten(self.tier)
+            self._forget_if_changed(self.tier)
             self.tier.sees(ids)
         if self.shard.readahead and not ids.is_cuda and check is None:
             return self.from_host(ids, out, kind)
@@ -56,17 +57,31 @@ class FileReader(Reader):
             return self._read_in_batches(ids, out, kind)
         return self.read(ids, out, kind, None)
 
-    def _forget_if_rewritten(self, tier: Tier) -> None:
-        """A file behind the table rewritten in place since the tier copied rows from it (`cp new old`: same
-        inode, same size) makes those rows stale: the tier lets them all go, and the traffic admits them
-        again from the file as it now is. Noticed at the first lookup after the rewrite's last write."""
-        changed = rewritten(self.shard)
-        if changed:
+    def _forget_if_changed(self, tier: Tier) -> None:
+        """Before a lookup through a tier: a file behind the table rewritten in place since the tier copied
+        rows from it (`cp new old`: same inode, same size) makes those rows stale. The tier lets them all
+        go, its private block scales are read again, and the traffic admits rows again from the file as it
+        now is; noticed at the first lookup after the rewrite's last write. A process that has the file
+        open for writing (being_written, any namespace) may change rows through a mapping without changing
+        any time: while one does, the tier lets its rows go before every lookup (each lookup's rows are
+        read during it) and block scales are read from the file, until it is gone."""
+        shard = self.shard
+        changed, writing = rewritten(shard), being_written(shard) or []
+        if writing and writing != self.written:
+            log.warning(
+                "engram: %s is open for writing by another process: %s's tier keeps no row from one lookup to "
+                "the next while it is (each lookup reads its rows from the file)",
+                ", ".join(writing), shard.name,
+            )  # fmt: skip
+        elif changed:
             log.warning(
                 "engram: %s changed while mapped: %s's tier lets its %d rows go and reads them again from the file",
-                ", ".join(changed), self.shard.name, tier.admission.used,
+                ", ".join(changed), shard.name, tier.admission.used,
             )  # fmt: skip
+        if writing or changed or self.written:
             tier.forget()
+            scales_from(shard, private=not writing)
+        self.written = writing
 
     def read(
         self,

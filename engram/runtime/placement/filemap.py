@@ -43,7 +43,7 @@ from engram.memory.mapping import HUGETLBFS_MAGIC, PAGE, Mapping, madvise, map_r
 from engram.memory.registration import ATTRIBUTE_READ_ONLY_REGISTER, CudaRuntime, read_only_supported, register
 from engram.ops import GatherCall, cpu
 from engram.ops.segments import Rows, Segmented, pieces_of, row_addresses
-from engram.runtime.checkpoints.files import open_regular
+from engram.runtime.checkpoints.files import open_for_writing, open_regular
 from engram.runtime.checkpoints.loader import (
     Checkpoint,
     SafetensorsFile,
@@ -138,23 +138,45 @@ SCALE_CHUNK_ROWS = 1 << 20  # scale rows copied at a time: 8 MB of ids and scale
 def private_scales(shard: TableShard) -> int:
     """Read a file-backed shard's block scales into private memory, once, and serve them from there: a miss
     of its RAM tier then reads one page, its row's, where it read a page of scales too (512 rows share
-    one). They are 1/33 of an fp8 table. The bytes they take (0 without block scales)."""
+    one). They are 1/33 of an fp8 table. The file's own stay as `file_scale`, to read them again
+    (scales_from). The bytes they take (0 without block scales)."""
     part = shard.scale
     if part is None:
         return 0
     if in_files(shard, part):
-        raw = part.view(torch.uint8)
-        copy = torch.empty(raw.shape, dtype=torch.uint8)
-        for _, piece in pieces_of(raw):  # one sequential read a piece
-            madvise(piece.data_ptr() // PAGE * PAGE, piece.data_ptr() % PAGE + piece.numel(), MADV_WILLNEED)
-        with files_named_on_fault(shard):
-            for start in range(shard.row_start, shard.row_stop, SCALE_CHUNK_ROWS):
-                rows = torch.arange(start, min(shard.row_stop, start + SCALE_CHUNK_ROWS))
-                copy[start - shard.row_start : start - shard.row_start + rows.numel()] = stored_part_rows(
-                    shard, part, rows
-                )
-        shard.scale = copy.view(part.dtype)
+        shard.file_scale = part
+        shard.scale = torch.empty(part.view(torch.uint8).shape, dtype=torch.uint8).view(part.dtype)
+        _copy_scales(shard)
     return part.numel() * part.element_size()
+
+
+def _copy_scales(shard: TableShard) -> None:
+    """The file's block scales (file_scale) copied into the private copy (scale), a chunk at a time."""
+    part, copy = shard.file_scale, shard.scale
+    assert part is not None and isinstance(copy, torch.Tensor)
+    for _, piece in pieces_of(part.view(torch.uint8)):  # one sequential read a piece
+        madvise(piece.data_ptr() // PAGE * PAGE, piece.data_ptr() % PAGE + piece.numel(), MADV_WILLNEED)
+    with files_named_on_fault(shard):
+        for start in range(shard.row_start, shard.row_stop, SCALE_CHUNK_ROWS):
+            rows = torch.arange(start, min(shard.row_stop, start + SCALE_CHUNK_ROWS))
+            at = start - shard.row_start
+            copy.view(torch.uint8)[at : at + rows.numel()] = stored_part_rows(shard, part, rows)
+
+
+def scales_from(shard: TableShard, *, private: bool) -> None:
+    """Where a shard that keeps its block scales privately (private_scales) serves them from from now: the
+    private copy, read again from the file (after a rewrite), or the file itself (while another process
+    writes it: no copy can be known to hold its bytes). Nothing for a shard that keeps none."""
+    if shard.file_scale is None:
+        return
+    if private:
+        if shard.scale is shard.file_scale:
+            shard.scale = torch.empty(shard.file_scale.view(torch.uint8).shape, dtype=torch.uint8).view(
+                shard.file_scale.dtype
+            )
+        _copy_scales(shard)
+    else:
+        shard.scale = shard.file_scale
 
 
 def check_files(shard: TableShard) -> None:
@@ -170,18 +192,38 @@ def check_files(shard: TableShard) -> None:
             )
 
 
+def file_stamp(mapping: Mapping) -> tuple[int, int, int]:
+    """The mapped file's (size, mtime_ns, ctime_ns) now: any rewrite in place changes one of them."""
+    info = _stat(mapping)
+    return info.st_size, info.st_mtime_ns, info.st_ctime_ns
+
+
 def rewritten(shard: TableShard) -> list[str]:
-    """The files behind a file-backed shard rewritten in place since their pages were last taken as the
-    table's (size, mtime or ctime of the mapped inode changed: `cp new old`), each now taken as it is.
-    Rows copied out of them before (a tier's) are stale."""
+    """The files behind a file-backed shard rewritten in place since this shard last took their pages as
+    the table's (file_stamps: size, mtime or ctime of the mapped inode changed: `cp new old`), each now
+    taken as it is. Rows copied out of them before (a tier's) are stale. Every shard of a file keeps its
+    own stamps, so each notices every rewrite."""
     changed = []
-    for mapping in shard.files:
-        info = _stat(mapping)
-        stamp = (info.st_size, info.st_mtime_ns, info.st_ctime_ns)
-        if mapping.stamp is not None and stamp != mapping.stamp:
-            mapping.stamp = stamp
+    for at, mapping in enumerate(shard.files):
+        stamp = file_stamp(mapping)
+        if stamp != shard.file_stamps[at]:
+            shard.file_stamps[at] = stamp
             changed.append(mapping.path or "a checkpoint file")
     return changed
+
+
+def being_written(shard: TableShard) -> list[str] | None:
+    """The files behind a file-backed shard that a process (in any namespace) has open for writing or
+    mapped writable now (open_for_writing): its writes through a mapping reach the rows without changing
+    the file's times. None where that cannot be asked of a file."""
+    found: list[str] = []
+    for mapping in shard.files:
+        writing = open_for_writing(mapping.fd if mapping.fd is not None else -1)
+        if writing is None:
+            return None
+        if writing:
+            found.append(mapping.path or "a checkpoint file")
+    return found
 
 
 def _stat(mapping: Mapping) -> os.stat_result:
@@ -464,7 +506,7 @@ def map_file(file: SafetensorsFile) -> MappedFile:
     except BaseException:
         os.close(fd)
         raise
-    mapping.fd, mapping.stamp = fd, (info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+    mapping.fd = fd
     mapping.on_release(functools.partial(os.close, fd))
     in_memory = in_memory_fs(str(file.path))
     if not in_memory:  # random rows: the kernel's read-around would fetch pages nobody asked for
@@ -581,5 +623,6 @@ def file_shard(
     pointer = views["weight"].data_ptr() if uva else None
     return TableShard(
         name, row_start, fmt, "file", views["weight"], views.get("scale"), None, pointer, note,
-        files=tuple(f.mapping for f in files), readahead=readahead, table_scale=table_scale,
+        files=tuple(f.mapping for f in files), file_stamps=[file_stamp(f.mapping) for f in files],
+        readahead=readahead, table_scale=table_scale,
     )  # fmt: skip

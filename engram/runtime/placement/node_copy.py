@@ -4,6 +4,7 @@ or loaded from the checkpoint once for the node (engram.runtime.placement.node_s
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,9 +14,9 @@ from engram.errors import EngramError
 from engram.memory.host_numa import small_pages
 from engram.memory.mapping import Mapping
 from engram.memory.registration import CudaRuntime, read_only_supported
-from engram.runtime.checkpoints.loader import Checkpoint, load_shards
+from engram.runtime.checkpoints.loader import Checkpoint, load_shards, stored_rows
 from engram.runtime.dist import timeout_s
-from engram.runtime.placement.node_sharing import ShareKey, Stage, file_identity, obtain, writers
+from engram.runtime.placement.node_sharing import ShareKey, Stage, file_identity, obtain, writer_refusal
 from engram.runtime.placement.numa import copy_node
 from engram.runtime.placement.storage import shard_over
 from engram.runtime.shard import ShardFormat, TableShard
@@ -62,14 +63,9 @@ def node_shard(
     threads (as a file-backed table on disk is)."""
     node = copy_node(mode, device)
     key = share_key(checkpoint, name, table_rows, row_start, fmt, node)
-    busy = writers(table_files(checkpoint, name))  # asked before loading and before attaching
-    if busy:
-        path, pids = next(iter(busy.items()))
-        raise EngramError(
-            f"{path} is mapped writable and shared by pid {', '.join(map(str, pids[:8]))}: its bytes may change "
-            "without its times changing, so no node copy can be known to hold them; stop that writer, or set "
-            "node_sharing 'off'"
-        )
+    refusal = writer_refusal(table_files(checkpoint, name))  # asked before loading and before attaching
+    if refusal:
+        raise EngramError(refusal)
 
     def fill(mapping: Mapping) -> None:
         loading = shard_over(name, fmt, "node", mapping, row_start=row_start)
@@ -89,4 +85,42 @@ def node_shard(
         name, fmt, "node", copy.mapping, row_start=row_start, runtime=runtime, note=copy.note, read_only=True
     )
     shard.loaded_by, shard.attached = copy.loaded_by, copy.attached
+    if copy.attached:
+        differ = sampled_differences(shard, checkpoint, table_rows)
+        if differ[0]:
+            shard.release()
+            raise EngramError(
+                f"the node's copy of {key.describe} differs from the checkpoint in {differ[0]} of {differ[1]} rows sampled: "
+                f"the file changed since pid {copy.loaded_by} loaded it, without its times changing (written "
+                "through a mapping); restart the engines that map the copy (it goes with the last of them), or "
+                "set node_sharing 'off'"
+            )
     return shard
+
+
+SAMPLED_ROWS = 64  # rows of an attached copy compared with the file: a few preads, at random places
+
+
+def sampled_differences(shard: TableShard, checkpoint: Checkpoint, table_rows: int) -> tuple[int, int]:
+    """(rows that differ, rows compared) of about SAMPLED_ROWS rows of a node copy (its first and last, the
+    others drawn at random) against the checkpoint's bytes now, weights and block scales: a file changed by
+    a writer that left its times alone (one this engine could not see) is caught with a probability that
+    grows with the share of rows it changed. Rows in a file that is not safetensors are not compared."""
+    if not shard.rows:
+        return 0, 0
+    drawn = torch.randint(shard.row_start, shard.row_stop, (SAMPLED_ROWS - 2,), generator=_fresh_generator())
+    rows = sorted({shard.row_start, shard.row_stop - 1, *drawn.tolist()})
+    local = torch.tensor(rows) - shard.row_start
+    differ, compared = torch.zeros(len(rows), dtype=torch.bool), 0
+    for part, held in (("weight", shard.weight), ("scale", shard.scale)):
+        stored = None if held is None else stored_rows(checkpoint, shard, table_rows, part, rows)
+        if stored is not None:
+            assert isinstance(held, torch.Tensor)  # a node copy is one tensor a part
+            differ |= (held.view(torch.uint8)[local] != stored).any(dim=1)
+            compared = len(rows)
+    return int(differ.sum()), compared
+
+
+def _fresh_generator() -> torch.Generator:
+    """A generator no one can predict: which rows are compared is not known to a writer in advance."""
+    return torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)

@@ -50,6 +50,7 @@ import torch
 
 from engram.errors import EngramError
 from engram.memory.mapping import PAGE, Mapping, map_sealed_file, map_shared_file, round_up
+from engram.runtime.checkpoints.files import open_for_writing, open_regular
 from engram.runtime.placement import abstract_names
 from engram.runtime.placement.memfd import capacity_error
 from engram.runtime.placement.node_memory import reserve
@@ -426,29 +427,79 @@ def holders(digest: str) -> list[int]:
     return sorted(found)
 
 
+WRITERS_SCAN_S = 1.0  # the most one look through /proc for a file's writers takes (a node of huge maps)
+
+
 def writers(files: list[Path]) -> dict[str, list[int]]:
     """Per file, the pids of the processes that map it writable and shared (/proc/PID/maps, every
-    process this one may read). Their writes reach the file's pages without changing its times until
-    written back, so no key made from its times can name what such a file holds."""
+    process this one may read, for at most WRITERS_SCAN_S: those it had no time for are not named).
+    Their writes reach the file's pages without changing its times until written back, so no key made
+    from its times can name what such a file holds."""
     wanted: dict[tuple[int, int], str] = {}
     for path in files:
         info = os.stat(path)
         wanted[(info.st_dev, info.st_ino)] = str(path)
+    needles = {f" {ino} ".encode() for _, ino in wanted}
     found: dict[str, set[int]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError), open(f"{entry.path}/maps", encoding="latin-1") as f:
-            for line in f:
-                fields = line.split(maxsplit=5)  # address perms offset dev inode [path]
-                if len(fields) < 5 or fields[1][1] != "w" or fields[1][3] != "s" or fields[4] == "0":
-                    continue
-                major, _, minor = fields[3].partition(":")
-                with contextlib.suppress(ValueError):
-                    name = wanted.get((os.makedev(int(major, 16), int(minor, 16)), int(fields[4])))
-                    if name is not None:
-                        found.setdefault(name, set()).add(int(entry.name))
+    deadline = time.monotonic() + WRITERS_SCAN_S
+    with os.scandir("/proc") as entries:
+        for entry in entries:
+            if not entry.name.isdigit():
+                continue
+            if time.monotonic() > deadline:
+                break
+            for pid, name in _mapped_writable(entry, wanted, needles):
+                found.setdefault(name, set()).add(pid)
     return {name: sorted(pids) for name, pids in found.items()}
+
+
+def _mapped_writable(
+    entry: os.DirEntry[str], wanted: dict[tuple[int, int], str], needles: set[bytes]
+) -> Iterator[tuple[int, str]]:
+    """(pid, file name) for each mapping in process `entry`'s maps of a `wanted` (device, inode), writable
+    and shared."""
+    try:
+        with open(f"{entry.path}/maps", "rb") as f:
+            maps = f.read()
+    except OSError:
+        return
+    if not any(needle in maps for needle in needles):  # most processes map none of them: one search each
+        return
+    for line in maps.decode("latin-1").splitlines():
+        fields = line.split(maxsplit=5)  # address perms offset dev inode [path]
+        if len(fields) < 5 or fields[1][1:2] != "w" or fields[1][3:4] != "s" or fields[4] == "0":
+            continue
+        major, _, minor = fields[3].partition(":")
+        with contextlib.suppress(ValueError):
+            name = wanted.get((os.makedev(int(major, 16), int(minor, 16)), int(fields[4])))
+            if name is not None:
+                yield int(entry.name), name
+
+
+def writer_refusal(files: list[Path]) -> str | None:
+    """Why no node copy of `files` can be known to hold their bytes now, or None: a process maps one
+    writable and shared (named where this process can see it), or has one open for writing where it
+    cannot (open_for_writing asks the kernel, whatever namespace the writer is in). Where the kernel
+    cannot be asked (a file not ours, without CAP_LEASE), only the processes this one sees are looked at."""
+    why = "its bytes may change without its times changing, so no node copy can be known to hold them"
+    for path in files:
+        fd = open_regular(path, "checkpoint file")
+        try:
+            writing = open_for_writing(fd)
+        finally:
+            os.close(fd)
+        if writing is False:
+            continue
+        pids = writers([path]).get(str(path))
+        if pids:
+            shown = ", ".join(map(str, pids[:8]))
+            return f"{path} is mapped writable and shared by pid {shown}: {why}; stop that writer, or set node_sharing 'off'"
+        if writing:
+            return (
+                f"{path} is open for writing by a process this engine cannot see (in another pid namespace, a "
+                f"container beside it, or one it may not read): {why}; stop that writer, or set node_sharing 'off'"
+            )
+    return None
 
 
 def _check_received(fd: int, key: ShareKey, total: int) -> str | None:

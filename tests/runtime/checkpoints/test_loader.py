@@ -168,6 +168,16 @@ def test_split_parts_load_like_one_tensor(tmp_path: Path) -> None:
             {f"t.shard_{k}.{p}": PARTS[p](4) for k in (1, 2) for p in PARTS},
             r"t.shard_0.weight is missing: the parts of t.weight must start at part 0",
         ),
+        (  # a one-dimensional part 0 sizes no part: one short problem, not one for each part after it
+            {"t.shard_0.weight": torch.zeros(128, dtype=torch.float8_e4m3fn), "t.scale": PARTS["scale"](10)},
+            r"t.shard_0.weight has shape \[128\]; parts are \[rows, 32\] tensors$",
+        ),
+        (  # many wrong parts: three named, the others counted
+            {f"t.shard_{k}.weight": torch.zeros(1, 32) for k in range(10)} | {"t.scale": PARTS["scale"](10)},
+            r"t.shard_0.weight has dtype torch.float32, the model needs torch.float8_e4m3fn; "
+            r"t.shard_1.weight has dtype torch.float32, the model needs torch.float8_e4m3fn; "
+            r"t.shard_2.weight has dtype torch.float32, the model needs torch.float8_e4m3fn; and 7 more parts like these$",
+        ),
     ],
 )
 def test_shape_dtype_and_missing(tmp_path: Path, tensors: dict[str, torch.Tensor], message: str) -> None:

@@ -522,3 +522,143 @@ def test_a_checkpoint_mapped_writable_elsewhere_is_never_shared(checkpoint: Path
     shard = node_shard(table, fmt, 0, rows, opened, mode="node", device=torch.device("cpu"), progress=False)
     assert shard.loaded_by == os.getpid() and not shard.attached
     assert shard.release()
+
+
+# Maps argv[1] writable and shared and says so; then for each line on stdin writes byte (the line's
+# number + 1) over bytes [argv[2], argv[3]) through the mapping and says "done"; ends when stdin closes.
+REWRITER = r"""
+import mmap, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+mapped = mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+os.close(fd)
+start, stop = int(sys.argv[2]), int(sys.argv[3])
+print("mapped", flush=True)
+for number, _ in enumerate(sys.stdin, 1):
+    mapped[start:stop] = bytes([number]) * (stop - start)
+    print("done", flush=True)
+"""
+ENGINE_IN_ITS_PID_NAMESPACE = r"""
+import sys, torch
+from engram.errors import EngramError
+from engram.runtime.checkpoints.loader import Checkpoint
+from engram.runtime.placement.node_copy import node_shard
+from engram.runtime.shard import ShardFormat
+from tests.runtime.specs import SMALL
+table, rows = SMALL.table_names()[0], SMALL.layout.table_rows[0]
+try:
+    node_shard(table, ShardFormat(rows, SMALL.head_dim, SMALL.dtype), 0, rows, Checkpoint(sys.argv[1]), mode="node",
+               device=torch.device("cpu"), progress=False)
+    print("loaded")
+except EngramError as exc:
+    print(exc)
+"""
+
+
+def weight_bytes(path: Path) -> tuple[int, int]:
+    """[start, stop) of table 0's weight rows in the safetensors file `path` (its header says where)."""
+    header = json.loads(path.read_bytes()[8 : 8 + int.from_bytes(path.read_bytes()[:8], "little")])
+    begin, end = header[f"{SMALL.table_names()[0]}.weight"]["data_offsets"]
+    data = 8 + int.from_bytes(path.read_bytes()[:8], "little")
+    return data + begin, data + end
+
+
+def test_a_writer_in_another_pid_namespace_stops_the_node_copy(checkpoint: Path, tmp_path: Path) -> None:
+    """An engine in a pid namespace of its own cannot see a process outside it that maps the checkpoint
+    writable and shared (a container beside it); the kernel still knows the file is open for writing,
+    and the engine refuses to share it, saying why, instead of keying a copy by times that may lie."""
+    copy = tmp_path / "ckpt"
+    shutil.copytree(checkpoint, copy)
+    model = copy / "model.safetensors"
+    root = Path(__file__).parents[3]
+    with subprocess.Popen(
+        [sys.executable, "-c", REWRITER, str(model), *map(str, weight_bytes(model))],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    ) as writer:  # fmt: skip
+        assert writer.stdout is not None and writer.stdout.readline().strip() == "mapped"
+        done = subprocess.run(
+            ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", ENGINE_IN_ITS_PID_NAMESPACE, str(copy)],
+            cwd=root, capture_output=True, text=True, timeout=WAIT_S,
+        )  # fmt: skip
+        writer.communicate(timeout=WAIT_S)
+    if done.returncode != 0 and "unshare" in done.stderr:
+        pytest.skip(f"cannot make a pid namespace here: {done.stderr.strip()}")
+    assert done.stdout == (
+        f"{model} is open for writing by a process this engine cannot see (in another pid namespace, a container "
+        "beside it, or one it may not read): its bytes may change without its times changing, so no node copy can "
+        "be known to hold them; stop that writer, or set node_sharing 'off'\n"
+    ), done.stderr
+
+
+def test_a_copy_the_file_no_longer_matches_is_refused_before_it_is_attached(
+    checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the kernel cannot be asked about writers and none can be seen (a checkpoint of another user,
+    a writer in another container), a writer may change a file's bytes without changing its times (a
+    page it already dirtied, on tmpfs, which never writes it back): the next engine's key still names the
+    copy. It compares rows drawn at random with the file before attaching, and refuses, saying why."""
+    copy = Path("/dev/shm") / f"engram-test-ckpt-{os.getpid()}"
+    shutil.copytree(checkpoint, copy)
+    try:
+        from engram.runtime.placement import node_sharing
+
+        monkeypatch.setattr(node_sharing, "open_for_writing", lambda fd: None)  # not ours to ask about
+        monkeypatch.setattr(node_sharing, "writers", lambda files: {})  # nor to see
+        model = copy / "model.safetensors"
+        table, rows = SMALL.table_names()[0], SMALL.layout.table_rows[0]
+        fmt = ShardFormat(rows, SMALL.head_dim, SMALL.dtype)
+        with subprocess.Popen(
+            [sys.executable, "-c", REWRITER, str(model), *map(str, weight_bytes(model))],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        ) as writer:  # fmt: skip
+            assert writer.stdin is not None and writer.stdout is not None
+            assert writer.stdout.readline().strip() == "mapped"
+            writer.stdin.write("first\n")  # dirties every page of the rows: their times change here
+            writer.stdin.flush()
+            assert writer.stdout.readline().strip() == "done"
+            loaded = node_shard(
+                table, fmt, 0, rows, Checkpoint(copy), mode="node", device=torch.device("cpu"), progress=False
+            )
+            assert not loaded.attached
+            times = os.stat(model)
+            writer.stdin.write("second\n")  # the same pages again: no fault, no time changes
+            writer.stdin.flush()
+            assert writer.stdout.readline().strip() == "done"
+            writer.stdin.close()
+            writer.wait(timeout=WAIT_S)
+        after = os.stat(model)
+        assert (after.st_mtime_ns, after.st_ctime_ns) == (times.st_mtime_ns, times.st_ctime_ns)  # the premise
+        with pytest.raises(EngramError) as refused:
+            node_shard(table, fmt, 0, rows, Checkpoint(copy), mode="node", device=torch.device("cpu"), progress=False)
+        message = str(refused.value)
+        sampled = int(message.split(" rows sampled")[0].rsplit(" ", 1)[1])
+        assert 2 < sampled <= 64
+        assert message == (
+            f"the node's copy of rows [0, {rows:,}) of {rows:,} of {table} as fp8 x 128 (one copy for the node) differs "
+            f"from the checkpoint in {sampled} of {sampled} rows sampled: the file changed since pid {os.getpid()} loaded "
+            "it, without its times changing (written through a mapping); restart the engines that map the copy (it "
+            "goes with the last of them), or set node_sharing 'off'"
+        )
+        assert loaded.release()
+    finally:
+        shutil.rmtree(copy)
+
+
+def test_the_look_through_proc_for_writers_stops_at_its_bound(
+    checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """writers() names a visible writer, and reads no process's maps once WRITERS_SCAN_S has passed (a
+    node of processes with huge maps cannot hold a start up)."""
+    from engram.runtime.placement import node_sharing
+
+    copy = tmp_path / "ckpt"
+    shutil.copytree(checkpoint, copy)
+    model = copy / "model.safetensors"
+    with subprocess.Popen(
+        [sys.executable, "-c", REWRITER, str(model), *map(str, weight_bytes(model))],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    ) as writer:  # fmt: skip
+        assert writer.stdout is not None and writer.stdout.readline().strip() == "mapped"
+        assert node_sharing.writers([model]) == {str(model): [writer.pid]}
+        monkeypatch.setattr(node_sharing, "WRITERS_SCAN_S", 0.0)
+        assert node_sharing.writers([model]) == {}
+        writer.communicate(timeout=WAIT_S)

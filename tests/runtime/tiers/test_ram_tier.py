@@ -11,6 +11,8 @@ import itertools
 import logging
 import os
 import resource
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -382,6 +384,144 @@ def test_a_file_rewritten_in_place_is_served_as_it_now_is(
     ]
     table.release()
     fresh.release()
+
+
+def both_tables(checkpoint: Path) -> list[Table]:
+    """Both of SMALL's tables mapped from one Checkpoint: shards of one file, sharing its one mapping."""
+    plans = table_shards(SMALL, 0, 1)
+    shards = open_tables(SMALL, Checkpoint(checkpoint), "file", plans=plans, progress=False)
+    return [Table(shard, plan.table_rows) for shard, plan in zip(shards, plans, strict=True)]
+
+
+def loaded_tables(checkpoint: Path) -> list[Table]:
+    """Both tables read into memory from the file as it is now (pread): the oracle of what it holds."""
+    plans = table_shards(SMALL, 0, 1)
+    shards = open_tables(SMALL, Checkpoint(checkpoint), "host", plans=plans, progress=False)
+    return [Table(shard, plan.table_rows) for shard, plan in zip(shards, plans, strict=True)]
+
+
+def test_every_table_of_a_file_rewritten_in_place_serves_it_as_it_now_is(tmp_path: Path, read_path: str) -> None:
+    """Two tables of one file, each with a RAM tier: after a rewrite in place, the first looked up lets
+    its rows go, and so does the second (each table keeps its own stamp of the file, not the mapping)."""
+    checkpoint = tmp_path / "ckpt"
+    write_checkpoint(SMALL, checkpoint, seed=7)
+    tables = both_tables(checkpoint)
+    assert tables[0].shard.files == tables[1].shard.files  # one mapping of the one file
+    ids = [zipf_ids(torch.Generator().manual_seed(3), t.table_rows, 2048).view(256, 8) for t in tables]
+    for table, asked in zip(tables, ids, strict=True):
+        rows = table.table_rows
+        assert table.keep_hot(
+            400 * table.shard.format.row_bytes + state_bytes(400, rows, 0, "online", True), "cpu", "ram"
+        )
+        reads_as_told(table, read_path)
+        for _ in range(3):
+            table.lookup(asked)
+        assert table.tier is not None and table.tier.admission.used > 0
+    rewrite_in_place(checkpoint, seed=8)
+    fresh = loaded_tables(checkpoint)
+    for table, oracle, asked in zip(tables, fresh, ids, strict=True):
+        assert same_bits(table.lookup(asked), oracle.lookup(asked)), table.name
+    for table in [*tables, *fresh]:
+        table.release()
+
+
+def test_a_tier_that_keeps_block_scales_reads_them_again_after_a_rewrite(tmp_path: Path, read_path: str) -> None:
+    """A RAM tier that keeps its file's block scales in private memory: after a rewrite in place, the new
+    weights are served with the new scales, hits and misses alike."""
+    checkpoint = tmp_path / "ckpt"
+    write_checkpoint(SMALL, checkpoint, seed=7)
+    table, _, rows = file_tables(checkpoint)
+    in_file = table.shard.scale
+    assert in_file is not None
+    assert table.keep_hot(4 * in_file.numel() * in_file.element_size(), "cpu", "ram")
+    assert table.shard.scale is not in_file  # kept privately
+    reads_as_told(table, read_path)
+    ids = zipf_ids(torch.Generator().manual_seed(3), rows, 4096).view(512, 8)
+    for _ in range(3):
+        table.lookup(ids)
+    rewrite_in_place(checkpoint, seed=8)
+    fresh = file_tables(checkpoint)[1]
+    for _ in range(2):
+        assert same_bits(table.lookup(ids), fresh.lookup(ids))
+        assert torch.equal(table.lookup(ids, output=PACKED), fresh.lookup(ids, output=PACKED))
+    table.release()
+    fresh.release()
+
+
+# Maps argv[1] writable and shared, says so, then for each line "<offset> <hex bytes>" on stdin writes the
+# bytes there through the mapping and says "done"; ends when stdin closes.
+MAP_WRITER = """
+import mmap, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+mapped = mmap.mmap(fd, 0, mmap.MAP_SHARED)
+os.close(fd)
+print("mapped", flush=True)
+for line in sys.stdin:
+    offset, data = line.split()
+    mapped[int(offset) : int(offset) + len(bytes.fromhex(data))] = bytes.fromhex(data)
+    print("done", flush=True)
+"""
+
+
+@pytest.mark.parametrize("tier", ["ram", "device"])
+def test_writes_through_another_processs_mapping_never_leave_a_tier_serving_old_rows(
+    tmp_path: Path, tier: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A process in another pid namespace (a container beside the engine: its pid means nothing here)
+    maps the file writable and shared and writes rows through it, again and again: once a page is dirty
+    its later writes change no time, so only the writer's presence can say the tier's copies are stale.
+    While it has the file mapped, every lookup's rows are the file's as it then is; once it is gone, the
+    tier holds rows again, and says both, once."""
+    monkeypatch.setenv("ENGRAM_DIRECT_READS", "0")  # no read past the page cache writes the dirty pages back
+    checkpoint = tmp_path / "ckpt"
+    write_checkpoint(SMALL, checkpoint, seed=7)
+    table, _, rows = file_tables(checkpoint)
+    window = 2048
+    budget = 400 * table.shard.format.row_bytes + state_bytes(
+        400, rows, 0 if tier == "ram" else window, "online", tier == "ram"
+    )
+    assert table.keep_hot(budget, "cpu", tier, **({} if tier == "ram" else {"window_ids": window}))  # type: ignore[arg-type]
+    ids = zipf_ids(torch.Generator().manual_seed(3), rows, 2048).view(256, 8)
+    for _ in range(3):
+        table.lookup(ids)
+        table.refresh()
+    hot = int(ids.flatten()[0])
+    mapping = table.shard.files[0]
+    row_width = table.shard.format.row_format.weight_width(SMALL.head_dim)
+    offset = table.shard.weight.data_ptr() - mapping.addr + (hot - table.shard.row_start) * row_width
+    command = [sys.executable, "-c", MAP_WRITER, str(checkpoint / "model.safetensors")]
+    namespaced = ["unshare", "--pid", "--fork", "--mount-proc", *command]
+    writer = subprocess.Popen(
+        namespaced, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    with writer, caplog.at_level(logging.INFO, logger="engram"):
+        assert writer.stdin is not None and writer.stdout is not None
+        if writer.stdout.readline().strip() != "mapped":
+            pytest.skip(f"cannot make a pid namespace here: {writer.communicate(timeout=60)[1].strip()}")
+        for value in range(3):  # the first write dirties the page (and may change its time); the rest do not
+            writer.stdin.write(f"{offset} {(bytes([0x30 + value]) * row_width).hex()}\n")
+            writer.stdin.flush()
+            assert writer.stdout.readline().strip() == "done"
+            oracle = file_tables(checkpoint)[1]
+            assert same_bits(table.lookup(ids), oracle.lookup(ids)), value
+            oracle.release()
+        writer.stdin.close()
+        assert writer.wait(timeout=60) == 0
+        assert table.tier is not None
+        hits = table.tier.stats().hits
+        for _ in range(3):
+            table.lookup(ids)
+            table.refresh()
+        oracle = file_tables(checkpoint)[1]
+        assert same_bits(table.lookup(ids), oracle.lookup(ids))
+        oracle.release()
+        assert table.tier.stats().hits > hits  # the tier serves again
+    said = [r.getMessage() for r in caplog.records if "open for writing" in r.getMessage()]
+    assert said == [
+        f"engram: {checkpoint / 'model.safetensors'} is open for writing by another process: {table.name}'s tier "
+        "keeps no row from one lookup to the next while it is (each lookup reads its rows from the file)"
+    ]
+    table.release()
 
 
 def test_a_file_system_that_refuses_o_direct_is_said_once(
