@@ -6,7 +6,8 @@ It logs to REPORT.log, writes REPORT.ready (JSON: pid, per table origin, loaded_
 tables' PSS) once REPORT.go exists, and exits once REPORT.exit exists (each wait at most 120 s). With
 `pause_at`, it stops at that stage of loading or serving a copy (engram.runtime.placement.node_sharing's
 stages, or "filling": half-way into the copy's bytes), writes REPORT.stage and sleeps until killed.
-`rows` N builds rows [0, N) of each table only (another shard of the same checkpoint)."""
+`rows` N builds rows [0, N) of each table only (another shard of the same checkpoint). `sandboxed`: it can
+open no netlink socket (tests.seccomp), so the kernel cannot name socket owners for it."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from engram.runtime.plan import table_shards
 from engram.runtime.tables import open_tables, tables_pss
 from tests.runtime.specs import SMALL
 from tests.runtime.workers import shard_digest
+from tests.seccomp import deny_netlink
 
 WAIT_S = 120.0
 
@@ -65,16 +67,23 @@ def pause_at(stage: str, report: Path) -> None:
     node_copy.obtain = obtain  # type: ignore[assignment]
 
 
-def run(checkpoint: str, report: Path, mode: str = "node", stage: str | None = None, rows: int | None = None) -> None:
+def run(
+    checkpoint: str,
+    report: Path,
+    mode: str = "node",
+    stage: str | None = None,
+    rows: int | None = None,
+    sandboxed: bool = False,
+) -> None:
     """The engine (module docstring); a failure's traceback goes to REPORT.error."""
     try:
-        engine(checkpoint, report, mode, stage, rows)
+        engine(checkpoint, report, mode, stage, rows, sandboxed)
     except BaseException:
         report.with_suffix(".error").write_text(traceback.format_exc())
         raise
 
 
-def engine(checkpoint: str, report: Path, mode: str, stage: str | None, rows: int | None) -> None:
+def engine(checkpoint: str, report: Path, mode: str, stage: str | None, rows: int | None, sandboxed: bool) -> None:
     os.environ["ENGRAM_DIST_TIMEOUT_S"] = "60"
     handler = logging.FileHandler(report.with_suffix(".log"))
     handler.setFormatter(logging.Formatter("%(message)s"))
@@ -86,11 +95,15 @@ def engine(checkpoint: str, report: Path, mode: str, stage: str | None, rows: in
     if rows is None:
         store = report.with_suffix(".store")
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+        if sandboxed:  # after gloo, which lists the network's interfaces over netlink
+            deny_netlink()
         config = load_config({"cpu_offload": True, "node_sharing": mode, "dp_shared_memory": False}, env={})
         tables = EngramTables.build(SMALL, config, ParallelConfig(), checkpoint, progress=False)
         shards = tables.shards
         origins = {s.name: [s.origin, s.loaded_by] for s in tables.stats()}
     else:
+        if sandboxed:
+            deny_netlink()
         plans = [replace(p, kind="row", row_start=0, row_stop=rows) for p in table_shards(SMALL, 0, 1)]
         shards = open_tables(SMALL, Checkpoint(checkpoint), "node", plans=plans, progress=False)
         origins = {s.name: ["attached" if s.attached else "loaded", s.loaded_by] for s in shards}

@@ -9,8 +9,9 @@ ShareKey), never by a path or a name.
   from a thread. Abstract names vanish with their socket; a process of another uid is dropped at accept,
   before anything is read (SO_PEERCRED).
 - An engine that needs a shard lists the node's such sockets of its uid (the kernel's sock_diag names
-  each one's owner, so another user's names hide none of ours; its network namespace), checks the
-  server's uid again before it sends anything, and asks for the key.
+  each one's owner, so another user's names hide none of ours; without it, each listener is asked with
+  a connection's SO_PEERCRED; its network namespace), checks the server's uid again before it sends
+  anything, and asks for the key.
   It gets the memfd (SCM_RIGHTS) and checks it: an engram memfd of its uid, sealed against writes,
   shrinking and growing, of the size the key's shard takes, whose trailer page names the key.
 - Found nowhere, it takes the key's load lock (binding @engram-load-<uid>-<key>: atomic, and gone with
@@ -44,7 +45,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -64,10 +65,11 @@ SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SE
 MEMFD_PREFIX = "memfd:engram-node-"
 REQUEST = 1 + 64 + 64  # b"Q" + key digest + family digest, or b"L" + padding: a listing
 ANSWER_LIMIT = 64 << 10
-MAX_SERVERS = 256  # sockets tried per attach: more of them (a stranger's flood) are not looked at
+MAX_SERVERS = 256  # our own copy servers tried per attach: one per engine process of ours on the node
 CONNECT_S = 1.0  # per server: each answers from a thread in microseconds; a stopped one costs this
 POLL_S = 0.05
-SILENT_S = 2.0  # a lock holder that answers no connect this long is not ours (where uids are unknown)
+SILENT_S = 2.0  # a lock holder whose queue takes no connect this long is not ours (where uids are unknown)
+UNLISTENING_S = 0.25  # a lock bound this long without listening is not ours (ours listen as they bind)
 Stage = Callable[[str], None]  # told "locked", "loaded", "sealed", "serving", "handing over" (tests kill there)
 
 
@@ -308,34 +310,69 @@ def lock_name(digest: str) -> str:
 
 def servers(uid: int | None = None) -> list[str]:
     """The abstract names of the node's copy servers of `uid` (default ours). Owners are filtered before
-    the cap, so another user's listeners under our prefix hide nothing (abstract_names); where the kernel
-    cannot name owners, /proc/net/unix's first MAX_SERVERS listeners are tried and the owner is checked
-    at connect."""
+    the cap, so another user's listeners under our prefix hide nothing: named by the kernel
+    (abstract_names), or where it cannot name them, asked of each listener under our prefix in
+    /proc/net/unix (_owned_by)."""
     wanted = os.geteuid() if uid is None else uid
     prefix = f"@engram-node-{wanted}-"
     owned = abstract_names.bound(prefix)
     if owned is not None:
         names = [b.name for b in owned if b.uid == wanted and b.listening and len(b.name) < 108]
     else:
-        names = _listed(prefix)
+        names = _owned_by(_listed(prefix), wanted)
     return ["\0" + name[1:] for name in dict.fromkeys(names)][:MAX_SERVERS]
 
 
-def _listed(prefix: str) -> list[str]:
-    """Listening names under `prefix` in /proc/net/unix, whoever owns them (the first MAX_SERVERS)."""
-    found: list[str] = []
+LISTED_MAX = 1 << 20  # names read from /proc/net/unix at most: far more than a node's own sockets
+OWNERS_S = 1.0  # the most asking listeners who they are takes (a stranger's flood), where the kernel cannot say
+_unasked_said = False
+
+
+def _listed(prefix: str, *, listening: bool = True) -> list[str]:
+    """Names under `prefix` in /proc/net/unix (listening ones, or any bound), whoever owns them."""
+    found: dict[str, None] = {}
     try:
         with open("/proc/net/unix", encoding="latin-1") as f:
             for line in f:
                 fields = line.split()  # Num RefCount Protocol Flags Type St Inode Path
-                listening = len(fields) == 8 and fields[3] == "00010000"  # __SO_ACCEPTCON: not a connection
-                path = fields[-1] if listening else ""
-                if path.startswith(prefix) and len(path) < 108 and path not in found:
-                    found.append(path)
-                if len(found) >= MAX_SERVERS:
+                accepting = len(fields) == 8 and fields[3] == "00010000"  # __SO_ACCEPTCON: not a connection
+                path = fields[-1] if len(fields) == 8 and (accepting or not listening) else ""
+                if path.startswith(prefix) and len(path) < 108:
+                    found[path] = None
+                if len(found) >= LISTED_MAX:
                     break
     except OSError:
         return []
+    return list(found)
+
+
+def _owned_by(names: list[str], uid: int) -> list[str]:
+    """The listening names among `names` whose process runs as `uid` (SO_PEERCRED of a connection, which a
+    listener gives without accepting it), asked for at most OWNERS_S; if some were left unasked (a flood
+    of listeners), said once: a copy may then be loaded again rather than found."""
+    global _unasked_said
+    found: list[str] = []
+    deadline = time.monotonic() + OWNERS_S
+    for at, name in enumerate(names):
+        if time.monotonic() > deadline:
+            if not _unasked_said:
+                _unasked_said = True
+                log.warning(
+                    "engram: the kernel cannot name socket owners here (no sock_diag), and %d of %d listeners named "
+                    "like this user's node copy servers were not asked who they are in %g s: another user's may "
+                    "hide a copy, which is then loaded again",
+                    len(names) - at, len(names), OWNERS_S,
+                )  # fmt: skip
+            break
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK) as sock:
+            try:
+                sock.connect("\0" + name[1:])  # a full queue is EAGAIN at once: ours accept as they come
+                if _peer(sock)[1] == uid:
+                    found.append(name)
+            except OSError:
+                continue
+        if len(found) >= MAX_SERVERS:
+            break
     return found
 
 
@@ -628,6 +665,8 @@ def obtain(
             finally:
                 _SERVER.unlock(key.digest)
         holder = _lock_holder(key.digest)
+        quiet = holder is not None and holder.pid is None
+        silent_since = (silent_since or time.monotonic()) if quiet else None
         squatter = _squatter(holder, silent_since)
         if squatter:
             log.warning(
@@ -636,9 +675,8 @@ def obtain(
                 key.describe,
             )
             return _load(key, size, fill, node, tell)
-        silent_since = (silent_since or time.monotonic()) if holder is not None and holder[0] is None else None
-        if holder is not None and holder[0] is not None and holder[0] != waited_on:
-            waited_on = holder[0]
+        if holder is not None and holder.pid is not None and holder.pid != waited_on:
+            waited_on = holder.pid
             log.info("engram: waiting for pid %d to load %s", waited_on, key.describe)
         if time.monotonic() >= deadline:
             raise EngramError(
@@ -648,32 +686,45 @@ def obtain(
         time.sleep(POLL_S)
 
 
-def _lock_holder(digest: str) -> tuple[int | None, int | None] | None:
-    """(pid, uid) of the process holding the key's load lock, or None when it is free now. pid is None when
-    the holder does not answer (bound without listening, or a queue it never empties: ours listen at
-    once and accept at once, so only a squatter stays that way); uid is None when the kernel cannot say."""
+class Holder(NamedTuple):
+    """Who holds a load lock: pid None when it answers no connect (bound without listening, `listening`
+    False, or a queue it never empties: ours listen as they bind and accept at once, so only a squatter
+    stays that way); uid None when the kernel cannot say."""
+
+    pid: int | None
+    uid: int | None
+    listening: bool
+
+
+def _lock_holder(digest: str) -> Holder | None:
+    """The holder of the key's load lock, or None when it is free now."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
         sock.settimeout(CONNECT_S)
         try:
             sock.connect(lock_name(digest))
-            return _peer(sock)
+            pid, uid = _peer(sock)
+            return Holder(pid, uid, True)
+        except ConnectionRefusedError:
+            listening = False  # bound by no one, or without listening
         except OSError:
-            pass
+            listening = True  # a queue that takes no connect
     shown = "@" + lock_name(digest)[1:]
     owners = abstract_names.bound(shown)
-    if owners is None:
-        return None, None
+    if owners is None:  # no owners from the kernel: /proc/net/unix still says whether the name is bound
+        return Holder(None, None, listening) if listening or shown in _listed(shown, listening=False) else None
     uids = [b.uid for b in owners if b.name == shown]
-    return (None, uids[0]) if uids else None
+    return Holder(None, uids[0], listening) if uids else None
 
 
-def _squatter(holder: tuple[int | None, int | None] | None, silent_since: float | None) -> str | None:
+def _squatter(holder: Holder | None, silent_since: float | None) -> str | None:
     """Who squats the load lock, in words, or None while its holder may be one of ours."""
     if holder is None:
         return None
-    pid, uid = holder
-    if uid is not None:
-        return f"uid {uid}" if uid != os.geteuid() else None
-    if pid is None and silent_since is not None and time.monotonic() - silent_since >= SILENT_S:
-        return f"a process that has not answered for {SILENT_S:g} s"
-    return None
+    if holder.uid is not None:
+        return f"uid {holder.uid}" if holder.uid != os.geteuid() else None
+    if holder.pid is not None or silent_since is None:
+        return None
+    quiet = time.monotonic() - silent_since
+    if not holder.listening and quiet >= UNLISTENING_S:
+        return f"a process that bound it without listening for {UNLISTENING_S:g} s"
+    return f"a process that has not answered for {SILENT_S:g} s" if quiet >= SILENT_S else None

@@ -5,10 +5,12 @@ attach nor stop us from loading."""
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -55,9 +57,18 @@ FORKS.set_forkserver_preload(["tests.runtime.node_engine"])
 class Engine:
     """One tests.runtime.node_engine process."""
 
-    def __init__(self, checkpoint: Path, report: Path, *, stage: str | None = None, rows: int | None = None) -> None:
+    def __init__(
+        self,
+        checkpoint: Path,
+        report: Path,
+        *,
+        stage: str | None = None,
+        rows: int | None = None,
+        sandboxed: bool = False,
+    ) -> None:
         self.report = report
-        self.proc = FORKS.Process(target=node_engine.run, args=(str(checkpoint), report, "node", stage, rows))
+        args = (str(checkpoint), report, "node", stage, rows, sandboxed)
+        self.proc = FORKS.Process(target=node_engine.run, args=args)
         self.proc.start()
 
     @property
@@ -333,25 +344,37 @@ while time.monotonic() < deadline:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["listen", "bound", "full"])
+@pytest.mark.parametrize(
+    ("mode", "sandboxed", "squatter"),
+    [
+        ("listen", False, "uid {uid}"),
+        ("bound", False, "uid {uid}"),
+        ("full", False, "uid {uid}"),
+        ("listen", True, "uid {uid}"),  # SO_PEERCRED names a listener without sock_diag
+        ("bound", True, "a process that bound it without listening for 0.25 s"),
+        ("full", True, "a process that has not answered for 2 s"),
+    ],
+)
 def test_a_squatting_user_cannot_block_the_load_or_feed_rows(
-    checkpoint: Path, tmp_path: Path, other_user: OtherUser, mode: str
+    checkpoint: Path, tmp_path: Path, other_user: OtherUser, mode: str, sandboxed: bool, squatter: str
 ) -> None:
+    """Another uid binds the load lock first (listening, bound alone, or with a full queue): the engine
+    loads without it, naming who holds it, the kernel's sock_diag or not."""
     table, rows = SMALL.table_names()[0], SMALL.layout.table_rows[0]
     key = share_key(Checkpoint(checkpoint), table, rows, 0, ShardFormat(rows, SMALL.head_dim, SMALL.dtype), None)
     uid = os.geteuid()
     lock, server = f"engram-load-{uid}-{key.digest[:48]}", f"engram-node-{uid}-{'f' * 24}"
     with other_user.popen(SQUATTER, lock, server, mode) as squat:
         assert squat.stdout is not None and squat.stdout.readline().strip() == "ready"
-        engine = Engine(checkpoint, tmp_path / "engine")
+        engine = Engine(checkpoint, tmp_path / "engine", sandboxed=sandboxed)
         report = engine.ready()
         err = engine.finish()
         squat.kill()
         squat.communicate(timeout=WAIT_S)
     assert report["digests"] == expected_digests(checkpoint)
     assert all(o == ["loaded", report["pid"]] for o in report["origins"].values())
-    assert f"uid {other_user.uid} holds the load lock of rows [0, {rows:,}) of {rows:,} of {table}" in err
-    assert report["ready_s"] < 30  # not the 60 s wait for a holder that never loads (node_engine's timeout)
+    said = squatter.format(uid=other_user.uid)
+    assert f"{said} holds the load lock of rows [0, {rows:,}) of {rows:,} of {table}" in err
 
 
 # Listens on `count` names under our copy servers' prefix, as another uid, and says so.
@@ -369,12 +392,18 @@ time.sleep(60)
 
 
 @pytest.mark.slow
-def test_another_users_listeners_hide_no_copy(checkpoint: Path, tmp_path: Path, other_user: OtherUser) -> None:
+@pytest.mark.parametrize("sandboxed", [False, True], ids=["sock_diag", "no sock_diag"])
+def test_another_users_listeners_hide_no_copy(
+    checkpoint: Path, tmp_path: Path, other_user: OtherUser, sandboxed: bool
+) -> None:
+    """Another uid listens on 2,000 names under our copy servers' prefix, far more than the servers an
+    engine tries: the next engine still finds the first one's copy, whether the kernel names socket
+    owners (sock_diag) or each listener is asked who it is (a sandbox without netlink)."""
     first = Engine(checkpoint, tmp_path / "first")
     loaded = first.ready()
-    with other_user.popen(FLOOD, str(os.geteuid()), "600") as flood:
+    with other_user.popen(FLOOD, str(os.geteuid()), "2000") as flood:
         assert flood.stdout is not None and flood.stdout.readline().strip() == "ready"
-        second = Engine(checkpoint, tmp_path / "second")
+        second = Engine(checkpoint, tmp_path / "second", sandboxed=sandboxed)
         report = second.ready()
         second.finish()
         flood.kill()
@@ -662,3 +691,27 @@ def test_the_look_through_proc_for_writers_stops_at_its_bound(
         monkeypatch.setattr(node_sharing, "WRITERS_SCAN_S", 0.0)
         assert node_sharing.writers([model]) == {}
         writer.communicate(timeout=WAIT_S)
+
+
+def test_listeners_left_unasked_are_said_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without sock_diag each listener under our prefix is asked who it is, for at most OWNERS_S: ours is
+    found; with no time left, none is, and that is said once, with the count left unasked."""
+    from engram.runtime.placement import abstract_names, node_sharing
+
+    monkeypatch.setattr(abstract_names, "bound", lambda prefix: None)  # the kernel cannot name owners
+    monkeypatch.setattr(node_sharing, "_unasked_said", False)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as ours:
+        name = f"\0engram-node-{os.geteuid()}-{'e' * 24}"
+        ours.bind(name)
+        ours.listen(4)
+        assert name in node_sharing.servers()
+        monkeypatch.setattr(node_sharing, "OWNERS_S", -1.0)
+        with caplog.at_level(logging.WARNING, logger="engram"):
+            assert node_sharing.servers() == [] and node_sharing.servers() == []
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and said[0].startswith(
+        "engram: the kernel cannot name socket owners here (no sock_diag), and "
+    )
+    assert " listeners named like this user's node copy servers were not asked who they are in -1 s: " in said[0]
