@@ -22,7 +22,7 @@ import os
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -63,6 +63,13 @@ class Started:
     parts: list[tuple[Rows, torch.Tensor]]  # the shard's parts, each with the tier's rows of it
     direct: list[bool]  # whether each part is read past the page cache
     pending: list[Future[Asked]]  # those reads
+    pid: int = field(default_factory=os.getpid)  # the process whose thread makes them, into its own memory
+
+    @property
+    def elsewhere(self) -> bool:
+        """Started by the process this one was forked from: no thread here will finish its reads, and the
+        parent's reads land in the parent's memory, not in this copy of the slots."""
+        return self.pid != os.getpid()
 
     def parts_where(self, *, direct: bool) -> list[tuple[Rows, torch.Tensor]]:
         return [pair for pair, past in zip(self.parts, self.direct, strict=True) if past == direct]
@@ -178,7 +185,9 @@ class RamTier(TierBase):
         once this returns. Its reads' failure is raised here, the tier having let every row go. Then how
         the next lookups read is chosen (choose_reads)."""
         started, self._ahead = self._ahead, None
-        if started is not None:
+        if started is not None and started.elsewhere:
+            self._drop_inherited(started)
+        elif started is not None:
             try:
                 self._finish(started)
             except BaseException:
@@ -206,10 +215,22 @@ class RamTier(TierBase):
 
     def drop(self) -> None:
         """The tier is going away: wait for the reads a prefetch has in flight (they write its slots),
-        whatever they did."""
+        whatever they did (not those of the process this one was forked from: none writes here)."""
         started, self._ahead = self._ahead, None
-        if started is not None:
+        if started is not None and not started.elsewhere:
             wait_for(started.pending)
+
+    def _drop_inherited(self, started: Started) -> None:
+        """A prefetch this process inherited from the one it was forked from (Started.elsewhere): its rows'
+        bytes never come here, so the tier lets every row go (the parent's reads may have filled some of
+        its slots before the fork, or not), and the traffic admits them again."""
+        self._known = None
+        self.admission.end()
+        self.admission.warm(started.change.admitted[:0])
+        log.info(
+            "engram: %s's RAM tier lets its rows go in a forked process: its parent's reads were in flight",
+            self.shard.name,
+        )
 
     def warm(self, hot: torch.Tensor, counts: torch.Tensor | None = None) -> int:
         self.settle()
