@@ -1,10 +1,12 @@
 """A user's own text as a stream of token ids, in order: plain text files, or JSON Lines whose objects
 carry the text in a `prompt` or `text` field (`.jsonl`/`.ndjson`, or any file whose first line is such
 an object), tokenized with the model's tokenizer. Bounded: at most `max_tokens` tokens in all, lines of
-JSON at most MAX_LINE bytes, text read in chunks of CHUNK_BYTES."""
+JSON at most MAX_LINE bytes, plain text read in chunks of CHUNK_BYTES and tokenized as the whole text is
+(_plain_ids)."""
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 from collections.abc import Iterator
@@ -86,19 +88,53 @@ def _lines(path: Path, f: object) -> Iterator[bytes]:
         yield line
 
 
-def _plain_texts(f: object) -> Iterator[str]:
-    """Chunks of about CHUNK_BYTES, cut after a newline where there is one (a token never spans a cut)."""
-    rest = b""
+CARRY_CHARS = 256  # text tokenized again with the next chunk, at least: past any added token, any look-ahead
+MAX_CARRY = 4 * CHUNK_BYTES  # text with no cut the tokenizer allows, at most
+
+
+def _plain_ids(path: Path, f: object, tokenizer: Tokenizer) -> Iterator[np.ndarray]:
+    """A plain text file's token ids, in order, as tokenizer.encode of the whole text gives them. Read
+    CHUNK_BYTES at a time through an incremental UTF-8 decoder (a character a read splits stays whole),
+    each chunk's ids are given up to a cut no token can span: a boundary between two of the tokenizer's
+    words (its pre-tokenizer's pieces, within which alone tokens are made), where the tokens' offsets
+    meet, at least CARRY_CHARS before the text read so far ends (so nothing after it can change how the
+    text before it splits). The text after the cut is tokenized again with the next chunk."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    carry = ""
     while True:
         block = f.read(CHUNK_BYTES)  # type: ignore[attr-defined]
+        text = carry + decoder.decode(block, final=not block)
         if not block:
-            break
-        block = rest + block
-        cut = block.rfind(b"\n") + 1 or len(block)
-        rest = block[cut:]
-        yield block[:cut].decode("utf-8", "replace")
-    if rest:
-        yield rest.decode("utf-8", "replace")
+            if text:
+                yield np.asarray(tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.int64)
+            return
+        encoding = tokenizer.encode(text, add_special_tokens=False)
+        cut = _cut(encoding.offsets, encoding.word_ids, len(text) - CARRY_CHARS)
+        if cut is None:
+            if len(text) > MAX_CARRY:
+                raise EngramError(
+                    f"{path}: {len(text):,} characters in a row hold no place the tokenizer lets a chunk be cut "
+                    "(one word of its, or a run it keeps whole); split the text"
+                )
+            carry = text
+            continue
+        yield np.asarray(encoding.ids[:cut], dtype=np.int64)
+        carry = text[encoding.offsets[cut][0] :]
+
+
+def _cut(offsets: list[tuple[int, int]], words: list[int | None], before: int) -> int | None:
+    """The last token that starts a word of the tokenizer's at character `before` or earlier, right where
+    the token before it ends; None where there is none."""
+    for at in range(len(offsets) - 1, 0, -1):
+        start = offsets[at][0]
+        if start > before:
+            continue
+        if start <= 0:
+            return None
+        new_word = words[at] is None or words[at] != words[at - 1]
+        if new_word and offsets[at - 1][1] == start:
+            return at
+    return None
 
 
 def read_traffic(paths: list[str], tokenizer: Tokenizer, max_tokens: int) -> Traffic:
@@ -111,11 +147,17 @@ def read_traffic(paths: list[str], tokenizer: Tokenizer, max_tokens: int) -> Tra
         count = 0
         with os.fdopen(open_regular(path, "the text file"), "rb") as f:
             head = f.peek(4096)[:4096]
-            texts = _json_texts(path, f) if _is_json_lines(path, head) else _plain_texts(f)
-            for text in texts:
+            chunks: Iterator[np.ndarray]
+            if _is_json_lines(path, head):
+                chunks = (
+                    np.asarray(tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.int64)
+                    for text in _json_texts(path, f)
+                )
+            else:
+                chunks = _plain_ids(path, f, tokenizer)
+            for ids in chunks:
                 if total >= max_tokens:
                     break
-                ids = np.asarray(tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.int64)
                 ids = ids[: max_tokens - total]
                 parts.append(ids)
                 count += ids.size
