@@ -5,7 +5,10 @@ fields beside them; what it cannot honour is refused with the reason. (Inside vL
 from __future__ import annotations
 
 import importlib.util
+import logging
+import sys
 import tomllib
+import types
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -111,3 +114,74 @@ def test_bad_settings_are_one_line(
         monkeypatch.setenv(ENV, env)
     with pytest.raises((EngramError, ConfigError), match=message):
         engram_config(vllm_config(additional))
+
+
+class Raises:
+    """An object whose str() raises (a hostile __version__, or an error's message)."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no text for you")
+
+
+class Finder:
+    """A meta path finder that makes importing `name` (and below) raise `error`."""
+
+    def __init__(self, name: str, error: BaseException) -> None:
+        self.name, self.error = name, error
+
+    def find_spec(self, fullname: str, path: object, target: object = None) -> None:
+        if fullname == self.name or fullname.startswith(self.name + "."):
+            raise self.error
+        return None
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no message either")
+
+
+def fake_vllm(monkeypatch: pytest.MonkeyPatch, version: object) -> None:
+    module = types.ModuleType("vllm")
+    module.__version__ = version  # type: ignore[attr-defined]
+    module.__path__ = []  # a package: its submodules are looked for (and refused below)
+    monkeypatch.setitem(sys.modules, "vllm", module)
+
+
+@pytest.mark.parametrize(
+    ("version", "inside", "shown"),
+    [
+        ("1" * 10_000_000, None, "1" * 200 + "..."),  # int() of it would raise
+        ("0.34.0", SystemExit(3), "0.34.0"),  # a vLLM module that exits as it is imported
+        ("0.33.1", KeyboardInterrupt(), "0.33.1"),
+        ("0.34.0", Unprintable(), "0.34.0"),  # an error whose message cannot be made
+        (Raises(), None, "<unprintable>"),
+    ],
+    ids=["huge-version", "system-exit", "interrupt", "unprintable-error", "unprintable-version"],
+)
+def test_nothing_escapes_the_entry_point(
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    version: object,
+    inside: BaseException | None,
+    shown: str,
+) -> None:
+    """Whatever vLLM's version says and whatever its modules raise (SystemExit, KeyboardInterrupt, an
+    exception whose message raises), register() returns, and says once why engram stands aside."""
+    from engram.integrations import vllm as plugin
+
+    fake_vllm(monkeypatch, version)
+    monkeypatch.setattr(plugin, "_warned", set())
+    if inside is not None:
+        monkeypatch.setattr(sys, "meta_path", [Finder("vllm.model_executor", inside), *sys.meta_path])
+    with caplog.at_level(logging.WARNING, logger="engram"):
+        assert register() is None
+        assert register() is None
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and said[0].startswith(f"engram: vLLM {shown} is installed and "), said
+    assert said[0].endswith("; engram leaves vLLM as it is (an engram section would be ignored)")
+
+
+def test_a_vllm_whose_import_exits_is_not_inside_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(sys.modules, "vllm", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [Finder("vllm", SystemExit(1)), *sys.meta_path])
+    assert register() is None

@@ -30,27 +30,46 @@ _warned: set[str] = set()  # a process says once why engram stands aside
 
 def register() -> None:
     """The entry point: serve vLLM's Engram tables from engram's table layer, or stand aside (module
-    docstring). Never raises; calling it again changes nothing."""
+    docstring). Never raises, whatever vLLM's modules raise (SystemExit included) and whatever its
+    version or errors say; calling it again changes nothing."""
+    with contextlib.suppress(BaseException):  # nothing may stop vLLM from starting
+        _register()
+
+
+def _register() -> None:
     try:
         import vllm
 
-        version = str(getattr(vllm, "__version__", "unknown"))
-    except Exception:  # not inside vLLM (or one that cannot be imported): nothing to do
+        version = text_of(getattr(vllm, "__version__", "unknown"))
+    except BaseException:  # not inside vLLM (or one that cannot be imported): nothing to do
         return
     problem = unsupported(version)
     if problem is None:
         try:
             _install()
             return
-        except Exception as exc:  # internals that are not what this version had: vLLM stays as it was
-            problem = f"its Engram internals are not what engram expects ({type(exc).__name__}: {exc})"
-    with contextlib.suppress(Exception):  # the warning itself failed (a broken logging setup): vLLM still starts
-        _stand_aside(version, problem)
+        except BaseException as exc:  # internals that are not what this version had: vLLM stays as it was
+            problem = (
+                f"its Engram internals are not what engram expects ({text_of(type(exc).__name__)}: {text_of(exc)})"
+            )
+    _stand_aside(version, problem)
+
+
+TEXT_LIMIT = 200  # characters of a version or an error shown: a hostile one is cut, never a crash
+
+
+def text_of(value: object) -> str:
+    """`str(value)` cut to TEXT_LIMIT characters, or a placeholder where str() itself fails."""
+    try:
+        text = str(value)
+        return text if len(text) <= TEXT_LIMIT else text[:TEXT_LIMIT] + "..."
+    except BaseException:
+        return "<unprintable>"
 
 
 def unsupported(version: str) -> str | None:
     """Why engram does not serve tables inside vLLM `version`, or None where it does."""
-    found = re.match(r"(\d+)\.(\d+)", version)
+    found = re.match(r"(\d{1,6})\.(\d{1,6})(?!\d)", version[:TEXT_LIMIT])
     if found is None or f"{int(found[1])}.{int(found[2])}" not in SUPPORTED:
         return f"engram serves vLLM {', '.join(SUPPORTED)} only"
     return None
@@ -116,7 +135,7 @@ def _stand_aside(version: str, problem: str) -> None:
 
         settings.install_check(refusal)
         consequence = "an engram section is refused"
-    except Exception:  # a vLLM without the hook: it runs as if engram were not installed
+    except BaseException:  # a vLLM without the hook: it runs as if engram were not installed
         consequence = "an engram section would be ignored"
     if version in _warned:
         return
