@@ -7,9 +7,10 @@ timeout, and every rank is gone when it returns.
 
 Results come back over one pipe per rank, never a multiprocessing.Queue: a queue's named semaphores
 outlive a killed process group in /dev/shm, while the kernel closes a dead process's pipes. The
-rendezvous obeys ENGRAM_DIST_TIMEOUT_S like every other wait, and a rank that dies without reporting
-ends the run once the others have had that long to notice. A rank whose caller dies (even by kill -9)
-exits within a second (_exit_with_caller), instead of waiting out its peers' timeouts."""
+rendezvous obeys ENGRAM_DIST_TIMEOUT_S like every other wait. A rank that dies without reporting ends the
+run at once: the launcher sees its pipe close, stops the others (they would wait for it until their
+timeouts) and says which rank died. A rank whose caller dies (even by kill -9) exits within a second
+(_exit_with_caller), and the fork server dies with the caller (fork_server)."""
 
 from __future__ import annotations
 
@@ -28,11 +29,11 @@ from typing import Any, cast
 
 from engram.errors import ConfigError, EngramError
 from engram.runtime.dist import parse_timeout, timeout_s
+from engram.runtime.fork_server import CALLER_ENV
 
-# After a rank dies, the others get this many of their timeouts to notice and report it themselves (the
-# rendezvous retries with back-off, so one timeout is not always enough) before the rest are killed.
-SURVIVOR_GRACE = 2
-PRELOAD = ["engram.runtime.engine"]  # torch, torch.distributed and the runtime, imported once by the fork server
+# Imported once by the fork server: first what makes it die with its caller, then torch, torch.distributed
+# and the runtime.
+PRELOAD = ["engram.runtime.fork_server", "engram.runtime.engine"]
 
 
 def free_port() -> int:
@@ -133,6 +134,7 @@ def run_local(
     dist_timeout = parse_timeout(env["ENGRAM_DIST_TIMEOUT_S"]) if "ENGRAM_DIST_TIMEOUT_S" in env else timeout_s()
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
+    os.environ[CALLER_ENV] = str(os.getpid())  # for a fork server started now (fork_server)
     env = {**os.environ, **env}
     port = free_port()
     pipes = [ctx.Pipe(duplex=False) for _ in range(world)]
@@ -146,40 +148,44 @@ def run_local(
     if on_start is not None:
         on_start(procs)
     outcomes: dict[int, Outcome] = {}
-    died: set[int] = set()  # ranks seen to end without reporting
+    died: list[int] = []  # ranks seen to end without reporting, in the order seen
     open_ends: list[Connection] = [receive for receive, _ in pipes]
     rank_of = {end: rank for rank, end in enumerate(open_ends)}
     deadline = time.monotonic() + timeout
     try:
-        while open_ends and time.monotonic() < deadline:
+        while open_ends and not died and time.monotonic() < deadline:
             for ready in wait(open_ends, timeout=max(0.0, min(0.5, deadline - time.monotonic()))):
                 end = cast(Connection, ready)
                 open_ends.remove(end)
                 try:
                     outcome: Outcome = end.recv()
                     outcomes[outcome.rank] = outcome
-                except (EOFError, OSError):  # died without reporting: the others notice within their timeouts
-                    died.add(rank_of[end])
-                    deadline = min(deadline, time.monotonic() + SURVIVOR_GRACE * dist_timeout + 30.0)
+                except (EOFError, OSError):  # died without reporting: its peers can only wait for it now
+                    died.append(rank_of[end])
                 end.close()
     finally:
         for p in procs:
-            p.join(timeout=max(0.0, min(10.0, deadline - time.monotonic())))
+            if not died:  # reported, or past the deadline: a moment to exit by itself
+                p.join(timeout=max(0.0, min(10.0, deadline - time.monotonic())))
             if p.is_alive():
                 p.kill()
-                p.join(timeout=10)
+            p.join(timeout=10)
         for end in open_ends:
             end.close()
     for rank, p in enumerate(procs):
-        if rank not in outcomes:
-            reason = (
-                "timed out"
-                if rank not in died and p.exitcode in (None, -9) and time.monotonic() >= deadline
-                else f"died with exit code {p.exitcode}"
-            )
-            outcomes[rank] = Outcome(rank, error=f"rank {rank} {reason} before reporting", exitcode=p.exitcode)
-        else:
+        if rank in outcomes:
             outcomes[rank] = Outcome(rank, outcomes[rank].value, outcomes[rank].error, p.exitcode)
+            continue
+        if rank in died:
+            reason = f"rank {rank} died with exit code {p.exitcode} before reporting"
+        elif died:
+            first = died[0]
+            reason = (
+                f"rank {rank} was stopped: rank {first} died with exit code {procs[first].exitcode} before reporting"
+            )
+        else:
+            reason = f"rank {rank} timed out before reporting"
+        outcomes[rank] = Outcome(rank, error=reason, exitcode=p.exitcode)
     return [outcomes[r] for r in range(world)]
 
 
