@@ -238,11 +238,11 @@ def read_deployment(
     flags: Mapping[tuple[str, ...], Any] | None = None,
 ) -> dict[str, Any]:
     """The deployment document with every input applied, not yet validated. A bare EngramConfig (what
-    vLLM's --engram-config takes: every key an engram field, none a deployment section) is read as the
-    deployment's engram section."""
+    vLLM's --engram-config takes: some key an engram field, none a deployment section) is read as the
+    deployment's engram section, so a misspelt field beside the others is named as unknown there."""
     document = _read_object(source, "")
     engram_names = {*SECTIONS["engram"].__struct_fields__, *OLDER_NAMES.get("engram", {})}
-    if document and all(key in engram_names for key in document):
+    if any(key in engram_names for key in document) and not any(key in PARTS for key in document):
         document = {"engram": document}
     problems: list[Problem] = [
         Problem(f"/{key}", "engram-field-outside-engram", f'{key!r} is an engram setting: put it inside "engram"')

@@ -265,3 +265,12 @@ def test_an_engram_field_beside_the_sections_says_where_it_goes(
     assert capsys.readouterr().err == (
         "error: /cpu_offload: 'cpu_offload' is an engram setting: put it inside \"engram\" [engram-field-outside-engram]\n"
     )
+
+
+def test_a_misspelt_field_in_a_bare_engram_config_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    """{"cpu_offload": true, "cpu_offlaod": true} is a bare EngramConfig with a typo: the typo is the
+    problem named, not the field spelt right."""
+    assert main(["validate", '{"cpu_offload": true, "cpu_offlaod": true}']) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: /engram/cpu_offlaod: unknown field 'cpu_offlaod'; known fields: cpu_offload, ")
+    assert err.endswith(" [unknown-field]\n") and err.count("\n") == 1
