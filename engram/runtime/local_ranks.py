@@ -8,15 +8,18 @@ timeout, and every rank is gone when it returns.
 Results come back over one pipe per rank, never a multiprocessing.Queue: a queue's named semaphores
 outlive a killed process group in /dev/shm, while the kernel closes a dead process's pipes. The
 rendezvous obeys ENGRAM_DIST_TIMEOUT_S like every other wait. A rank that dies without reporting ends the
-run at once: the launcher sees its pipe close, stops the others (they would wait for it until their
-timeouts) and says which rank died. A rank whose caller dies (even by kill -9) exits within a second
+run within a second: the launcher sees its pipe close and stops the others, which would wait for it until
+their timeouts (SIGTERM raises Stopped in a rank, so its own clean-up runs; SIGKILL after STOP_GRACE_S),
+and says which rank died. A rank whose caller dies (even by kill -9) stops the same way within a second
 (_exit_with_caller), and the fork server dies with the caller (fork_server)."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import select
+import signal
 import socket
 import threading
 import time
@@ -25,11 +28,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
+from pathlib import Path
 from typing import Any, cast
 
 from engram.errors import ConfigError, EngramError
 from engram.runtime.dist import parse_timeout, timeout_s
 from engram.runtime.fork_server import CALLER_ENV
+from engram.runtime.placement.shm import reclaim_stale
 
 # Imported once by the fork server: first what makes it die with its caller, then torch, torch.distributed
 # and the runtime.
@@ -52,19 +57,33 @@ class Outcome:
     exitcode: int | None = None
 
 
-CALLER_POLL_MS = 1000
+STOPPED = "stopped"  # a rank's report when it was told to stop
+CALLER_POLL_MS = 500
 ORPHANED = 70  # a rank's exit status when its caller died: nobody is left to read its result
+STOP_GRACE_S = 0.5  # a rank told to stop has this long for its own clean-up (a named table unlinked)
+
+
+class Stopped(BaseException):
+    """Raised in a rank's main thread when it is told to stop (SIGTERM): another rank, or its caller, is
+    gone. A BaseException: the rank's own `except Exception` does not hold it, its `finally` blocks run."""
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise Stopped
 
 
 def _exit_with_caller(results: Connection, done: threading.Event) -> None:
-    """End this rank when the caller is gone. The caller holds the only read end of the rank's result
-    pipe, so its death, however it died, shows on the write end as POLLERR; no signal and no parent pid
-    to trust (the rank's parent is the fork server, which outlives the caller by seconds)."""
+    """End this rank when the caller is gone: told to stop, then ended STOP_GRACE_S later whatever it is
+    doing. The caller holds the only read end of the rank's result pipe, so its death, however it died,
+    shows on the write end as POLLERR; no signal and no parent pid to trust (the rank's parent is the fork
+    server)."""
     poller = select.poll()
     poller.register(results.fileno(), 0)  # POLLERR and POLLHUP are reported whatever is asked
     while not done.is_set():
         events = poller.poll(CALLER_POLL_MS)
         if any(event & (select.POLLERR | select.POLLHUP) for _, event in events) and not done.is_set():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(STOP_GRACE_S)
             os._exit(ORPHANED)
 
 
@@ -91,6 +110,7 @@ def _child(
     )
     import torch.distributed as dist
 
+    signal.signal(signal.SIGTERM, _stop)
     done = threading.Event()
     threading.Thread(target=_exit_with_caller, args=(results, done), name="engram-caller-watch", daemon=True).start()
     try:
@@ -107,8 +127,11 @@ def _child(
     except dist.DistError as exc:  # a peer gone before or during the rendezvous: one line too
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         outcome = Outcome(rank, error=f"rank {rank} could not reach its peers within {dist_timeout:g} s: {first[:300]}")
+    except Stopped:
+        outcome = Outcome(rank, error=STOPPED)
     except BaseException:  # report anything, so the parent never waits on a silent child
         outcome = Outcome(rank, error=traceback.format_exc())
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the report goes whole: a stop now waits for it
     done.set()  # the caller closes its end once it has the outcome: that is no death to exit for
     try:
         results.send(outcome)
@@ -153,40 +176,54 @@ def run_local(
     rank_of = {end: rank for rank, end in enumerate(open_ends)}
     deadline = time.monotonic() + timeout
     try:
-        while open_ends and not died and time.monotonic() < deadline:
+        while open_ends and time.monotonic() < deadline:
             for ready in wait(open_ends, timeout=max(0.0, min(0.5, deadline - time.monotonic()))):
                 end = cast(Connection, ready)
                 open_ends.remove(end)
                 try:
                     outcome: Outcome = end.recv()
                     outcomes[outcome.rank] = outcome
-                except (EOFError, OSError):  # died without reporting: its peers can only wait for it now
+                except (EOFError, OSError):  # ended without reporting
+                    if not died:  # the others can only wait for it now: they are told to stop
+                        deadline = min(deadline, time.monotonic() + STOP_GRACE_S)
+                        for rank, p in enumerate(procs):
+                            if rank != rank_of[end] and rank not in outcomes and p.is_alive():
+                                p.terminate()
                     died.append(rank_of[end])
                 end.close()
     finally:
         for p in procs:
-            if not died:  # reported, or past the deadline: a moment to exit by itself
-                p.join(timeout=max(0.0, min(10.0, deadline - time.monotonic())))
+            p.join(timeout=max(0.0, min(10.0, deadline - time.monotonic())))  # reported: a moment to exit
             if p.is_alive():
                 p.kill()
             p.join(timeout=10)
         for end in open_ends:
             end.close()
+        if any(p.exitcode != 0 for p in procs):
+            _reclaim_shared_tables(env)
+    first = died[0] if died else None
+    cause = "" if first is None else f"rank {first} died with exit code {procs[first].exitcode} before reporting"
     for rank, p in enumerate(procs):
-        if rank in outcomes:
+        if rank in outcomes and outcomes[rank].error != STOPPED:
             outcomes[rank] = Outcome(rank, outcomes[rank].value, outcomes[rank].error, p.exitcode)
             continue
-        if rank in died:
-            reason = f"rank {rank} died with exit code {p.exitcode} before reporting"
-        elif died:
-            first = died[0]
-            reason = (
-                f"rank {rank} was stopped: rank {first} died with exit code {procs[first].exitcode} before reporting"
-            )
+        if rank == first:
+            reason = cause
+        elif first is not None:
+            reason = f"rank {rank} was stopped: {cause}"
         else:
             reason = f"rank {rank} timed out before reporting"
         outcomes[rank] = Outcome(rank, error=reason, exitcode=p.exitcode)
     return [outcomes[r] for r in range(world)]
+
+
+def _reclaim_shared_tables(env: Mapping[str, str]) -> None:
+    """Named shared tables (ENGRAM_SHM_DIR) that ranks killed between a table's creation and its hand-over
+    left: their owners are gone now, so they are removed here rather than at the next start."""
+    directory = env.get("ENGRAM_SHM_DIR")
+    if directory:
+        with contextlib.suppress(EngramError, OSError):
+            reclaim_stale(Path(directory))
 
 
 def values(outcomes: list[Outcome]) -> list[Any]:

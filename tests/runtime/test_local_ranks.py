@@ -62,8 +62,7 @@ def test_a_rank_killed_before_the_rendezvous_ends_the_run_at_once(victim: int) -
     outcomes = run_local(2, workers.meet, timeout=120, env={"ENGRAM_DIST_TIMEOUT_S": "300"}, on_start=kill_early)
     dead, survivor = outcomes[victim], outcomes[1 - victim]
     assert dead.exitcode == -9 and dead.error == f"rank {victim} died with exit code -9 before reporting"
-    assert survivor.error == (f"rank {1 - victim} was stopped: rank {victim} died with exit code -9 before reporting")
-    assert survivor.exitcode == -9
+    assert survivor.error == f"rank {1 - victim} was stopped: rank {victim} died with exit code -9 before reporting"
 
 
 @pytest.mark.slow

@@ -57,11 +57,8 @@ def test_leader_killed_mid_load(small_checkpoint: Path, shm_tmp: Path, tmp_path:
         timeout=120, env={"ENGRAM_DIST_TIMEOUT_S": "20"}, on_start=kill_leader_when_loading,
     )  # fmt: skip
     assert outcomes[0].exitcode == -9
-    for survivor in outcomes[1:]:
-        assert survivor.error is not None and "Traceback" not in survivor.error
-        assert survivor.error.startswith(
-            "engram shared tables (test): ranks [0, 1, 2] did not all reach 'load layers.1.engram.embed.scale' within 20 s"
-        )
+    for survivor in outcomes[1:]:  # stopped at once: not left to wait out the 20 s for rank 0
+        assert survivor.error == f"rank {survivor.rank} was stopped: rank 0 died with exit code -9 before reporting"
     assert list(shm_tmp.iterdir()) == []
     assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in pids)
 
