@@ -145,8 +145,7 @@ def private_scales(shard: TableShard) -> int:
         return 0
     if in_files(shard, part):
         shard.file_scale = part
-        shard.scale = torch.empty(part.view(torch.uint8).shape, dtype=torch.uint8).view(part.dtype)
-        _copy_scales(shard)
+        scales_from(shard, private=True)
     return part.numel() * part.element_size()
 
 
@@ -169,14 +168,14 @@ def scales_from(shard: TableShard, *, private: bool) -> None:
     writes it: no copy can be known to hold its bytes). Nothing for a shard that keeps none."""
     if shard.file_scale is None:
         return
-    if private:
-        if shard.scale is shard.file_scale:
-            shard.scale = torch.empty(shard.file_scale.view(torch.uint8).shape, dtype=torch.uint8).view(
-                shard.file_scale.dtype
-            )
-        _copy_scales(shard)
-    else:
+    if not private:
         shard.scale = shard.file_scale
+        return
+    if shard.scale is shard.file_scale:  # served from the file until now: a private copy again
+        shard.scale = torch.empty(shard.file_scale.view(torch.uint8).shape, dtype=torch.uint8).view(
+            shard.file_scale.dtype
+        )
+    _copy_scales(shard)
 
 
 def check_files(shard: TableShard) -> None:

@@ -350,13 +350,9 @@ def rewrite_in_place(checkpoint: Path, seed: int) -> None:
             old.write_bytes(new.read_bytes())  # its manifest and config
 
 
-@pytest.mark.parametrize("tier", ["ram", "device"])
-def test_a_file_rewritten_in_place_is_served_as_it_now_is(
-    tmp_path: Path, read_path: str, tier: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    """After the checkpoint is rewritten in place, a tier's rows are the file's as it now is, hits as
-    misses (its admitted rows let go, with a word), as the same lookups without a tier are."""
-    checkpoint = tmp_path / "ckpt"
+def tiered_file_table(checkpoint: Path, tier: str, read_path: str) -> tuple[Table, torch.Tensor]:
+    """SMALL's checkpoint written at `checkpoint`, layer 1's table mapped from it with a tier of 400 rows
+    (`tier`: "ram", or "device" with a window of 2,048 ids), and the ids three lookups gave it."""
     write_checkpoint(SMALL, checkpoint, seed=7)
     table, _, rows = file_tables(checkpoint)
     window = 2048
@@ -371,6 +367,17 @@ def test_a_file_rewritten_in_place_is_served_as_it_now_is(
     for _ in range(3):
         table.lookup(ids)
         table.refresh()
+    return table, ids
+
+
+@pytest.mark.parametrize("tier", ["ram", "device"])
+def test_a_file_rewritten_in_place_is_served_as_it_now_is(
+    tmp_path: Path, read_path: str, tier: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After the checkpoint is rewritten in place, a tier's rows are the file's as it now is, hits as
+    misses (its admitted rows let go, with a word), as the same lookups without a tier are."""
+    checkpoint = tmp_path / "ckpt"
+    table, ids = tiered_file_table(checkpoint, tier, read_path)
     held = table.tier.admission.used
     assert held > 0
     rewrite_in_place(checkpoint, seed=8)
@@ -470,21 +477,11 @@ def test_writes_through_another_processs_mapping_never_leave_a_tier_serving_old_
     """A process in another pid namespace (a container beside the engine: its pid means nothing here)
     maps the file writable and shared and writes rows through it, again and again: once a page is dirty
     its later writes change no time, so only the writer's presence can say the tier's copies are stale.
-    While it has the file mapped, every lookup's rows are the file's as it then is; once it is gone, the
-    tier holds rows again, and says both, once."""
+    While it has the file mapped, every lookup's rows are the file's as it then is (said once); once it
+    is gone, the tier holds rows again."""
     monkeypatch.setenv("ENGRAM_DIRECT_READS", "0")  # no read past the page cache writes the dirty pages back
     checkpoint = tmp_path / "ckpt"
-    write_checkpoint(SMALL, checkpoint, seed=7)
-    table, _, rows = file_tables(checkpoint)
-    window = 2048
-    budget = 400 * table.shard.format.row_bytes + state_bytes(
-        400, rows, 0 if tier == "ram" else window, "online", tier == "ram"
-    )
-    assert table.keep_hot(budget, "cpu", tier, **({} if tier == "ram" else {"window_ids": window}))  # type: ignore[arg-type]
-    ids = zipf_ids(torch.Generator().manual_seed(3), rows, 2048).view(256, 8)
-    for _ in range(3):
-        table.lookup(ids)
-        table.refresh()
+    table, ids = tiered_file_table(checkpoint, tier, "page cache")
     hot = int(ids.flatten()[0])
     mapping = table.shard.files[0]
     row_width = table.shard.format.row_format.weight_width(SMALL.head_dim)
