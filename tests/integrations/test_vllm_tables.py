@@ -15,7 +15,8 @@ from safetensors.torch import load_file, save_file
 
 from engram.config import EngramConfig, load_config
 from engram.errors import EngramError
-from engram.integrations.vllm import files, tables
+from engram.integrations import model_tables
+from engram.integrations.vllm import tables
 from engram.integrations.vllm.metrics import METRICS
 from engram.runtime.table import ShardFormat, Table
 from tests.integrations.test_vllm_metrics import recording
@@ -35,8 +36,8 @@ def model(tmp_path: Path) -> Iterator[SimpleNamespace]:
     }
     save_file(weights, tmp_path / "model.safetensors")
     yield SimpleNamespace(model_config=SimpleNamespace(model=str(tmp_path)), load_config=SimpleNamespace())
-    files.forget_checkpoints()
-    tables.profile.cache_clear()
+    model_tables.forget_checkpoints()
+    model_tables.profile.cache_clear()
 
 
 def config(**fields: object) -> EngramConfig:
@@ -63,7 +64,7 @@ def test_a_prefix_the_checkpoint_lacks_is_refused_naming_what_it_holds(model: Si
         open_file_table(model, "model.layers.4.ple")
     assert str(caught.value) == (
         "engram: the checkpoint should hold one table ending in layers.4.ple.weight (or in "
-        "layers.4.ple.shard_<k>.weight parts) for vLLM's model.layers.4.ple, it holds none"
+        "layers.4.ple.shard_<k>.weight parts) for the engine's model.layers.4.ple, it holds none"
     )
 
 
@@ -115,7 +116,7 @@ def test_a_profile_with_two_tables_of_vllms_tail_is_refused(model: SimpleNamespa
     settings = config(device_cache_profile=profile, ram_cache_bytes=1 << 16)
     table = open_file_table(model)
     with pytest.raises(EngramError) as caught:
-        tables.give_tier(settings, VLLM_PREFIX, table, 1)
+        model_tables.give_tier(settings, VLLM_PREFIX, table, 1)
     assert str(caught.value) == (
         f"the profile {profile} holds 2 tables ending in layers.3.ple ({CHECKPOINT_NAME}, mtp.{CHECKPOINT_NAME}); "
         "profile this model with `engram profile --out`"

@@ -672,7 +672,7 @@ def plugin_file_budget_case(case: dict) -> dict:
     from vllm.plugins import DEFAULT_PLUGINS_GROUP, load_plugins_by_group
     from vllm.transformers_utils.configs.deepseek_v41 import DeepseekV41Config
 
-    from engram.integrations.vllm import files
+    from engram.integrations import model_tables
     from engram.runtime.placement.residency import drop_file_cache, resident_bytes
 
     layout = engram.EngramLayout(DeepseekV41Config(text_config=case["hf"]))
@@ -706,7 +706,7 @@ def plugin_file_budget_case(case: dict) -> dict:
         for budget in budgets.values():
             answer.update(files=len(budget.mappings), trims=budget.trims, measures=budget.measures, peak=budget.peak)
         del tables
-        files.forget_checkpoints()
+        model_tables.forget_checkpoints()
         gc.collect()  # the tables' mappings go now, not with a later collection: mapped pages stay cached
         return answer
 

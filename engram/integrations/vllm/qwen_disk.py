@@ -14,8 +14,9 @@ from vllm.config import get_current_vllm_config
 from vllm.models.qwen4_exp.nvidia.ngram_embedding import Qwen4ExpPLEDiskOffloadEmbedding
 
 from engram.errors import EngramError
+from engram.integrations.model_tables import give_tier
 from engram.integrations.vllm.qwen import init_engram, row_format
-from engram.integrations.vllm.tables import Served, give_tier, open_for
+from engram.integrations.vllm.tables import Served, open_for
 from engram.runtime.table import PACKED, ShardFormat
 
 

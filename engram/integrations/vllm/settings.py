@@ -11,7 +11,7 @@ from typing import Any
 from engram.config import VLLM_FIELDS, EngramConfig, load_config
 from engram.config.loading import read_json_object
 from engram.errors import EngramError
-from engram.integrations.vllm.tables import profile
+from engram.integrations.model_tables import profile
 from engram.validation.json_values import _describe
 
 ENV = "ENGRAM_VLLM_CONFIG"

@@ -1,0 +1,151 @@
+"""A model's tables inside an engine, for every engine plugin (vLLM's, SGLang's): where a table lives (the
+engine's rule, placement_for), the model's checkpoint it is served or loaded from (opened once per process
+and directory, with one resident-set budget per checkpoint: file_cache_bytes), the checkpoint's name for
+the table an engine module holds, and the tier of hot rows it gets. Everything below is the table layer's
+(engram.runtime.table); a plugin adds only its engine's names and hooks."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import torch
+
+from engram.config import EngramConfig
+from engram.errors import EngramError
+from engram.runtime.table import (
+    Checkpoint,
+    Group,
+    Placement,
+    ResidentBudget,
+    ShardFormat,
+    Table,
+    configured_profile,
+    keep_hot,
+    open_table,
+    placement_for,
+    uva_runtime,
+)
+
+checkpoint = functools.cache(Checkpoint)  # one open checkpoint per directory and process
+profile = functools.cache(configured_profile)  # one read per config: an engine builds an equal one per module
+
+
+@functools.cache
+def budget(path: str, budget_bytes: int) -> ResidentBudget:
+    """The one budget (file_cache_bytes) of the checkpoint at `path` in this process, which every table
+    served from it shares."""
+    return ResidentBudget(budget_bytes)
+
+
+def forget_checkpoints() -> None:
+    """Drop this process's open checkpoints and budgets (each file's mapping goes with its last table view)."""
+    checkpoint.cache_clear()
+    budget.cache_clear()
+
+
+def reading_setting(config: EngramConfig) -> str:
+    """The setting that makes engram read the checkpoint itself: file_backed, or node_sharing."""
+    return "file_backed" if config.file_backed else "node_sharing"
+
+
+def model_directory(model: object, config: EngramConfig, *, dummy: bool = False) -> str:
+    """The model's local directory (`model`, as the engine names it), whose safetensors files file-backed
+    tables are served from and node copies loaded from; `dummy`: the engine loads no weights."""
+    name = reading_setting(config)
+    if not isinstance(model, str) or not Path(model).is_dir():
+        raise EngramError(
+            f"engram setting {name!r} reads tables from the model's checkpoint files on local disk; {model!r} is not a directory (download the model first)"
+        )
+    if dummy:
+        raise EngramError(f"engram setting {name!r} reads the checkpoint's own tables; load_format 'dummy' has none")
+    return model
+
+
+def layer_tail(prefix: str) -> str:
+    """An engine's module prefix from `layers.` on: engines may map a checkpoint's `model.language_model.`
+    to `model.`, or drop `model.`."""
+    return prefix[prefix.find("layers.") :] if "layers." in prefix else prefix
+
+
+def table_named(found: Checkpoint, prefix: str) -> str:
+    """The checkpoint's name for the table an engine's module under `prefix` holds: the one `<...>.weight`
+    whose name ends as the prefix does from `layers.` on, or the one table written as
+    `<...>.shard_0.weight` and on (split_ngram_parts: file-backed tables are served from the parts, node
+    copies load them)."""
+    tail = layer_tail(prefix)
+    whole = {n.removesuffix(".weight") for n in found.shapes if n.endswith(f"{tail}.weight")}
+    first_part = f"{tail}.shard_0.weight"
+    parts = {n.removesuffix(first_part) + tail for n in found.shapes if n.endswith(first_part)}
+    names = sorted(whole | parts)
+    if len(names) != 1:
+        where = "none" if not names else f"{len(names)} ({', '.join(names[:3])})"
+        raise EngramError(
+            f"engram: the checkpoint should hold one table ending in {tail}.weight (or in {tail}.shard_<k>.weight parts) for the engine's {prefix}, it holds {where}"
+        )
+    return names[0]
+
+
+def engine_device() -> torch.device:
+    """The device an engine's lookups run on in this process: its current GPU, else the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def placement(config: EngramConfig, *, shareable: bool) -> Placement | None:
+    """Where engram keeps an engine's table: the engine's rule (placement_for), or None where the engine's
+    layout leaves the table to the engine: a device table on a GPU is the engine's own tensor, read by its
+    kernels. `shareable`: the engine gives the table a node-local group of replicas (dp_shared_memory)."""
+    on_gpu = torch.cuda.is_available()
+    if on_gpu and not config.cpu_offload:
+        return None
+    return placement_for(config, "cuda" if on_gpu else "cpu", shareable=shareable)
+
+
+def open_model_table(
+    config: EngramConfig,
+    model_dir: str | None,
+    name: str,
+    fmt: ShardFormat,
+    where: Placement,
+    *,
+    row_start: int,
+    table_rows: int,
+    find: bool = False,
+    group: Group | None = None,
+) -> Table:
+    """The table `name`, filled by the engine's weight loaders (Table.weight_loader). With file_backed it
+    is the pages of the checkpoint in `model_dir`, under that checkpoint's resident-set budget; with
+    node_sharing the node's copy of it, attached or loaded from that checkpoint now (the engine's loaders
+    then copy nothing). `find`: `name` is the engine's module prefix, and the checkpoint's tensor is found
+    by it (table_named)."""
+    found = resident = None
+    if where in ("file", "node"):
+        if model_dir is None:
+            raise EngramError(f"engram setting {reading_setting(config)!r} needs the model's checkpoint directory")
+        found = checkpoint(model_dir)
+        name = table_named(found, name) if find else name
+        if where == "file" and config.file_cache_bytes:
+            resident = budget(model_dir, config.file_cache_bytes)
+    return open_table(
+        name, fmt, where, row_start=row_start, table_rows=table_rows, checkpoint=found, group=group,
+        runtime=uva_runtime(), budget=resident, sharing=config.node_sharing, device=engine_device(),
+    )  # fmt: skip
+
+
+def give_tier(config: EngramConfig, name: str, table: Table, tables: int) -> None:
+    """Give `table` (the rows this rank holds of the table the engine names `name`, one of the model's
+    `tables`) its tier, when one is configured. The profile names tables as the checkpoint does, which an
+    engine may prefix differently: its one table ending as `name` does from `layers.` on. The budget is
+    split over the profile's tables where one is given, else over the engine's count of them."""
+    if not (config.device_cache_bytes or config.ram_cache_bytes):
+        return
+    hot = profile(config)
+    tail = layer_tail(name)
+    found = [] if hot is None else [t for t in hot if t == name or t.endswith(tail)]
+    if len(found) > 1:
+        raise EngramError(
+            f"the profile {config.device_cache_profile} holds {len(found)} tables ending in {tail} ({', '.join(found[:3])}); profile this model with `engram profile --out`"
+        )
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    among = len(hot) if hot is not None else tables
+    keep_hot(config, [table], device, hot, among=among, profile_key=lambda _: found[0] if found else name)
