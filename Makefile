@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup codegen check lint types drift test test-emulated test-vllm test-vllm-engine bench bench-vllm demo clean
+.PHONY: setup codegen check lint types drift test test-emulated test-vllm test-vllm-engine test-sglang bench bench-vllm demo clean
 
 setup: $(STAMP)
 
@@ -61,6 +61,20 @@ VLLM_ENGINE := cpu-0.32.0
 test-vllm-engine: setup .venv-vllm-$(VLLM_ENGINE)/.installed
 	ENGRAM_VLLM_ENGINE_PYTHON=.venv-vllm-$(VLLM_ENGINE)/bin/python $(PY) -m pytest -q tests/vllm_engine
 
+# SGLang's own Engram classes beside engram's, on the CPU (its GPU build with the registry's CUDA torch: no
+# CPU build exists; about 8 GB). Opt-in: not part of `make test`.
+SGLANG ?= 0.5.23
+
+.venv-sglang/.installed: scripts/install_sglang.py pyproject.toml
+	test -x .venv-sglang/bin/python || $(PYTHON) -m venv .venv-sglang
+	.venv-sglang/bin/python -m pip install -q --upgrade pip
+	.venv-sglang/bin/python scripts/install_sglang.py $(SGLANG)
+	.venv-sglang/bin/python -m pip install -q -e '.[dev]'   # engram beside it: its sglang.srt.plugins entry point
+	touch $@
+
+test-sglang: setup .venv-sglang/.installed
+	ENGRAM_SGLANG_PYTHON=.venv-sglang/bin/python $(PY) -m pytest -q tests/sglang
+
 bench-vllm: setup .venv-vllm-$(VLLM_NEWEST)/.installed
 	.venv-vllm-$(VLLM_NEWEST)/bin/python benchmarks/vllm_file_backed.py
 	.venv-vllm-$(VLLM_NEWEST)/bin/python benchmarks/vllm_disk_offload.py
@@ -72,4 +86,4 @@ demo: setup
 	$(PY) -m engram demo
 
 clean:
-	rm -rf $(VENV) .venv-vllm-* build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-vllm-* .venv-sglang build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -49,6 +49,7 @@ __all__ = [
     "Placement",
     "Profile",
     "ResidentBudget",
+    "Rows",
     "ShardFormat",
     "Table",
     "TableStats",

@@ -17,6 +17,7 @@ import pytest
 from engram.errors import ConfigError, EngramError
 from engram.integrations.vllm import register
 from engram.integrations.vllm.settings import ENV, engram_config
+from tests.integrations.hostile_modules import Finder, Raises, Unprintable
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -114,30 +115,6 @@ def test_bad_settings_are_one_line(
         monkeypatch.setenv(ENV, env)
     with pytest.raises((EngramError, ConfigError), match=message):
         engram_config(vllm_config(additional))
-
-
-class Raises:
-    """An object whose str() raises (a hostile __version__, or an error's message)."""
-
-    def __str__(self) -> str:
-        raise RuntimeError("no text for you")
-
-
-class Finder:
-    """A meta path finder that makes importing `name` (and below) raise `error`."""
-
-    def __init__(self, name: str, error: BaseException) -> None:
-        self.name, self.error = name, error
-
-    def find_spec(self, fullname: str, path: object, target: object = None) -> None:
-        if fullname == self.name or fullname.startswith(self.name + "."):
-            raise self.error
-        return None
-
-
-class Unprintable(Exception):
-    def __str__(self) -> str:
-        raise RuntimeError("no message either")
 
 
 def fake_vllm(monkeypatch: pytest.MonkeyPatch, version: object) -> None:

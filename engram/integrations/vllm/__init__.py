@@ -20,8 +20,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import re
 from collections.abc import Callable
+
+from engram.integrations.entry_points import text_of, version_numbers
 
 log = logging.getLogger("engram")
 SUPPORTED = ("0.32", "0.33", "0.34")  # vLLM versions (major.minor) whose Engram internals engram serves
@@ -55,22 +56,10 @@ def _register() -> None:
     _stand_aside(version, problem)
 
 
-TEXT_LIMIT = 200  # characters of a version or an error shown: a hostile one is cut, never a crash
-
-
-def text_of(value: object) -> str:
-    """`str(value)` cut to TEXT_LIMIT characters, or a placeholder where str() itself fails."""
-    try:
-        text = str(value)
-        return text if len(text) <= TEXT_LIMIT else text[:TEXT_LIMIT] + "..."
-    except BaseException:
-        return "<unprintable>"
-
-
 def unsupported(version: str) -> str | None:
     """Why engram does not serve tables inside vLLM `version`, or None where it does."""
-    found = re.match(r"(\d{1,6})\.(\d{1,6})(?!\d)", version[:TEXT_LIMIT])
-    if found is None or f"{int(found[1])}.{int(found[2])}" not in SUPPORTED:
+    numbers = version_numbers(version, 2)
+    if numbers is None or ".".join(map(str, numbers)) not in SUPPORTED:
         return f"engram serves vLLM {', '.join(SUPPORTED)} only"
     return None
 

@@ -1,0 +1,93 @@
+"""engram inside SGLang (0.5.23): a `sglang.srt.plugins` entry point that serves DeepSeek V4.1's Engram
+tables from engram's table layer (integrations.sglang.deepseek). SGLang keeps hashing (its ids equal
+engram's); only where the rows live and how they are gathered move. Qwen4Exp's PLE tables are SGLang's
+own still.
+
+SGLang loads the entry point in every scheduler (TP rank) process before it builds the model, and
+`register` never raises there. On a SGLang it serves it REPLACEs sglang.srt.layers.engram.EngramEmbedding
+with engram's subclass through SGLang's HookRegistry (which also rebinds the name where another module
+imported it), safe to run more than once; the subclass behaves exactly as SGLang's class unless
+ENGRAM_SGLANG_CONFIG enables engram. On any other SGLang engram leaves it as it is and logs one warning
+naming the version (an error where ENGRAM_SGLANG_CONFIG is set: that section is not served).
+
+Nothing here has run on a GPU yet: the plugin is tested on the CPU against SGLang's own classes."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+
+from engram.integrations.entry_points import text_of, version_numbers
+
+log = logging.getLogger("engram")
+SUPPORTED = ((0, 5, 23),)  # SGLang versions (major, minor, patch) whose Engram internals engram serves
+TARGET = "sglang.srt.layers.engram.EngramEmbedding"
+_said: set[str] = set()  # a process says once why engram stands aside
+_registered = False
+
+
+def register() -> None:
+    """The entry point: serve SGLang's DeepSeek V4.1 tables from engram's table layer, or stand aside
+    (module docstring). Never raises, whatever SGLang's modules raise and whatever its version or errors
+    say; calling it again changes nothing."""
+    with contextlib.suppress(BaseException):  # nothing may stop SGLang from starting
+        _register()
+
+
+def _register() -> None:
+    try:
+        import sglang
+
+        version = text_of(getattr(sglang, "__version__", "unknown"))
+    except BaseException:  # not inside SGLang (or one that cannot be imported): nothing to do
+        return
+    problem = unsupported(version)
+    if problem is None:
+        try:
+            _install()
+            return
+        except BaseException as exc:  # internals that are not what this version had: SGLang stays as it was
+            problem = (
+                f"its Engram internals are not what engram expects ({text_of(type(exc).__name__)}: {text_of(exc)})"
+            )
+    _stand_aside(version, problem)
+
+
+def unsupported(version: str) -> str | None:
+    """Why engram does not serve tables inside SGLang `version`, or None where it does."""
+    if version_numbers(version, 3) not in SUPPORTED:
+        return "engram serves SGLang " + ", ".join(".".join(map(str, v)) for v in SUPPORTED) + " only"
+    return None
+
+
+def _install() -> None:
+    """Register engram's EngramEmbedding as a class REPLACE of SGLang's (once per process): SGLang applies
+    it after every plugin has run. Every internal needed is imported first, so a SGLang without them
+    changes nothing."""
+    from sglang.srt.layers import engram as theirs
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from engram.integrations.sglang.deepseek import embedding_class
+
+    global _registered
+    if _registered or theirs.EngramEmbedding.__module__.startswith("engram."):
+        return  # registered in this process already
+    HookRegistry.register(TARGET, embedding_class(theirs.EngramEmbedding), HookType.REPLACE)
+    _registered = True
+
+
+def _stand_aside(version: str, problem: str) -> None:
+    """Leave SGLang as it is: one warning per process, or one error where engram's section is set."""
+    if version in _said:
+        return
+    _said.add(version)
+    from engram.integrations.sglang.settings import ENV
+
+    if os.environ.get(ENV):
+        log.error(
+            "engram: SGLang %s is installed and %s, so %s is not served: install SGLang %s beside engram, or "
+            "unset %s", version, problem, ENV, ".".join(map(str, SUPPORTED[-1])), ENV,
+        )  # fmt: skip
+    else:
+        log.warning("engram: SGLang %s is installed and %s; engram leaves SGLang as it is", version, problem)
