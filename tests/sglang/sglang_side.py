@@ -116,14 +116,22 @@ def plugin_case(case: dict[str, Any]) -> dict[str, Any]:
 
     load_plugins()
     register()  # again, as a second loader would: changes nothing
+    from sglang.srt.models import qwen4_exp
+
     names = {
         "sglang.srt.layers.engram": theirs.EngramEmbedding,
         "sglang.srt.layers.engram_staging": getattr(engram_staging, "EngramEmbedding", None),
         "sglang.srt.models.deepseek_v4": getattr(deepseek_v4, "EngramEmbedding", None),
+        "sglang.srt.models.qwen4_exp": qwen4_exp.Qwen4ExpPinnedHostEmbedding,
     }
     replaced = {module: None if cls is None else cls.__module__ for module, cls in names.items()}
     mro = [c.__module__ for c in theirs.EngramEmbedding.__mro__[:2]]
-    return {"replaced": replaced, "mro": mro}
+    init = qwen4_exp.Qwen4ExpNGramEmbedding.__init__
+    return {
+        "replaced": replaced,
+        "mro": mro,
+        "naming_hooked": init.__module__ != "sglang.srt.models.qwen4_exp" or hasattr(init, "__wrapped__"),
+    }
 
 
 def error_case(case: dict[str, Any]) -> dict[str, Any]:
@@ -144,7 +152,98 @@ def error_case(case: dict[str, Any]) -> dict[str, Any]:
                 os.environ[name] = value
 
 
-KINDS = {"rows": rows_case, "plugin": plugin_case, "error": error_case}
+def qwen_tables(case: dict[str, Any], tensors: dict[str, torch.Tensor], ours: bool) -> Any:
+    """SGLang's Qwen4ExpPinnedHostEmbedding (or engram's, `ours`) for PLE table `case["table"]` at the ranks
+    in effect, built as SGLang's Qwen4ExpNGramEmbedding builds it (a VocabParallelEmbedding on the meta
+    device first, then the host table around it), its weight given through its own loader whole. Without a
+    GPU SGLang's pinned host memory is plain host memory (pin_memory needs a driver): torch.empty's
+    pin_memory is dropped while SGLang's builds."""
+    from sglang.srt.layers.vocab_parallel_embedding import VocabParallelEmbedding
+    from sglang.srt.models import qwen4_exp
+
+    from engram.integrations.sglang.qwen import _BUILDING, pinned_host_class
+
+    whole = tensors[case["table"] + ".weight"]
+    with torch.device("meta"):
+        source = VocabParallelEmbedding(
+            whole.shape[0], whole.shape[1], params_dtype=whole.dtype, output_dtype=torch.bfloat16
+        )
+    source.register_buffer("weight_scale", torch.ones(1, dtype=torch.bfloat16), persistent=True)
+    if ours:
+        token = _BUILDING.set(case["prefix"])
+        try:
+            table = pinned_host_class(qwen4_exp.Qwen4ExpPinnedHostEmbedding)(source)
+        finally:
+            _BUILDING.reset(token)
+    else:
+        empty = torch.empty
+
+        def unpinned(*args: Any, pin_memory: bool = False, **kwargs: Any) -> torch.Tensor:
+            return empty(*args, **kwargs)
+
+        torch.empty = unpinned  # type: ignore[assignment]
+        try:
+            table = qwen4_exp.Qwen4ExpPinnedHostEmbedding(source)
+        finally:
+            torch.empty = empty
+    table.weight.weight_loader(table.weight, whole)
+    return table
+
+
+def gathered(table: Any, ids: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """`table.gather` of `ids` into a prefetch buffer (as SGLang's start_prefetch gives one, filled with
+    sevens first), and whether the rows came back in it."""
+    buffer = torch.full((*ids.shape, table.embedding_dim), 7.0, dtype=torch.bfloat16)
+    rows = table.gather(ids, out=buffer)
+    return rows, rows is buffer
+
+
+def qwen_rows_case(case: dict[str, Any]) -> dict[str, Any]:
+    """For each config, each rank of each TP size and each id batch: engram's gathered rows against
+    SGLang's (gathered once per rank: its table does not depend on engram's config), their digests, and
+    where engram keeps the table. A config that gives a tier looks each batch up twice (misses, then hits)."""
+    tensors: dict[str, torch.Tensor] = {}
+    for name in sorted(os.listdir(case["checkpoint"])):
+        if name.endswith(".safetensors"):
+            tensors.update(load_file(os.path.join(case["checkpoint"], name)))
+    batches = [torch.tensor(ids, dtype=torch.int64) for ids in case["ids"]]
+    out: dict[str, Any] = {"configs": [{"ranks": []} for _ in case["configs"]]}
+    os.environ.pop(ENV, None)
+    with get_context().override_server_args(model_path=case["checkpoint"]):
+        for tp in case["tp"]:
+            for rank in range(tp):
+                with ranks(tp, rank):
+                    sglang_table = qwen_tables(case, tensors, ours=False)
+                    expected = [gathered(sglang_table, ids)[0] for ids in batches]
+                    del sglang_table
+                    for config, answer in zip(case["configs"], out["configs"], strict=True):
+                        os.environ[ENV] = json.dumps(config)
+                        engram_table = qwen_tables(case, tensors, ours=True)
+                        shard = engram_table.shard_indices
+                        seen: dict[str, Any] = {
+                            "tp": tp, "rank": rank, "start": shard.org_vocab_start_index,
+                            "stop": shard.org_vocab_end_index, "placement": engram_table.engram.shard.placement,
+                            "batches": [],
+                        }  # fmt: skip
+                        for ids, rows in zip(batches, expected, strict=True):
+                            for _ in range(
+                                2 if config.get("ram_cache_bytes") or config.get("device_cache_bytes") else 1
+                            ):
+                                got, into_buffer = gathered(engram_table, ids)
+                            tier = engram_table.engram.tier
+                            seen["batches"].append({
+                                "sglang": digest(rows), "engram": digest(got), "into_buffer": into_buffer,
+                                "equal": bool(torch.equal(rows.view(torch.int16), got.view(torch.int16))),
+                                "tier": None if tier is None else tier.name,
+                            })  # fmt: skip
+                        answer["ranks"].append(seen)
+                        del engram_table
+                        os.environ.pop(ENV, None)
+        model_tables.forget_checkpoints()
+    return out
+
+
+KINDS = {"rows": rows_case, "qwen rows": qwen_rows_case, "plugin": plugin_case, "error": error_case}
 
 
 def main() -> None:

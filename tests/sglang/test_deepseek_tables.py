@@ -111,8 +111,11 @@ CONFIGS_ORDER = list(CONFIGS)
 def test_sglangs_plugin_loader_puts_engrams_class_everywhere_sglang_holds_the_name() -> None:
     [answer] = ask_sglang("plugin", [{}], env={"SGLANG_PLUGINS": "engram"})
     assert answer["mro"] == ["engram.integrations.sglang.deepseek", "sglang.srt.layers.engram"]
-    assert all(module in (None, "engram.integrations.sglang.deepseek") for module in answer["replaced"].values())
-    assert answer["replaced"]["sglang.srt.layers.engram"] == "engram.integrations.sglang.deepseek"
+    replaced = answer["replaced"]
+    assert replaced["sglang.srt.layers.engram"] == "engram.integrations.sglang.deepseek"
+    assert replaced["sglang.srt.models.qwen4_exp"] == "engram.integrations.sglang.qwen"
+    assert all(module in (None, "engram.integrations.sglang.deepseek") for module in list(replaced.values())[:3])
+    assert answer["naming_hooked"]
 
 
 @needs_sglang

@@ -1,12 +1,12 @@
 """engram inside SGLang (0.5.23): a `sglang.srt.plugins` entry point that serves DeepSeek V4.1's Engram
-tables from engram's table layer (integrations.sglang.deepseek). SGLang keeps hashing (its ids equal
-engram's); only where the rows live and how they are gathered move. Qwen4Exp's PLE tables are SGLang's
-own still.
+tables (integrations.sglang.deepseek) and Qwen4Exp's offloaded bf16 PLE tables (integrations.sglang.qwen)
+from engram's table layer. SGLang keeps hashing (its ids equal engram's); only where the rows live and how
+they are gathered move.
 
 SGLang loads the entry point in every scheduler (TP rank) process before it builds the model, and
-`register` never raises there. On a SGLang it serves it REPLACEs sglang.srt.layers.engram.EngramEmbedding
-with engram's subclass through SGLang's HookRegistry (which also rebinds the name where another module
-imported it), safe to run more than once; the subclass behaves exactly as SGLang's class unless
+`register` never raises there. On a SGLang it serves it REPLACEs the two table classes (TARGETS) with engram's
+subclasses through SGLang's HookRegistry (which also rebinds the names where another module imported
+them), safe to run more than once; each subclass behaves exactly as SGLang's class unless
 ENGRAM_SGLANG_CONFIG enables engram. On any other SGLang engram leaves it as it is and logs one warning
 naming the version (an error where ENGRAM_SGLANG_CONFIG is set: that section is not served).
 
@@ -22,7 +22,11 @@ from engram.integrations.entry_points import text_of, version_numbers
 
 log = logging.getLogger("engram")
 SUPPORTED = ((0, 5, 23),)  # SGLang versions (major, minor, patch) whose Engram internals engram serves
-TARGET = "sglang.srt.layers.engram.EngramEmbedding"
+TARGETS = {
+    "deepseek": "sglang.srt.layers.engram.EngramEmbedding",
+    "qwen": "sglang.srt.models.qwen4_exp.Qwen4ExpPinnedHostEmbedding",
+    "qwen naming": "sglang.srt.models.qwen4_exp.Qwen4ExpNGramEmbedding.__init__",
+}
 _said: set[str] = set()  # a process says once why engram stands aside
 _registered = False
 
@@ -62,18 +66,28 @@ def unsupported(version: str) -> str | None:
 
 
 def _install() -> None:
-    """Register engram's EngramEmbedding as a class REPLACE of SGLang's (once per process): SGLang applies
-    it after every plugin has run. Every internal needed is imported first, so a SGLang without them
-    changes nothing."""
-    from sglang.srt.layers import engram as theirs
+    """Register engram's table classes as class REPLACEs of SGLang's, and the hook that names a PLE table
+    by its module (once per process): SGLang applies them after every plugin has run. Every internal
+    needed is imported first, so a SGLang without them changes nothing."""
+    from sglang.srt.layers import engram as deepseek_layers
+    from sglang.srt.models import qwen4_exp
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from engram.integrations.sglang.deepseek import embedding_class
+    from engram.integrations.sglang.qwen import named_by_module, pinned_host_class
 
     global _registered
-    if _registered or theirs.EngramEmbedding.__module__.startswith("engram."):
+    if _registered or deepseek_layers.EngramEmbedding.__module__.startswith("engram."):
         return  # registered in this process already
-    HookRegistry.register(TARGET, embedding_class(theirs.EngramEmbedding), HookType.REPLACE)
+    hooks = [
+        (TARGETS["deepseek"], embedding_class(deepseek_layers.EngramEmbedding), HookType.REPLACE),
+        (TARGETS["qwen"], pinned_host_class(qwen4_exp.Qwen4ExpPinnedHostEmbedding), HookType.REPLACE),
+        (TARGETS["qwen naming"], named_by_module, HookType.AROUND),
+    ]
+    if not hasattr(qwen4_exp, "Qwen4ExpNGramEmbedding"):  # the naming hook's target: all or nothing
+        raise AttributeError("sglang.srt.models.qwen4_exp has no Qwen4ExpNGramEmbedding")
+    for target, hook, kind in hooks:
+        HookRegistry.register(target, hook, kind)
     _registered = True
 
 

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from engram.integrations import model_tables
-from engram.integrations.sglang.settings import engram_config
+from engram.integrations.sglang.settings import engram_config, model_dir
 from engram.runtime.table import Part, Rows, ShardFormat, Table, as_parameter
 
 # The engram-served tables of this process: a tier's budget is split over them (SGLang builds every layer
@@ -28,18 +28,6 @@ _SERVED: weakref.WeakSet[Any] = weakref.WeakSet()
 def table_name(layer_id: int) -> str:
     """The checkpoint's name for layer `layer_id`'s table, from `layers.` on."""
     return f"layers.{layer_id}.engram.embed"
-
-
-def model_dir() -> str:
-    """The model's local directory, as SGLang's resolved model settings name it."""
-    from sglang.srt.runtime_context import get_model
-
-    model = get_model()
-    config = engram_config()
-    assert config is not None
-    return model_tables.model_directory(
-        getattr(model, "model_path", None), config, dummy=getattr(model, "load_format", "auto") == "dummy"
-    )
 
 
 def embedding_class(theirs: type) -> type:

@@ -11,7 +11,7 @@ import os
 from engram.config import EngramConfig, load_config
 from engram.config.loading import read_json_object
 from engram.errors import EngramError
-from engram.integrations.model_tables import profile
+from engram.integrations.model_tables import model_directory, profile
 
 ENV = "ENGRAM_SGLANG_CONFIG"
 # SGLang's own ways of keeping DeepSeek V4.1's tables off the GPU: engram serves the tables instead.
@@ -55,3 +55,15 @@ def _checked(text: str, sglang_settings: tuple[str, ...]) -> EngramConfig:
         )
     profile(config)  # read now: a missing or unreadable profile is an error before anything is allocated
     return config
+
+
+def model_dir() -> str:
+    """The model's local directory, as SGLang's resolved model settings name it."""
+    from sglang.srt.runtime_context import get_model
+
+    model = get_model()
+    config = engram_config()
+    assert config is not None
+    return model_directory(
+        getattr(model, "model_path", None), config, dummy=getattr(model, "load_format", "auto") == "dummy"
+    )
