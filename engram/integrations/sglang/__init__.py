@@ -14,11 +14,10 @@ Nothing here has run on a GPU yet: the plugin is tested on the CPU against SGLan
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 
-from engram.integrations.entry_points import text_of, version_numbers
+from engram.integrations.entry_points import serve_or_stand_aside, version_numbers
 
 log = logging.getLogger("engram")
 SUPPORTED = ((0, 5, 23),)  # SGLang versions (major, minor, patch) whose Engram internals engram serves
@@ -32,30 +31,9 @@ _registered = False
 
 
 def register() -> None:
-    """The entry point: serve SGLang's DeepSeek V4.1 tables from engram's table layer, or stand aside
-    (module docstring). Never raises, whatever SGLang's modules raise and whatever its version or errors
-    say; calling it again changes nothing."""
-    with contextlib.suppress(BaseException):  # nothing may stop SGLang from starting
-        _register()
-
-
-def _register() -> None:
-    try:
-        import sglang
-
-        version = text_of(getattr(sglang, "__version__", "unknown"))
-    except BaseException:  # not inside SGLang (or one that cannot be imported): nothing to do
-        return
-    problem = unsupported(version)
-    if problem is None:
-        try:
-            _install()
-            return
-        except BaseException as exc:  # internals that are not what this version had: SGLang stays as it was
-            problem = (
-                f"its Engram internals are not what engram expects ({text_of(type(exc).__name__)}: {text_of(exc)})"
-            )
-    _stand_aside(version, problem)
+    """The entry point: serve SGLang's Engram tables from engram's table layer, or stand aside (module
+    docstring). Never raises (entry_points.serve_or_stand_aside); calling it again changes nothing."""
+    serve_or_stand_aside("sglang", unsupported, _install, _stand_aside)
 
 
 def unsupported(version: str) -> str | None:

@@ -17,12 +17,11 @@ Nothing here has run on a GPU yet: the GPU paths compile and their CPU twins are
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 from collections.abc import Callable
 
-from engram.integrations.entry_points import text_of, version_numbers
+from engram.integrations.entry_points import serve_or_stand_aside, version_numbers
 
 log = logging.getLogger("engram")
 SUPPORTED = ("0.32", "0.33", "0.34")  # vLLM versions (major.minor) whose Engram internals engram serves
@@ -31,29 +30,8 @@ _warned: set[str] = set()  # a process says once why engram stands aside
 
 def register() -> None:
     """The entry point: serve vLLM's Engram tables from engram's table layer, or stand aside (module
-    docstring). Never raises, whatever vLLM's modules raise (SystemExit included) and whatever its
-    version or errors say; calling it again changes nothing."""
-    with contextlib.suppress(BaseException):  # nothing may stop vLLM from starting
-        _register()
-
-
-def _register() -> None:
-    try:
-        import vllm
-
-        version = text_of(getattr(vllm, "__version__", "unknown"))
-    except BaseException:  # not inside vLLM (or one that cannot be imported): nothing to do
-        return
-    problem = unsupported(version)
-    if problem is None:
-        try:
-            _install()
-            return
-        except BaseException as exc:  # internals that are not what this version had: vLLM stays as it was
-            problem = (
-                f"its Engram internals are not what engram expects ({text_of(type(exc).__name__)}: {text_of(exc)})"
-            )
-    _stand_aside(version, problem)
+    docstring). Never raises (entry_points.serve_or_stand_aside); calling it again changes nothing."""
+    serve_or_stand_aside("vllm", unsupported, _install, _stand_aside)
 
 
 def unsupported(version: str) -> str | None:
