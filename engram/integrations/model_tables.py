@@ -16,10 +16,12 @@ from engram.errors import EngramError
 from engram.runtime.table import (
     Checkpoint,
     Group,
+    Part,
     Placement,
     ResidentBudget,
     ShardFormat,
     Table,
+    as_parameter,
     configured_profile,
     keep_hot,
     open_table,
@@ -149,3 +151,17 @@ def give_tier(config: EngramConfig, name: str, table: Table, tables: int) -> Non
     device = "cuda" if torch.cuda.is_available() else "cpu"
     among = len(hot) if hot is not None else tables
     keep_hot(config, [table], device, hot, among=among, profile_key=lambda _: found[0] if found else name)
+
+
+def loaded_parameter(table: Table, part: Part) -> torch.nn.Parameter:
+    """The parameter an engine's weight loader is handed for `part` of `table`, its weight_loader the
+    table's: the table's own memory where that loader fills it (as_parameter: a stand-in of no memory for
+    rows in pieces); over a file's pages or a node's sealed copy, loaded already and read-only (a write
+    would fault), a stand-in of no memory of the same shape, which a write refuses."""
+    held = table.weight if part == "weight" else table.scale
+    assert held is not None
+    if table.shard.placement in ("file", "node"):
+        held = torch.zeros((1, held.shape[1]), dtype=held.dtype).expand(held.shape[0], held.shape[1])
+    parameter = torch.nn.Parameter(as_parameter(held), requires_grad=False)
+    parameter.weight_loader = table.weight_loader(part)  # type: ignore[attr-defined]
+    return parameter

@@ -18,7 +18,7 @@ from torch import nn
 
 from engram.integrations import model_tables
 from engram.integrations.sglang.settings import engram_config, model_dir
-from engram.runtime.table import Part, Rows, ShardFormat, Table, as_parameter
+from engram.runtime.table import ShardFormat, Table
 
 # The engram-served tables of this process: a tier's budget is split over them (SGLang builds every layer
 # before it loads a weight, so all are here when the first finish_load gives its tier).
@@ -32,7 +32,7 @@ def table_name(layer_id: int) -> str:
 
 def embedding_class(theirs: type) -> type:
     """engram's subclass of SGLang's EngramEmbedding class `theirs` (module docstring)."""
-    from sglang.srt.layers.engram import FP8_BLOCK_SIZE, shard_range
+    from sglang.srt.layers.engram import shard_range
     from sglang.srt.runtime_context import get_parallel
 
     class EngramEmbedding(theirs):
@@ -60,17 +60,8 @@ def embedding_class(theirs: type) -> type:
                 where, row_start=self.row_start, table_rows=num_embeddings, find=reads_checkpoint,
             )  # fmt: skip
             self.engram, self._untiered = table, True
-            parts: tuple[tuple[Part, Rows | None, int], ...] = (
-                ("weight", table.weight, dim), ("scale", table.scale, dim // FP8_BLOCK_SIZE)
-            )  # fmt: skip
-            for part, held, width in parts:
-                assert held is not None  # fp8 rows carry block scales
-                # The table's own memory where the loaders fill it; over a file's pages or a node's sealed copy
-                # (read-only: a write would fault) a stand-in that holds no memory, which a write refuses.
-                shown = as_parameter(held) if not reads_checkpoint else torch.zeros((1, width), dtype=held.dtype)
-                parameter = nn.Parameter(shown.expand(self.rows, width), requires_grad=False)
-                parameter.weight_loader = table.weight_loader(part)  # type: ignore[attr-defined]
-                setattr(self, part, parameter)
+            self.weight = model_tables.loaded_parameter(table, "weight")
+            self.scale = model_tables.loaded_parameter(table, "scale")
             _SERVED.add(self)
 
         def finish_load(self, label: str) -> None:

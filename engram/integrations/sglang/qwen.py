@@ -25,7 +25,7 @@ from torch import nn
 from engram.errors import EngramError
 from engram.integrations import model_tables
 from engram.integrations.sglang.settings import engram_config, model_dir
-from engram.runtime.table import ShardFormat, Table, as_parameter
+from engram.runtime.table import ShardFormat, Table
 
 _BUILDING: contextvars.ContextVar[str | None] = contextvars.ContextVar("engram_sglang_ple_prefix", default=None)
 # The engram-served PLE tables of this process: a tier's budget is split over them (SGLang builds every
@@ -79,17 +79,10 @@ def pinned_host_class(theirs: Any) -> type:
                 where, row_start=start, table_rows=self.org_vocab_size, find=reads_checkpoint,
             )  # fmt: skip
             self.engram, self._untiered = table, True
-            # The table's own memory where the loader fills it; over a file's pages or a node's sealed copy
-            # (read-only: a write would fault) a stand-in that holds no memory, which a write refuses.
-            rows = (
-                as_parameter(table.weight)
-                if not reads_checkpoint
-                else torch.zeros((1, self.embedding_dim), dtype=dtype)
-            )
-            weight = nn.Parameter(rows.expand(stop - start, self.embedding_dim), requires_grad=False)
+            weight = model_tables.loaded_parameter(table, "weight")
             for name, value in vars(embedding.weight).items():  # SGLang's loading attributes (output_dim, ...)
                 setattr(weight, name, value)
-            weight.weight_loader = table.weight_loader("weight")  # type: ignore[attr-defined]
+            weight.weight_loader = table.weight_loader("weight")  # type: ignore[attr-defined]  # after SGLang's attributes
             self.register_parameter("weight", weight)
             self.register_buffer("weight_scale", embedding.weight_scale, persistent=True)
             del embedding.weight
