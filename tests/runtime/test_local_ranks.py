@@ -130,28 +130,39 @@ run_local(2, workers.meet, timeout=600)
 """
 
 
+def fork_server_of(parent: psutil.Process) -> psutil.Process | None:
+    """`parent`'s child that is a multiprocessing fork server, if one is running (a child that exits as it
+    is looked at is none)."""
+    for child in parent.children():
+        with contextlib.suppress(psutil.NoSuchProcess):  # ZombieProcess among them
+            if "forkserver" in " ".join(child.cmdline()):
+                return child
+    return None
+
+
 @pytest.mark.slow
 def test_a_caller_killed_while_its_fork_server_imports_leaves_no_server_and_forks_no_rank() -> None:
     """kill -9 of the caller while its fork server still imports torch and the engine (its request to
     fork rank 0 queued): the server dies with it, and forks no rank for the run nobody waits for."""
-    caller = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-c", SLOW_START], cwd=ROOT, stdout=subprocess.DEVNULL, start_new_session=True
-    )
-    parent = psutil.Process(caller.pid)
-    deadline = time.monotonic() + 120
-    server = None
-    while server is None and time.monotonic() < deadline:
-        found = [p for p in parent.children() if "forkserver" in " ".join(p.cmdline())]
-        server = found[0] if found else None
-        time.sleep(0.01)
-    assert server is not None, "no fork server appeared"
-    time.sleep(0.5)  # it imports its preload for seconds on this machine
-    before = {p.pid for p in server.children()}  # none while it imports; any forked before the kill are fair
-    caller.kill()
-    caller.wait(timeout=30)
+    ) as caller:
+        parent = psutil.Process(caller.pid)
+        deadline = time.monotonic() + 120
+        server = None
+        while server is None and time.monotonic() < deadline:
+            server = fork_server_of(parent)
+            time.sleep(0.01)
+        assert server is not None, "no fork server appeared"
+        time.sleep(0.5)  # it imports its preload for seconds on this machine
+        before: set[int] = set()
+        with contextlib.suppress(psutil.NoSuchProcess):
+            before = {p.pid for p in server.children()}  # none while it imports; any forked before the kill are fair
+        caller.kill()
+        caller.wait(timeout=30)
     forked: set[int] = set()
     deadline = time.monotonic() + 60
-    with contextlib.suppress(psutil.NoSuchProcess):
+    with contextlib.suppress(psutil.NoSuchProcess):  # ZombieProcess included: it is gone once it is one
         while server.is_running() and server.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
             forked |= {p.pid for p in server.children()} - before
             time.sleep(0.005)

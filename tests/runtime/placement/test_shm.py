@@ -57,8 +57,18 @@ def test_leader_killed_mid_load(small_checkpoint: Path, shm_tmp: Path, tmp_path:
         timeout=120, env={"ENGRAM_DIST_TIMEOUT_S": "20"}, on_start=kill_leader_when_loading,
     )  # fmt: skip
     assert outcomes[0].exitcode == -9
-    for survivor in outcomes[1:]:  # stopped at once: not left to wait out the 20 s for rank 0
-        assert survivor.error == f"rank {survivor.rank} was stopped: rank 0 died with exit code -9 before reporting"
+    for survivor in outcomes[1:]:  # stopped, or the first to see gloo's connection to rank 0 break: one line
+        assert (
+            survivor.error == f"rank {survivor.rank} was stopped: rank 0 died with exit code -9 before reporting"
+            or (
+                survivor.error is not None
+                and survivor.error.startswith(
+                    "engram shared tables (test): ranks [0, 1, 2] did not all reach 'load layers.1.engram.embed.scale' "
+                    f"within 20 s (this is rank {survivor.rank}): "
+                )
+                and "\n" not in survivor.error
+            )
+        )
     assert list(shm_tmp.iterdir()) == []
     assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in pids)
 
