@@ -93,6 +93,8 @@ def collectives(plan: DeploymentPlan) -> list[dict[str, Any]]:
         kind = plan.ranks[0].tables[0].kind
         group = f"TP x {plan.group_size // tp} DP ranks" if plan.across_dp else "TP ranks of a replica"
         what = "rows along heads" if kind == "head" else "rows, their bits summed as integers (one owner per row)"
+        if plan.engine == "sglang":
+            what = "rows, each row's owner giving it and the others zeros (SGLang's)"
         out.append(
             {
                 "op": "all_gather" if kind == "head" else "all_reduce",
@@ -130,10 +132,11 @@ def copying_instead(plan: DeploymentPlan) -> dict[str, int]:
         return {}
     out = {}
     for name, shared in (("private", False), ("dp_shared_memory", True)):
-        if shared and plan.parallel.data_parallel_size < 2:
+        if shared and (plan.parallel.data_parallel_size < 2 or plan.engine == "sglang"):  # SGLang: no shared copy
             continue
         mode = replace_config(plan.config, embedding_across_dp=False, dp_shared_memory=shared)
-        out[name] = per_node(plan_deployment(plan.spec, mode, plan.parallel, plan.platform))[0]["host_bytes"]
+        again = plan_deployment(plan.spec, mode, plan.parallel, plan.platform, plan.engine)
+        out[name] = per_node(again)[0]["host_bytes"]
     return out
 
 

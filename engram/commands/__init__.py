@@ -41,3 +41,36 @@ def positive_number(text: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"{text[:50]!r} must be a finite number above 0")
     return value
+
+
+ENGINES = ("vllm", "sglang")
+
+
+def add_engine_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="vllm",
+        help="the engine the deployment runs in: vllm (the default), or sglang (engram's section in "
+        "ENGRAM_SGLANG_CONFIG, checked with SGLang's own Engram variables in this environment)",
+    )
+
+
+def engine_config(engine: str, deployment: Any) -> Any:
+    """A valid deployment's engram config as `engine` takes it, or the error naming what it cannot honour
+    (SGLang's rules). Inside SGLang a null dp_shared_memory stays off: vLLM's rule, which resolves it, is
+    not SGLang's."""
+    if engine != "sglang":
+        return deployment.engram
+    import os
+
+    import msgspec
+
+    from engram.errors import ConfigError, Problem
+    from engram.integrations.sglang.rules import sglang_refusal
+
+    config = msgspec.structs.replace(deployment.engram, dp_shared_memory=bool(deployment.dp_shared_memory_given))
+    refusal = sglang_refusal(config, os.environ)
+    if refusal:
+        raise ConfigError([Problem("/engram", "sglang-cannot-serve", refusal)])
+    return config

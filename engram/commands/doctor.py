@@ -8,7 +8,7 @@ from typing import Any
 
 from engram.apps.doctor import run_checks
 from engram.apps.presets import PRESETS
-from engram.commands import add_command
+from engram.commands import add_command, add_engine_arg
 from engram.commands.plan import build_plan
 from engram.config import add_deployment_args, add_engram_args, document_from_args, validate_deployment
 from engram.runtime.placement.shm import reclaim_stale, shm_dir
@@ -27,6 +27,7 @@ def register(subparsers: Any) -> None:
     )
     add_engram_args(parser)
     add_deployment_args(parser)
+    add_engine_arg(parser)
     parser.set_defaults(run=run)
 
 

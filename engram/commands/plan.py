@@ -12,7 +12,7 @@ import msgspec
 from engram.apps.planning import host_bytes_by_dp, summary
 from engram.apps.plotting import check_plot_path, figure
 from engram.apps.presets import PRESETS, get_preset
-from engram.commands import add_command, positive_number
+from engram.commands import add_command, add_engine_arg, engine_config, positive_number
 from engram.config import (
     add_deployment_args,
     add_engram_args,
@@ -40,6 +40,7 @@ def register(subparsers: Any) -> None:
     )
     add_engram_args(parser)
     add_deployment_args(parser)
+    add_engine_arg(parser)
     parser.set_defaults(run=run)
 
 
@@ -48,7 +49,8 @@ def build_plan(args: argparse.Namespace) -> tuple[DeploymentPlan, bool | None]:
     document = {"model": msgspec.to_builtins(spec.model_config()), "parallel": {}, "platform": "cuda"}
     deployment = validate_deployment(document_from_args(args, document))
     assert deployment.parallel is not None and deployment.platform is not None
-    plan = plan_deployment(spec, deployment.engram, deployment.parallel, deployment.platform)
+    config = engine_config(args.engine, deployment)
+    plan = plan_deployment(spec, config, deployment.parallel, deployment.platform, args.engine)
     return plan, deployment.dp_shared_memory_given
 
 
@@ -68,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     if plan.vllm_refusal:
         print(f"  vLLM 0.33 would refuse this deployment ({plan.vllm_refusal}); engram serves it with row shards")
     resolution = dp_shared_memory_resolution(given, plan.config.dp_shared_memory)
-    if resolution:
+    if resolution and plan.engine == "vllm":
         print(resolution)
     if plan.sharing_note:
         print(plan.sharing_note)

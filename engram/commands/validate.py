@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from engram.commands import add_command
+from engram.commands import add_command, add_engine_arg, engine_config
 from engram.config import (
     PARTS,
     Deployment,
@@ -28,6 +28,7 @@ from engram.errors import ConfigError, EngramError, Problem
 def register(subparsers: Any) -> None:
     parser = add_command(subparsers, "validate")
     add_deployment_inputs(parser)
+    add_engine_arg(parser)
     parser.add_argument("--json", action="store_true", help="print the verdict as JSON")
     parser.set_defaults(run=run_validate)
 
@@ -74,20 +75,24 @@ def run_validate(args: argparse.Namespace) -> int:
         document = read_document(args)
         checked = checked_parts(document)
         deployment = validate_deployment(document)
+        config = engine_config(args.engine, deployment)
     except ConfigError as exc:
         if not args.json:
             raise
         _print_json(valid=False, checked=checked, errors=exc.errors)
         return 2
     if args.json:
-        _print_json(valid=True, checked=deployment.checked, deployment=deployment)
+        _print_json(valid=True, checked=deployment.checked, deployment=deployment, config=config)
         return 0
     unchecked = [p for p in PARTS if p not in deployment.checked]
     print(
         f"valid: {', '.join(deployment.checked)} checked"
         + (f"; not given, not checked: {', '.join(unchecked)}" if unchecked else "")
     )
-    print("engram: " + " ".join(f"{k}={json.dumps(v)}" for k, v in msgspec.to_builtins(deployment.engram).items()))
+    print("engram: " + " ".join(f"{k}={json.dumps(v)}" for k, v in msgspec.to_builtins(config).items()))
+    if args.engine == "sglang":  # SGLang shards over its TP ranks and keeps no EngramConfig digest
+        print("engine: SGLang 0.5.23 (give the engram section in ENGRAM_SGLANG_CONFIG)")
+        return 0
     resolution = dp_shared_memory_resolution(deployment.dp_shared_memory_given, deployment.engram.dp_shared_memory)
     if resolution:
         print(resolution)
@@ -98,12 +103,17 @@ def run_validate(args: argparse.Namespace) -> int:
 
 
 def _print_json(
-    *, valid: bool, checked: list[str], deployment: Deployment | None = None, errors: list[Problem] | None = None
+    *,
+    valid: bool,
+    checked: list[str],
+    deployment: Deployment | None = None,
+    config: Any = None,
+    errors: list[Problem] | None = None,
 ) -> None:
     result = {
         "valid": valid,
         "checked": checked,
-        "engram": msgspec.to_builtins(deployment.engram) if deployment else None,
+        "engram": msgspec.to_builtins(config) if deployment else None,
         "hash": deployment.engram.compute_hash() if deployment else None,
         "hash_of": deployment.engram.digest_name() if deployment else None,
         "parallel_size": deployment.parallel_size if deployment else None,

@@ -7,7 +7,12 @@ default) a DeepSeek block is the node-local Engram DP group (EDP, engram_dp_size
 (shard = tp_rank * EDP + dp_rank in block); a Qwen block is all of DP with embedding_across_dp, DP-major
 (shard = dp_rank * TP + tp_rank, vLLM's ETP). With "replica" (the seed's) a block is one replica, or
 all of DP with embedding_across_dp, TP-major. DeepSeek tables split into whole heads per rank; Qwen
-tables, and DeepSeek groups larger than the head count (which vLLM refuses), into contiguous row ranges."""
+tables, and DeepSeek groups larger than the head count (which vLLM refuses), into contiguous row ranges.
+
+Inside SGLang (engine "sglang") its own layout holds: each DP replica a copy of the tables over its TP
+ranks (one per node with node_sharing or file_backed, as above); DeepSeek's rows split on the layer's hash
+columns where their count divides TP, else into equal row ranges (SGLang's shard_range); Qwen4Exp's
+vocabulary into VocabParallelEmbedding's shards, padded to 64 rows (times TP where 64 does not divide)."""
 
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ from engram.runtime.placement.storage import placement_for
 from engram.runtime.shard import Placement, ShardFormat
 
 ShardKind = Literal["head", "row"]
+Engine = Literal["vllm", "sglang"]
 MAX_WORLD = 1 << 17  # TP x DP ranks: above the largest clusters; plans stay linear in the world size
 
 
@@ -71,6 +77,7 @@ class DeploymentPlan:
     ranks: tuple[RankPlan, ...]
     vllm_refusal: str | None = None  # why vLLM 0.33 would refuse this layout (engram serves it anyway)
     sharing_note: str | None = None  # why a dp_shared_memory that is on shares nothing in this layout
+    engine: Engine = "vllm"
 
     @property
     def across_dp(self) -> bool:
@@ -82,6 +89,8 @@ class DeploymentPlan:
     @property
     def layout_name(self) -> str:
         """Which per-rank layout this is, in words for `engram plan`."""
+        if self.engine == "sglang":
+            return "sglang (SGLang 0.5.23's: each DP replica's copy split over its TP ranks)"
         if self.config.shard_layout == "replica":
             return "replica (the seed's: a private TP-sharded copy per DP replica)"
         return "vllm (vLLM 0.33's per-rank layout)"
@@ -134,6 +143,27 @@ def table_shards(spec: ModelSpec, index: int, size: int, rows_only: bool = False
     return tuple(out)
 
 
+def sglang_table_shards(spec: ModelSpec, tp_rank: int, tp: int) -> tuple[TableShardPlan, ...]:
+    """TP rank `tp_rank`'s rows of each table inside SGLang (module docstring)."""
+    layout, out = spec.layout, []
+    for table, (name, rows) in enumerate(zip(spec.table_names(), layout.table_rows, strict=True)):
+        if spec.family == "deepseek":
+            layer = layout.table_of_layer.index(table)
+            bounds = [*layout.offsets[layer].reshape(-1).tolist(), rows]
+            per = (len(bounds) - 1) // tp if (len(bounds) - 1) % tp == 0 else 0
+            first, last = (
+                (bounds[tp_rank * per], bounds[(tp_rank + 1) * per])
+                if per
+                else (rows * tp_rank // tp, rows * (tp_rank + 1) // tp)
+            )
+        else:
+            padding = 64 if -(-rows // 64) * 64 % tp == 0 else 64 * tp
+            per = -(-rows // padding) * padding // tp
+            first, last = min(tp_rank * per, rows), min((tp_rank + 1) * per, rows)
+        out.append(TableShardPlan(name, rows, "row", first, last, 0, layout.columns))
+    return tuple(out)
+
+
 def engram_dp_size(spec: ModelSpec, config: EngramConfig, parallel: ParallelConfig) -> int:
     """vLLM 0.33's node-local Engram DP group size (EDP) for DeepSeek V4.1 (initialize_model_parallel):
     all of DP for GPU tables at TP 1 with embedding_across_dp (peers' memory over one NVLink domain),
@@ -157,11 +187,8 @@ def vllm_refusal(spec: ModelSpec, size: int) -> str | None:
     return None
 
 
-def plan_deployment(
-    spec: ModelSpec, config: EngramConfig, parallel: ParallelConfig, platform: str = "cuda"
-) -> DeploymentPlan:
-    config = config.resolve_dp_shared_memory(parallel)  # a null one, as vLLM 0.33 resolves it
-    config.verify_parallel_config(parallel)
+def sizes_of(parallel: ParallelConfig) -> tuple[int, int, int]:
+    """(TP, DP, DP replicas per node) of a deployment any plan can be made of, or the reason it cannot."""
     tp, dp = parallel.tensor_parallel_size, parallel.data_parallel_size
     local = parallel.data_parallel_size_local or dp
     if dp % local:
@@ -172,6 +199,18 @@ def plan_deployment(
         raise EngramError(
             f"TP {tp} x DP {dp} = {tp * dp:,} ranks is more than any deployment has (at most {MAX_WORLD:,}); check the parallel sizes"
         )
+    return tp, dp, local
+
+
+def plan_deployment(
+    spec: ModelSpec, config: EngramConfig, parallel: ParallelConfig, platform: str = "cuda", engine: Engine = "vllm"
+) -> DeploymentPlan:
+    """Who holds which rows in `engine`'s layout (the module docstring), with what placement."""
+    if engine == "sglang":
+        return _sglang_plan(spec, config, parallel, platform)
+    config = config.resolve_dp_shared_memory(parallel)  # a null one, as vLLM 0.33 resolves it
+    config.verify_parallel_config(parallel)
+    tp, dp, local = sizes_of(parallel)
     # The DP ranks one embedding group spans (a block of consecutive ones), and whether the group's shard
     # index puts DP first (vLLM's Qwen ETP: dp * TP + tp) or TP first (tp * span + dp).
     if config.shard_layout == "vllm" and spec.family == "qwen":
@@ -240,3 +279,22 @@ def plan_deployment(
             )
     refusal = vllm_refusal(spec, tp * span) if config.shard_layout == "vllm" and not peer_rows else None
     return DeploymentPlan(spec, config, parallel, platform, tuple(ranks), refusal, note)
+
+
+def _sglang_plan(spec: ModelSpec, config: EngramConfig, parallel: ParallelConfig, platform: str) -> DeploymentPlan:
+    """plan_deployment inside SGLang: a copy per DP replica over its TP ranks (module docstring), placed as
+    the plugin places it (no replicas' group to share a copy in: node_sharing shares one per node)."""
+    tp, dp, local = sizes_of(parallel)
+    placement = placement_for(config, platform, shareable=False)
+    shards = [sglang_table_shards(spec, tp_rank, tp) for tp_rank in range(tp)]
+    ranks = tuple(
+        RankPlan(
+            rank=dp_rank * tp + tp_rank, tp_rank=tp_rank, dp_rank=dp_rank, node=dp_rank // local,
+            shard_index=tp_rank, embedding_group=range(dp_rank * tp, (dp_rank + 1) * tp),
+            dp_group=range(dp_rank * tp + tp_rank, dp_rank * tp + tp_rank + 1), shm_group=None,
+            placement=placement, tables=shards[tp_rank],
+        )
+        for dp_rank in range(dp)
+        for tp_rank in range(tp)
+    )  # fmt: skip
+    return DeploymentPlan(spec, config, parallel, platform, ranks, engine="sglang")

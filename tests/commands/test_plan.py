@@ -384,3 +384,75 @@ def test_a_valid_deployment_is_planned_with_its_alternatives(
     pytest.importorskip("matplotlib")
     assert main([*argv, "--plot", str(tmp_path / "p.png")]) == 0
     assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_v41_inside_sglang_splits_rows_on_hash_columns_per_replica(capsys: pytest.CaptureFixture[str]) -> None:
+    """--engine sglang: each DP replica holds a copy over its TP ranks, split on the layer's hash columns
+    where their count divides TP (24 columns over 4 ranks: 6 heads each, as SGLang's shard_range puts
+    them), else into equal row ranges (24 over 5: SGLang's floor split); one all-reduce of the rows a layer."""
+    report = plan(capsys, "--tensor-parallel-size", "4", "--data-parallel-size", "2", "--engine", "sglang")
+    pinned = [r["pinned_host_bytes"] for r in report["per_rank"]]
+    assert pinned == [bytes_of_heads(range(6 * r, 6 * r + 6)) for r in range(4)] * 2
+    assert report["per_node"][0]["host_bytes"] == 2 * V41_TABLE
+    assert report["shard_layout"] == "sglang (SGLang 0.5.23's: each DP replica's copy split over its TP ranks)"
+    assert report["collectives"] == [
+        {
+            "op": "all_reduce",
+            "what": "rows, each row's owner giving it and the others zeros (SGLang's), every layer",
+            "group": "TP ranks of a replica",
+            "group_size": 4,
+            "bytes_per_token": 2 * 24 * 256 * 2,
+        }
+    ]
+    uneven = plan(capsys, "--tensor-parallel-size", "5", "--engine", "sglang")
+    rows = get_preset("deepseek-v4.1-flash").layout.table_rows
+    expected = [sum((n * (r + 1) // 5 - n * r // 5) for n in rows) * 264 for r in range(5)]
+    assert [r["pinned_host_bytes"] for r in uneven["per_rank"]] == expected
+
+
+@pytest.mark.parametrize(
+    ("settings", "environment", "refused"),
+    [
+        (
+            ["--engram-config.dp_shared_memory", "true", "--data-parallel-size", "2"],
+            {},
+            "engram setting 'dp_shared_memory' cannot be honoured inside SGLang",
+        ),
+        (
+            ["--engram-config.embedding_across_dp", "true"],
+            {},
+            "engram setting 'embedding_across_dp' cannot be honoured inside SGLang",
+        ),
+        ([], {"SGLANG_OPT_DSV41_ENGRAM_PEER_SHARDS": "1"}, "SGLANG_OPT_DSV41_ENGRAM_PEER_SHARDS=1 asks SGLang to keep"),
+    ],
+)
+def test_what_sglang_cannot_honour_is_one_line(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    settings: list[str],
+    environment: dict[str, str],
+    refused: str,
+) -> None:
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    for command in (["plan", "--preset", "tiny"], ["validate"]):
+        argv = [*command, "--engram-config.cpu_offload", "true", *settings, "--engine", "sglang"]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert (
+            err.startswith(f"error: /engram: {refused}")
+            and err.endswith(" [sglang-cannot-serve]\n")
+            and err.count("\n") == 1
+        )
+
+
+def test_a_null_dp_shared_memory_stays_off_inside_sglang(capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM's rule turns a null dp_shared_memory on with cpu_offload and DP > 1; SGLang has no such rule."""
+    assert (
+        main(["validate", "--engram-config.cpu_offload", "true", "--data-parallel-size", "2", "--engine", "sglang"])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert " dp_shared_memory=false " in out and out.endswith(
+        "engine: SGLang 0.5.23 (give the engram section in ENGRAM_SGLANG_CONFIG)\n"
+    )

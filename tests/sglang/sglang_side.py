@@ -22,7 +22,7 @@ from sglang.srt.runtime_context import get_context, get_parallel
 from engram.apps.presets import get_preset
 from engram.integrations import model_tables
 from engram.integrations.sglang.deepseek import embedding_class
-from engram.integrations.sglang.settings import ENV
+from engram.integrations.sglang.rules import ENV
 
 
 def digest(rows: torch.Tensor) -> str:

@@ -16,7 +16,9 @@ import torch
 from safetensors.torch import load_file
 
 from engram.apps.presets import get_preset
+from engram.config import ParallelConfig, load_config
 from engram.runtime.checkpoints.writer import write_checkpoint
+from engram.runtime.plan import plan_deployment
 from tests.sglang.runner import ask_sglang, needs_sglang
 
 TINY = get_preset("tiny")
@@ -102,6 +104,12 @@ def test_every_placement_serves_sglangs_rows_at_every_tp_rank(checkpoints: dict[
             shown = [r for r in answer["ranks"] if r["tp"] == tp]
             assert sorted((r["row_start"], r["row_start"] + r["rows"]) for r in shown)[0][0] == 0
             assert sum(r["rows"] for r in shown) == TINY.layout.table_rows[LAYER]
+        planned = {  # `engram plan --engine sglang` says the same rows of every rank
+            (tp, rank.tp_rank): (rank.tables[LAYER].row_start, rank.tables[LAYER].rows)
+            for tp in (1, 2, 4)
+            for rank in plan_deployment(TINY, load_config(cases[0]["config"], env={}), ParallelConfig(tensor_parallel_size=tp), "cpu", "sglang").ranks
+        }  # fmt: skip
+        assert planned == {(r["tp"], r["rank"]): (r["row_start"], r["rows"]) for r in answer["ranks"]}
 
 
 CONFIGS_ORDER = list(CONFIGS)

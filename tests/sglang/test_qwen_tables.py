@@ -15,8 +15,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from engram.config import ParallelConfig, load_config
 from engram.integrations.sglang.qwen import _BUILDING, named_by_module
 from engram.runtime.checkpoints.writer import write_checkpoint
+from engram.runtime.plan import plan_deployment
 from tests.runtime.specs import QWEN
 from tests.sglang.runner import ask_sglang, needs_sglang
 
@@ -87,6 +89,12 @@ def test_every_placement_gathers_sglangs_rows_at_every_tp_rank(checkpoint: Path)
             spans = sorted((r["start"], r["stop"]) for r in shown["ranks"] if r["tp"] == tp)
             assert spans[0][0] == 0 and spans[-1][1] == rows
             assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))
+        planned = {  # `engram plan --engine sglang` says the same rows of every rank
+            (tp, rank.tp_rank): (rank.tables[0].row_start, rank.tables[0].row_stop)
+            for tp in (1, 2, 4)
+            for rank in plan_deployment(QWEN, load_config(CONFIGS["host"][0], env={}), ParallelConfig(tensor_parallel_size=tp), "cpu", "sglang").ranks
+        }  # fmt: skip
+        assert planned == {(r["tp"], r["rank"]): (r["start"], r["stop"]) for r in shown["ranks"]}
 
 
 def test_a_ple_table_is_named_by_the_module_that_builds_it() -> None:

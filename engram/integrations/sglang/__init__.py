@@ -74,7 +74,7 @@ def _stand_aside(version: str, problem: str) -> None:
     if version in _said:
         return
     _said.add(version)
-    from engram.integrations.sglang.settings import ENV
+    from engram.integrations.sglang.rules import ENV
 
     if os.environ.get(ENV):
         log.error(
