@@ -56,7 +56,7 @@ def embedding_class(theirs: type) -> type:
             self.config, self.name = config, table_name(layer_id)
             reads_checkpoint = where in ("file", "node")
             table = model_tables.open_model_table(
-                config, model_dir() if reads_checkpoint else None, self.name, ShardFormat(self.rows, dim, "fp8"),
+                config, model_dir(config) if reads_checkpoint else None, self.name, ShardFormat(self.rows, dim, "fp8"),
                 where, row_start=self.row_start, table_rows=num_embeddings, find=reads_checkpoint,
             )  # fmt: skip
             self.engram, self._untiered = table, True

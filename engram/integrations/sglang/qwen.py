@@ -75,7 +75,7 @@ def pinned_host_class(theirs: Any) -> type:
             self.config, self.name = config, _BUILDING.get() or "ngram_embedding"
             reads_checkpoint = where in ("file", "node")
             table = model_tables.open_model_table(
-                config, model_dir() if reads_checkpoint else None, self.name, ShardFormat(stop - start, self.embedding_dim, ROW_FORMATS[dtype]),
+                config, model_dir(config) if reads_checkpoint else None, self.name, ShardFormat(stop - start, self.embedding_dim, ROW_FORMATS[dtype]),
                 where, row_start=start, table_rows=self.org_vocab_size, find=reads_checkpoint,
             )  # fmt: skip
             self.engram, self._untiered = table, True

@@ -35,13 +35,12 @@ def _checked(text: str, sglang_settings: tuple[str, ...]) -> EngramConfig:
     return config
 
 
-def model_dir() -> str:
-    """The model's local directory, as SGLang's resolved model settings name it."""
+def model_dir(config: EngramConfig) -> str:
+    """The model's local directory, as SGLang's resolved model settings name it, for `config`'s tables
+    read from the checkpoint (file_backed, node_sharing)."""
     from sglang.srt.runtime_context import get_model
 
     model = get_model()
-    config = engram_config()
-    assert config is not None
     return model_directory(
         getattr(model, "model_path", None), config, dummy=getattr(model, "load_format", "auto") == "dummy"
     )
