@@ -62,7 +62,7 @@ test-vllm-engine: setup .venv-vllm-$(VLLM_ENGINE)/.installed
 	ENGRAM_VLLM_ENGINE_PYTHON=.venv-vllm-$(VLLM_ENGINE)/bin/python $(PY) -m pytest -q tests/vllm_engine
 
 # SGLang's own Engram classes beside engram's, on the CPU (its GPU build with the registry's CUDA torch: no
-# CPU build exists; about 8 GB). Opt-in: not part of `make test`.
+# CPU build exists; about 6 GB). Opt-in: not part of `make test`.
 SGLANG ?= 0.5.23
 
 .venv-sglang/.installed: scripts/install_sglang.py pyproject.toml
