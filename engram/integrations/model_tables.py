@@ -1,8 +1,9 @@
 """A model's tables inside an engine, for every engine plugin (vLLM's, SGLang's): where a table lives (the
-engine's rule, placement_for), the model's checkpoint it is served or loaded from (opened once per process
-and directory, with one resident-set budget per checkpoint: file_cache_bytes), the checkpoint's name for
-the table an engine module holds, and the tier of hot rows it gets. Everything below is the table layer's
-(engram.runtime.table); a plugin adds only its engine's names and hooks."""
+engine's rule), the model's checkpoint it is served or loaded from (opened once per process and
+directory), the checkpoint's name for the table an engine module holds, and the tier of hot rows it gets.
+The config's decisions (device, UVA runtime, the checkpoint's resident-set budget, node sharing, tiers)
+are the table layer's TableOpener, one per config and checkpoint in a process, as engram's engine makes
+them; a plugin adds only its engine's names and hooks."""
 
 from __future__ import annotations
 
@@ -18,32 +19,29 @@ from engram.runtime.table import (
     Group,
     Part,
     Placement,
-    ResidentBudget,
     ShardFormat,
     Table,
     as_parameter,
     configured_profile,
-    keep_hot,
-    open_table,
-    placement_for,
-    uva_runtime,
 )
+from engram.runtime.table_opener import TableOpener, lookup_device
 
 checkpoint = functools.cache(Checkpoint)  # one open checkpoint per directory and process
 profile = functools.cache(configured_profile)  # one read per config: an engine builds an equal one per module
 
 
 @functools.cache
-def budget(path: str, budget_bytes: int) -> ResidentBudget:
-    """The one budget (file_cache_bytes) of the checkpoint at `path` in this process, which every table
-    served from it shares."""
-    return ResidentBudget(budget_bytes)
+def opener(config: EngramConfig, model_dir: str | None) -> TableOpener:
+    """The one TableOpener in this process of `config` and the checkpoint at `model_dir` (None: tables the
+    engine's loaders fill), whose resident-set budget (file_cache_bytes) every table served from it shares."""
+    found = None if model_dir is None else checkpoint(model_dir)
+    return TableOpener(config, checkpoint=found, profile=profile(config))
 
 
 def forget_checkpoints() -> None:
     """Drop this process's open checkpoints and budgets (each file's mapping goes with its last table view)."""
+    opener.cache_clear()
     checkpoint.cache_clear()
-    budget.cache_clear()
 
 
 def reading_setting(config: EngramConfig) -> str:
@@ -88,19 +86,14 @@ def table_named(found: Checkpoint, prefix: str) -> str:
     return names[0]
 
 
-def engine_device() -> torch.device:
-    """The device an engine's lookups run on in this process: its current GPU, else the CPU."""
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-
-
 def placement(config: EngramConfig, *, shareable: bool) -> Placement | None:
-    """Where engram keeps an engine's table: the engine's rule (placement_for), or None where the engine's
-    layout leaves the table to the engine: a device table on a GPU is the engine's own tensor, read by its
-    kernels. `shareable`: the engine gives the table a node-local group of replicas (dp_shared_memory)."""
-    on_gpu = torch.cuda.is_available()
-    if on_gpu and not config.cpu_offload:
+    """Where engram keeps an engine's table: the table layer's rule (TableOpener.placement), or None where
+    the engine's layout leaves the table to the engine: a device table on a GPU is the engine's own tensor,
+    read by its kernels. `shareable`: the engine gives the table a node-local group of replicas
+    (dp_shared_memory)."""
+    if lookup_device().type == "cuda" and not config.cpu_offload:
         return None
-    return placement_for(config, "cuda" if on_gpu else "cpu", shareable=shareable)
+    return opener(config, None).placement(shareable=shareable)
 
 
 def open_model_table(
@@ -120,27 +113,20 @@ def open_model_table(
     node_sharing the node's copy of it, attached or loaded from that checkpoint now (the engine's loaders
     then copy nothing). `find`: `name` is the engine's module prefix, and the checkpoint's tensor is found
     by it (table_named)."""
-    found = resident = None
-    if where in ("file", "node"):
-        if model_dir is None:
-            raise EngramError(f"engram setting {reading_setting(config)!r} needs the model's checkpoint directory")
-        found = checkpoint(model_dir)
-        name = table_named(found, name) if find else name
-        if where == "file" and config.file_cache_bytes:
-            resident = budget(model_dir, config.file_cache_bytes)
-    return open_table(
-        name, fmt, where, row_start=row_start, table_rows=table_rows, checkpoint=found, group=group,
-        runtime=uva_runtime(), budget=resident, sharing=config.node_sharing, device=engine_device(),
-    )  # fmt: skip
+    reads_checkpoint = where in ("file", "node")
+    if reads_checkpoint and model_dir is None:
+        raise EngramError(f"engram setting {reading_setting(config)!r} needs the model's checkpoint directory")
+    tables = opener(config, model_dir if reads_checkpoint else None)
+    if find and tables.checkpoint is not None:
+        name = table_named(tables.checkpoint, name)
+    return tables.table(name, fmt, where, row_start=row_start, table_rows=table_rows, group=group)
 
 
 def give_tier(config: EngramConfig, name: str, table: Table, tables: int) -> None:
     """Give `table` (the rows this rank holds of the table the engine names `name`, one of the model's
-    `tables`) its tier, when one is configured. The profile names tables as the checkpoint does, which an
-    engine may prefix differently: its one table ending as `name` does from `layers.` on. The budget is
-    split over the profile's tables where one is given, else over the engine's count of them."""
-    if not (config.device_cache_bytes or config.ram_cache_bytes):
-        return
+    `tables`) its tier, when one is configured (TableOpener.give_tiers). The profile names tables as the
+    checkpoint does, which an engine may prefix differently: its one table ending as `name` does from
+    `layers.` on."""
     hot = profile(config)
     tail = layer_tail(name)
     found = [] if hot is None else [t for t in hot if t == name or t.endswith(tail)]
@@ -148,9 +134,8 @@ def give_tier(config: EngramConfig, name: str, table: Table, tables: int) -> Non
         raise EngramError(
             f"the profile {config.device_cache_profile} holds {len(found)} tables ending in {tail} ({', '.join(found[:3])}); profile this model with `engram profile --out`"
         )
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    among = len(hot) if hot is not None else tables
-    keep_hot(config, [table], device, hot, among=among, profile_key=lambda _: found[0] if found else name)
+    key = found[0] if found else name
+    opener(config, None).give_tiers([table], among=tables, key=lambda _: key)
 
 
 def loaded_parameter(table: Table, part: Part) -> torch.nn.Parameter:

@@ -234,7 +234,8 @@ def error_flag(device: torch.device | str) -> torch.Tensor:
     too. Make it before any capture (EngramTables.build does): pinning memory is no capturable step."""
     index = _index(device)
     if index not in _flags:
-        _flags[index] = torch.zeros(len(FLAG_MESSAGES), dtype=torch.int32, pin_memory=True)
+        # host memory whatever the default device (engines build models under `with torch.device("cuda")`)
+        _flags[index] = torch.zeros(len(FLAG_MESSAGES), dtype=torch.int32, device="cpu", pin_memory=True)
     return _flags[index]
 
 

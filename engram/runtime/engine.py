@@ -21,13 +21,11 @@ from engram.ngram.spec import ModelSpec
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.dist import Group, new_group, timeout_s
 from engram.runtime.embedding import EngramEmbedding, gather_replica_ids
-from engram.runtime.placement.residency import ResidentBudget
 from engram.runtime.plan import DeploymentPlan, RankPlan, plan_deployment
 from engram.runtime.replica_nodes import align_to_nodes
 from engram.runtime.shard import TableShard
 from engram.runtime.table import Part, Table, TableStats
-from engram.runtime.tables import open_tables
-from engram.runtime.tiers.assign import configured_profile, keep_hot
+from engram.runtime.table_opener import TableOpener, lookup_device
 
 log = logging.getLogger("engram")
 
@@ -156,29 +154,14 @@ class EngramTables:
             )
         rank = dist.get_rank()
         mine = plan.ranks[rank]
-        device = torch.device("cpu")
-        if platform == "cuda":
-            from engram.ops.cuda import error_flag, library_runtime
-
-            device = torch.device("cuda", torch.cuda.current_device())
-            error_flag(device)  # now, not lazily inside a capture
-            if runtime is None and mine.placement != "device":
-                runtime = library_runtime()  # host tables are pinned and read over UVA
-        hot = configured_profile(config, profile)  # before a byte is loaded: a static tier without a profile is refused
-        groups = create_groups(plan, rank)
-        checkpoint = checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint(checkpoint)
-        shards = open_tables(
-            spec, checkpoint, mine.placement, plans=mine.tables, group=groups.shm, runtime=runtime, progress=progress,
-            sharing=config.node_sharing, device=device,
+        # the config's decisions for the tables (device, UVA runtime, budgets, tiers' profile), before a byte is loaded
+        opener = TableOpener(
+            config, device=lookup_device(platform), checkpoint=checkpoint, profile=profile, runtime=runtime,
+            out_dtype=out_dtype,
         )  # fmt: skip
-        budget = None
-        if config.file_cache_bytes and any(s.files for s in shards):  # one budget over every file of the rank's
-            budget = ResidentBudget(config.file_cache_bytes)
-        tables = [
-            Table(shard, p.table_rows, out_dtype=out_dtype, budget=budget, group=groups.shm)
-            for shard, p in zip(shards, mine.tables, strict=True)
-        ]
-        keep_hot(config, tables, device, hot)
+        groups = create_groups(plan, rank)
+        tables = opener.tables(spec, mine.placement, mine.tables, group=groups.shm, progress=progress)
+        opener.give_tiers(tables)
         layers = [
             EngramEmbedding(
                 tables[table],
@@ -197,7 +180,7 @@ class EngramTables:
             for part, param in parts:
                 if param is not None:
                     param.weight_loader = layer.table.weight_loader(part)  # type: ignore[attr-defined]
-        return cls(plan, mine, groups, shards, layers, device)
+        return cls(plan, mine, groups, [t.shard for t in tables], layers, opener.device)
 
     @property
     def tables(self) -> list[Table]:

@@ -4,14 +4,15 @@ A shard is rows [row_start, row_start + rows) of a table of `table_rows` rows, s
 formats (engram.ops.formats) where its placement says (placement/storage.py: a device tensor, an exact
 host mapping pinned for UVA, huge pages, a node-shared memfd, or the checkpoint file's own pages). Its
 bytes come from a checkpoint (engram.runtime.tables.open_tables loads many at once), from the loader
-callbacks an engine's own weight loading calls (`Table.weight_loader`: vLLM's), or, for a file-backed
-shard, from nowhere at all: the rows are the file's pages.
+callbacks an engine's own weight loading calls (`Table.weight_loader`: vLLM's, SGLang's), or, for a
+file-backed shard, from nowhere at all: the rows are the file's pages.
 
 `Table` checks the row range and the output once, and serves lookups through the reader of its mode
 (engram.runtime.lookup: memory, a file's pages, a file through its RAM tier), chosen when it opens and
 when it gets a tier (engram.runtime.tiers: keep_hot). engram's engine (EngramTables/EngramEmbedding) and
-the vLLM plugin (engram.integrations.vllm) both serve their tables through it, and this module is the
-plugin's one door into the runtime: the names it needs are re-exported here."""
+the engine plugins (engram.integrations) all serve their tables through it, opened as the config says by
+engram.runtime.table_opener; with that module, this one is the plugins' door into the runtime: the names
+they need are re-exported here."""
 
 from __future__ import annotations
 
@@ -32,9 +33,9 @@ from engram.runtime.lookup import reader_for
 from engram.runtime.placement.filemap import file_shard, watch_files
 from engram.runtime.placement.node_copy import node_shard
 from engram.runtime.placement.residency import DiskReads, ResidentBudget
-from engram.runtime.placement.storage import allocate, placement_for
+from engram.runtime.placement.storage import allocate
 from engram.runtime.shard import PACKED, Output, Part, Placement, ShardFormat, TableShard
-from engram.runtime.tiers.assign import configured_profile, keep_hot
+from engram.runtime.tiers.assign import configured_profile
 from engram.runtime.tiers.base import TierStats
 from engram.runtime.tiers.budget import TierName
 from engram.runtime.tiers.open import Tier, open_tier
@@ -48,7 +49,6 @@ __all__ = [
     "Part",
     "Placement",
     "Profile",
-    "ResidentBudget",
     "Rows",
     "ShardFormat",
     "Table",
@@ -57,25 +57,13 @@ __all__ = [
     "TierStats",
     "as_parameter",
     "configured_profile",
-    "keep_hot",
     "open_shard",
     "open_table",
-    "placement_for",
     "read_profile",
     "shared_group",
-    "uva_runtime",
 ]
 
 log = logging.getLogger("engram")
-
-
-def uva_runtime() -> CudaRuntime | None:
-    """The CUDA runtime that pins host tables for the GPU's reads over UVA, or None without a GPU."""
-    if not torch.cuda.is_available():
-        return None
-    from engram.ops.cuda import library_runtime
-
-    return library_runtime()
 
 
 def shared_group(handle: Any, ranks: Sequence[int], label: str) -> Group:
