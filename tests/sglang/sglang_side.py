@@ -83,6 +83,8 @@ def rows_case(case: dict[str, Any]) -> dict[str, Any]:
                     seen: dict[str, Any] = {"tp": tp, "rank": rank, "row_start": engram_table.row_start,
                                             "rows": engram_table.rows, "placement": engram_table.engram.shard.placement,
                                             "tier": None if engram_table.engram.tier is None else engram_table.engram.tier.name,
+                                            # SGLang's scheduler row stager copies from weight's memory: never engram's
+                                            "staged_by_scheduler": bool(engram_table.shared_host_table_without_ats),
                                             "batches": []}  # fmt: skip
                     for ids in case["ids"]:
                         ids_t = torch.tensor(ids, dtype=torch.int64)

@@ -93,6 +93,7 @@ def test_every_placement_serves_sglangs_rows_at_every_tp_rank(checkpoints: dict[
         for rank in answer["ranks"]:
             assert rank["placement"] == PLACEMENTS.get(label, "file"), label
             assert rank["tier"] == {"file, RAM tier": "ram", "host, device tier": "device"}.get(label), label
+            assert rank["staged_by_scheduler"] is False, label  # EngramRowStager.from_model leaves it to forward
             for batch, asked in zip(rank["batches"], ids, strict=True):
                 assert batch["equal"], (label, rank["tp"], rank["rank"])
                 reference = reference_rows(
