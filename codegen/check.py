@@ -255,8 +255,8 @@ def _check_node(node: dict[str, Any], pointer: str, dialects: frozenset[str] = f
     env = node.get("x-engram-env")
     if env is not None and (not isinstance(env, list) or not all(isinstance(v, str) for v in env)):
         raise SchemaError(f"{pointer}/x-engram-env: must be a list of environment variable names")
-    if env is not None and node.get("type") != "boolean":
-        raise SchemaError(f"{pointer}/x-engram-env: only boolean fields take environment defaults")
+    if env is not None and node.get("type") not in ("boolean", "string", ["string", "null"]):
+        raise SchemaError(f"{pointer}/x-engram-env: only boolean and string fields take environment defaults")
     hashed = node.get("x-engram-hash")
     if hashed is not None and not (
         isinstance(hashed, dict) and set(hashed) == {"exclude"} and isinstance(hashed["exclude"], str)

@@ -32,11 +32,11 @@ from engram._generated.structs import (
     ParallelConfig,
     resolve_engram_config,
 )
-from engram._generated.validators import check_document
+from engram._generated.validators import FIELD_CHECKS, check_document
 from engram.errors import ConfigError, Problem
 from engram.memory.host import HostLimits, verify_host_memory
 from engram.validation.behaviour import NULL_RESOLUTION
-from engram.validation.env import env_bool, parse_bool
+from engram.validation.env import env_bool, env_text, parse_bool
 from engram.validation.json_values import _describe, _shown
 from engram.validation.patterns import PatternTimeout, pattern_budget
 
@@ -344,7 +344,10 @@ def _fill_env_defaults(section: dict[str, Any], env: Mapping[str, str], problems
         if name in section:
             continue
         try:
-            section[name] = env_bool(env, variables, default, f"/engram/{name}")
+            if isinstance(default, bool):
+                section[name] = env_bool(env, variables, default, f"/engram/{name}")
+            else:
+                section[name] = env_text(env, variables, default, f"/engram/{name}", FIELD_CHECKS["EngramConfig"][name])
         except ConfigError as exc:
             problems.extend(exc.errors)
 

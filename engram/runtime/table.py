@@ -82,12 +82,14 @@ def open_shard(
     group: Group | None = None,
     runtime: CudaRuntime | None = None,
     sharing: str = "node",
+    node_dir: str | None = None,
     device: torch.device | None = None,
     progress: bool = True,
 ) -> TableShard:
     """The storage of one shard, empty (zeros) unless file-backed or node-shared: placement file maps it
     from `checkpoint`, placement node attaches the node's copy or loads it from `checkpoint` (`sharing`:
-    node_sharing's "node" or "numa", `device` the GPU whose NUMA node decides), placement shm shares it
+    node_sharing's "node" or "numa", `node_dir` where the node's engines meet, `device` the GPU whose NUMA
+    node decides), placement shm shares it
     over `group` (the node-local replicas), and `runtime` pins host memory for the GPU."""
     rows = fmt.rows if table_rows is None else table_rows
     if row_start < 0 or row_start + fmt.rows > rows:
@@ -101,8 +103,9 @@ def open_shard(
         return file_shard(name, fmt, row_start, rows, checkpoint, runtime)
     where = device or torch.device("cpu")
     return node_shard(
-        name, fmt, row_start, rows, checkpoint, mode=sharing, device=where, runtime=runtime, progress=progress
-    )
+        name, fmt, row_start, rows, checkpoint, mode=sharing, device=where, runtime=runtime, progress=progress,
+        node_dir=node_dir,
+    )  # fmt: skip
 
 
 def open_table(

@@ -98,7 +98,7 @@ class TableOpener:
         return open_table(
             name, fmt, placement, out_dtype=self.out_dtype, budget=self.budget, row_start=row_start,
             table_rows=table_rows, checkpoint=self.checkpoint, group=group, runtime=self.runtime(placement),
-            sharing=self.config.node_sharing, device=self.device, progress=progress,
+            sharing=self.config.node_sharing, node_dir=self.config.node_dir, device=self.device, progress=progress,
         )  # fmt: skip
 
     def tables(
@@ -116,7 +116,8 @@ class TableOpener:
             raise ValueError("TableOpener.tables loads from a checkpoint: open the TableOpener with one")
         shards = open_tables(
             spec, self.checkpoint, placement, plans=plans, group=group, runtime=self.runtime(placement),
-            progress=progress, on_bytes=on_bytes, sharing=self.config.node_sharing, device=self.device,
+            progress=progress, on_bytes=on_bytes, sharing=self.config.node_sharing, node_dir=self.config.node_dir,
+            device=self.device,
         )  # fmt: skip
         return [
             Table(shard, p.table_rows, out_dtype=self.out_dtype, budget=self.budget, group=group)

@@ -63,15 +63,21 @@ def open_tables(
     progress: bool = True,
     on_bytes: Callable[[int], None] | None = None,
     sharing: str = "node",
+    node_dir: str | None = None,
     device: torch.device | None = None,
 ) -> list[TableShard]:
     """Allocate the planned shards (default: every table whole) where `placement` says and load them
     from `checkpoint`. With placement shm, `group` shares them and only its leader writes; with placement
-    node (`sharing`: "node" or "numa"; `device`: the GPU they are read from) each is the node's copy,
-    attached, or loaded here when no process of this user on the node holds it."""
+    node (`sharing`: "node" or "numa"; `node_dir`: where the node's engines meet; `device`: the GPU they
+    are read from) each is the node's copy, attached, or loaded here when no process of this user on the
+    node holds it."""
     plans = whole_tables(spec) if plans is None else plans
     check_hash_buffers(spec, checkpoint)
-    node = {"sharing": sharing, "device": device, "progress": progress} if placement == "node" else {}
+    node = (
+        {"sharing": sharing, "node_dir": node_dir, "device": device, "progress": progress}
+        if placement == "node"
+        else {}
+    )
     shards = allocate_shards(spec, plans, placement, group=group, runtime=runtime, checkpoint=checkpoint, **node)
     if placement in ("file", "node"):  # nothing to copy: views of the checkpoint's files, or node copies loaded
         return shards

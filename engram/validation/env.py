@@ -1,8 +1,9 @@
-"""Boolean values from the environment, with the spellings vLLM accepts."""
+"""Field defaults from the environment: booleans with the spellings vLLM accepts, and text checked as its
+field is."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from engram.errors import ConfigError, Problem
 
@@ -30,6 +31,31 @@ def env_bool(env: Mapping[str, str], names: tuple[str, ...], default: bool, path
                             "env-bool",
                             f"{name}={env[name]!r} is not a boolean; use 1/true/yes/on or 0/false/no/off, or unset it",
                         )
+                    ]
+                )
+            return value
+    return default
+
+
+def env_text(
+    env: Mapping[str, str],
+    names: tuple[str, ...],
+    default: str | None,
+    path: str,
+    check: Callable[[object, str, list[Problem]], None],
+) -> str | None:
+    """The first of `names` set in `env`, else `default`; `check` (the field's generated check) refuses a
+    value as the field would, and the error names the variable. `path`: the field's JSON pointer."""
+    for name in names:
+        if name in env:
+            value = env[name]
+            problems: list[Problem] = []
+            check(value, path, problems)
+            if problems:
+                raise ConfigError(
+                    [
+                        Problem(p.path, p.rule, f"{name}={value[:200]!r}: {p.message}; change or unset it")
+                        for p in problems
                     ]
                 )
             return value

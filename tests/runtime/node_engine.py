@@ -7,7 +7,8 @@ tables' PSS) once REPORT.go exists, and exits once REPORT.exit exists (each wait
 `pause_at`, it stops at that stage of loading or serving a copy (engram.runtime.placement.node_sharing's
 stages, or "filling": half-way into the copy's bytes), writes REPORT.stage and sleeps until killed.
 `rows` N builds rows [0, N) of each table only (another shard of the same checkpoint). `sandboxed`: it can
-open no netlink socket (tests.seccomp), so the kernel cannot name socket owners for it."""
+open no netlink socket (tests.seccomp), so the kernel cannot name socket owners for it. `node_dir`: the
+engines meet in that rendezvous directory."""
 
 from __future__ import annotations
 
@@ -74,16 +75,19 @@ def run(
     stage: str | None = None,
     rows: int | None = None,
     sandboxed: bool = False,
+    node_dir: str | None = None,
 ) -> None:
     """The engine (module docstring); a failure's traceback goes to REPORT.error."""
     try:
-        engine(checkpoint, report, mode, stage, rows, sandboxed)
+        engine(checkpoint, report, mode, stage, rows, sandboxed, node_dir)
     except BaseException:
         report.with_suffix(".error").write_text(traceback.format_exc())
         raise
 
 
-def engine(checkpoint: str, report: Path, mode: str, stage: str | None, rows: int | None, sandboxed: bool) -> None:
+def engine(
+    checkpoint: str, report: Path, mode: str, stage: str | None, rows: int | None, sandboxed: bool, node_dir: str | None
+) -> None:
     os.environ["ENGRAM_DIST_TIMEOUT_S"] = "60"
     handler = logging.FileHandler(report.with_suffix(".log"))
     handler.setFormatter(logging.Formatter("%(message)s"))
@@ -97,7 +101,8 @@ def engine(checkpoint: str, report: Path, mode: str, stage: str | None, rows: in
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
         if sandboxed:  # after gloo, which lists the network's interfaces over netlink
             deny_netlink()
-        config = load_config({"cpu_offload": True, "node_sharing": mode, "dp_shared_memory": False}, env={})
+        settings = {"cpu_offload": True, "node_sharing": mode, "dp_shared_memory": False, "node_dir": node_dir}
+        config = load_config(settings, env={})
         tables = EngramTables.build(SMALL, config, ParallelConfig(), checkpoint, progress=False)
         shards = tables.shards
         origins = {s.name: [s.origin, s.loaded_by] for s in tables.stats()}
@@ -105,7 +110,7 @@ def engine(checkpoint: str, report: Path, mode: str, stage: str | None, rows: in
         if sandboxed:
             deny_netlink()
         plans = [replace(p, kind="row", row_start=0, row_stop=rows) for p in table_shards(SMALL, 0, 1)]
-        shards = open_tables(SMALL, Checkpoint(checkpoint), "node", plans=plans, progress=False)
+        shards = open_tables(SMALL, Checkpoint(checkpoint), "node", plans=plans, progress=False, node_dir=node_dir)
         origins = {s.name: ["attached" if s.attached else "loaded", s.loaded_by] for s in shards}
     ready = time.monotonic() - started
     digests = {s.name: shard_digest(s) for s in shards}

@@ -57,9 +57,11 @@ def node_shard(
     progress: bool = True,
     on_bytes: Callable[[int], None] | None = None,
     stage: Stage | None = None,
+    node_dir: str | None = None,
 ) -> TableShard:
-    """The node's copy of one shard (mode "node" or "numa"), attached or loaded here, read-only. On a GPU
-    it is registered read-only for UVA where the GPU can pin read-only memory, else gathered on host
+    """The node's copy of one shard (mode "node" or "numa"), attached or loaded here, read-only, found by
+    the engines that meet in the rendezvous directory `node_dir` (else in this network namespace). On a
+    GPU it is registered read-only for UVA where the GPU can pin read-only memory, else gathered on host
     threads (as a file-backed table on disk is)."""
     node = copy_node(mode, device)
     key = share_key(checkpoint, name, table_rows, row_start, fmt, node)
@@ -71,7 +73,7 @@ def node_shard(
         loading = shard_over(name, fmt, "node", mapping, row_start=row_start)
         load_shards([loading], {name: table_rows}, checkpoint, progress=progress, on_bytes=on_bytes)
 
-    copy = obtain(key, fmt.nbytes, fill, timeout=timeout_s(), node=node, stage=stage)
+    copy = obtain(key, fmt.nbytes, fill, timeout=timeout_s(), node=node, stage=stage, node_dir=node_dir)
     if runtime is not None and not read_only_supported(runtime):
         log.warning(
             "engram: this GPU cannot register read-only host memory: the node's shared copy of %s is gathered on "

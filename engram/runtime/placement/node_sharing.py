@@ -24,10 +24,15 @@ ShareKey), never by a path or a name.
   itself is used only when it shares our pid namespace.
 
 Nothing is attached before it is sealed, so no engine sees a partial table; the copy lives while any
-process maps it, and any of them hands it on. There is no helper process and no owner to lose."""
+process maps it, and any of them hands it on. There is no helper process and no owner to lose.
+
+Engines meet in their network namespace as above (AbstractPlace), or, with node_dir, in a rendezvous
+directory any namespaces can share (DirectoryPlace: engram.runtime.placement.rendezvous names the servers
+and load locks there); the protocol over either is the same."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import fcntl
@@ -56,6 +61,7 @@ from engram.runtime.placement import abstract_names
 from engram.runtime.placement.memfd import capacity_error
 from engram.runtime.placement.node_memory import reserve
 from engram.runtime.placement.numa import preferring
+from engram.runtime.placement.rendezvous import rendezvous
 from engram.scratch import proc_is_ours
 
 log = logging.getLogger("engram")
@@ -145,16 +151,109 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return data
 
 
+class Lock(NamedTuple):
+    """A load lock held: in the network namespace a bound name's listening socket (a waiter learns the
+    holder from a connection's SO_PEERCRED); in a rendezvous directory a locked file's descriptor."""
+
+    sock: socket.socket | None
+    fd: int | None
+
+
+class AbstractPlace:
+    """Where engines meet in one network namespace: abstract Unix socket names (module docstring)."""
+
+    key = "abstract"
+
+    def listen(self) -> socket.socket:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        listener.bind(f"\0engram-node-{os.geteuid()}-{secrets.token_hex(12)}")
+        listener.listen(64)
+        listener.setblocking(False)
+        return listener
+
+    def close(self, listener: socket.socket) -> None:
+        listener.close()  # its name goes with it
+
+    def servers(self) -> list[str]:
+        return servers()
+
+    def lock(self, digest: str) -> Lock | None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            sock.bind(lock_name(digest))
+        except OSError as exc:
+            sock.close()
+            if exc.errno == errno.EADDRINUSE:
+                return None
+            raise EngramError(f"cannot take the load lock of a node-shared table: {exc.strerror}") from None
+        sock.listen(64)
+        sock.setblocking(False)
+        return Lock(sock, None)
+
+    def unlock(self, digest: str, lock: Lock) -> None:
+        assert lock.sock is not None
+        lock.sock.close()
+
+    def holder(self, digest: str) -> Holder | None:
+        return _lock_holder(digest)
+
+    def squatter(self, holder: Holder | None, silent_since: float | None) -> str | None:
+        return _squatter(holder, silent_since)
+
+
+class DirectoryPlace:
+    """Where engines meet across namespaces: a rendezvous directory (engram.runtime.placement.rendezvous),
+    which no other user can write, so no squatter: a lock's holder is ours, pid unknown (it may be in
+    another pid namespace)."""
+
+    def __init__(self, path: str) -> None:
+        self.directory = rendezvous(path)
+        self.key = f"directory {path}"
+
+    def listen(self) -> socket.socket:
+        return self.directory.listen()
+
+    def close(self, listener: socket.socket) -> None:
+        self.directory.close(listener)
+
+    def servers(self) -> list[str]:
+        return self.directory.servers()[:MAX_SERVERS]
+
+    def lock(self, digest: str) -> Lock | None:
+        fd = self.directory.lock(digest)
+        return None if fd is None else Lock(None, fd)
+
+    def unlock(self, digest: str, lock: Lock) -> None:
+        assert lock.fd is not None
+        self.directory.unlock(digest, lock.fd)
+
+    def holder(self, digest: str) -> Holder | None:
+        return Holder(None, os.geteuid(), True) if self.directory.locked(digest) else None
+
+    def squatter(self, holder: Holder | None, silent_since: float | None) -> str | None:
+        return None
+
+
+Place = AbstractPlace | DirectoryPlace
+
+
+def place_for(node_dir: str | None) -> Place:
+    """Where this process's engines meet: the rendezvous directory `node_dir`, or the network namespace."""
+    return _ABSTRACT if node_dir is None else DirectoryPlace(node_dir)
+
+
 @dataclass(eq=False)
 class _Server:
-    """This process's copies and the thread serving them (module docstring)."""
+    """This process's copies at one place and the thread serving them (module docstring)."""
 
+    place: Place
     entries: list[_Entry] = field(default_factory=list)  # a process may map one copy twice
-    locks: dict[str, socket.socket] = field(default_factory=dict)
+    locks: dict[str, Lock] = field(default_factory=dict)
     listener: socket.socket | None = None
     thread: threading.Thread | None = None
     guard: threading.Lock = field(default_factory=threading.Lock)
     wake: tuple[socket.socket, socket.socket] | None = None
+    hooked: bool = False  # _closed_at_exit registered
 
     def _ensure_thread(self) -> None:
         """Called under the guard."""
@@ -173,11 +272,10 @@ class _Server:
         """Serve `entry` from now on; returns the socket's name."""
         with self.guard:
             if self.listener is None:
-                listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-                listener.bind(f"\0engram-node-{os.geteuid()}-{secrets.token_hex(12)}")
-                listener.listen(64)
-                listener.setblocking(False)
-                self.listener = listener
+                self.listener = self.place.listen()
+                if not self.hooked:
+                    atexit.register(self._closed_at_exit)
+                    self.hooked = True
             self.entries.append(entry)
             self._ensure_thread()
             name = self.listener.getsockname()
@@ -191,33 +289,33 @@ class _Server:
                 self.entries.remove(entry)
                 os.close(entry.fd)
             if not self.entries and self.listener is not None:
-                self.listener.close()  # its name goes with it
+                self.place.close(self.listener)
                 self.listener = None
         self._nudge()
 
-    def lock(self, digest: str) -> socket.socket | None:
-        """Take the key's load lock: its listening socket, or None when someone holds it."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        try:
-            sock.bind(lock_name(digest))
-        except OSError as exc:
-            sock.close()
-            if exc.errno == errno.EADDRINUSE:
-                return None
-            raise EngramError(f"cannot take the load lock of a node-shared table: {exc.strerror}") from None
-        sock.listen(64)
-        sock.setblocking(False)
+    def _closed_at_exit(self) -> None:
+        """An exit leaves no name of ours behind (a rendezvous directory's socket file)."""
         with self.guard:
-            self.locks[digest] = sock
+            if self.listener is not None:
+                self.place.close(self.listener)
+                self.listener = None
+
+    def lock(self, digest: str) -> Lock | None:
+        """Take the key's load lock, or None when someone holds it."""
+        held = self.place.lock(digest)
+        if held is None:
+            return None
+        with self.guard:
+            self.locks[digest] = held
             self._ensure_thread()
         self._nudge()
-        return sock
+        return held
 
     def unlock(self, digest: str) -> None:
         with self.guard:
-            sock = self.locks.pop(digest, None)
-        if sock is not None:
-            sock.close()
+            held = self.locks.pop(digest, None)
+        if held is not None:
+            self.place.unlock(digest, held)
         self._nudge()
 
     def _run(self) -> None:
@@ -228,7 +326,7 @@ class _Server:
             watched: set[socket.socket] = set()
             while True:
                 with self.guard:
-                    wanted = {s for s in [*self.locks.values(), self.listener] if s is not None}
+                    wanted = {s for s in [*(h.sock for h in self.locks.values()), self.listener] if s is not None}
                     if not wanted and not self.entries:
                         self.thread = None
                         self.wake[0].close()
@@ -301,7 +399,18 @@ def _listing(entry: _Entry) -> dict[str, Any]:
     }
 
 
-_SERVER = _Server()
+_ABSTRACT = AbstractPlace()
+_SERVERS: dict[str, _Server] = {}
+_SERVERS_GUARD = threading.Lock()
+
+
+def _server(place: Place) -> _Server:
+    """This process's server of copies at `place`."""
+    with _SERVERS_GUARD:
+        found = _SERVERS.get(place.key)
+        if found is None:
+            found = _SERVERS[place.key] = _Server(place)
+        return found
 
 
 def lock_name(digest: str) -> str:
@@ -419,6 +528,8 @@ def _loader(meta: dict[str, Any], server: int) -> tuple[int, str]:
     """The pid that loaded a copy as we see it, and how to say it. A server reports pids of its own pid
     namespace: its own is the kernel-translated `server`; another is meaningful here only when the server
     shares our namespace."""
+    if server == 0:  # the kernel shows no pid for a process outside our pid namespace's view
+        return 0, "loaded in another pid namespace"
     if meta.get("loaded_here") is True:
         return server, f"loaded by pid {server}"
     if _same_pid_namespace(server):
@@ -435,10 +546,12 @@ def _same_pid_namespace(pid: int) -> bool:
         return False
 
 
-def listing() -> list[dict[str, Any]]:
-    """Every copy this user's processes on the node serve, each with the pid of one process serving it."""
+def listing(node_dir: str | None = None) -> list[dict[str, Any]]:
+    """Every copy this user's processes on the node serve (meeting in the rendezvous directory `node_dir`,
+    or in this network namespace), each with the pid of one process serving it (0: in another pid
+    namespace)."""
     seen: list[dict[str, Any]] = []
-    for name in servers():
+    for name in place_for(node_dir).servers():
         _, copies, server = ask(name, b"L", None)
         for copy in copies:
             if isinstance(copy, dict):
@@ -559,11 +672,11 @@ def _check_received(fd: int, key: ShareKey, total: int) -> str | None:
     return None if trailer == key.digest.encode() else "its trailer names another table"
 
 
-def _attach(key: ShareKey, size: int, label: str) -> tuple[Copy | None, list[str]]:
+def _attach(place: Place, key: ShareKey, size: int, label: str) -> tuple[Copy | None, list[str]]:
     """The copy of `key` from any server of ours, or None and what the servers hold of its family instead."""
     total = round_up(size, PAGE) + PAGE
     others: list[str] = []
-    for name in servers():
+    for name in place.servers():
         fd, answer, server = ask(name, b"Q", key)
         if fd is None:
             others += [str(c.get("describe", ""))[:300] for c in answer if isinstance(c, dict)]
@@ -575,7 +688,7 @@ def _attach(key: ShareKey, size: int, label: str) -> tuple[Copy | None, list[str
                 continue
             mapping = map_sealed_file(fd, total, label)
             loaded_by, said = _loader(answer, server)
-            _hold(fd, key, total, loaded_by, mapping, None)
+            _hold(place, fd, key, total, loaded_by, mapping, None)
             fd = None  # held now
             return Copy(mapping, loaded_by, attached=True, note=f"attached the node's copy {said}"), []
         finally:
@@ -584,14 +697,19 @@ def _attach(key: ShareKey, size: int, label: str) -> tuple[Copy | None, list[str
     return None, sorted(set(others))
 
 
-def _hold(fd: int, key: ShareKey, total: int, loaded_by: int, mapping: Mapping, stage: Stage | None) -> None:
-    """Serve the copy while `mapping` lives; its fd closes with it."""
+def _hold(
+    place: Place, fd: int, key: ShareKey, total: int, loaded_by: int, mapping: Mapping, stage: Stage | None
+) -> None:
+    """Serve the copy at `place` while `mapping` lives; its fd closes with it."""
     entry = _Entry(fd, key, total, loaded_by, stage)
-    _SERVER.publish(entry)
-    mapping.on_release(lambda: _SERVER.withdraw(entry))
+    server = _server(place)
+    server.publish(entry)
+    mapping.on_release(lambda: server.withdraw(entry))
 
 
-def _load(key: ShareKey, size: int, fill: Callable[[Mapping], None], node: int | None, stage: Stage) -> Copy:
+def _load(
+    place: Place, key: ShareKey, size: int, fill: Callable[[Mapping], None], node: int | None, stage: Stage
+) -> Copy:
     """A new copy: a memfd filled by `fill` (through a writable mapping dropped before it is sealed),
     sealed, mapped read-only and served."""
     total = round_up(size, PAGE) + PAGE  # the trailer page names the key
@@ -621,7 +739,7 @@ def _load(key: ShareKey, size: int, fill: Callable[[Mapping], None], node: int |
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
         stage("sealed")
         mapping = map_sealed_file(fd, total, f"memfd:engram-node-{key.digest[:16]}")
-        _hold(fd, key, total, os.getpid(), mapping, stage)
+        _hold(place, fd, key, total, os.getpid(), mapping, stage)
         fd = -1  # held now
         stage("serving")
         return Copy(mapping, os.getpid(), attached=False, note="loaded here; the node's other engines attach to it")
@@ -638,9 +756,14 @@ def obtain(
     timeout: float,
     node: int | None = None,
     stage: Stage | None = None,
+    node_dir: str | None = None,
 ) -> Copy:
     """The node's copy of `key` (`size` bytes of table), attached if any process of ours serves one,
-    else loaded here by `fill` (its pages on NUMA node `node`) while the others wait for it."""
+    else loaded here by `fill` (its pages on NUMA node `node`) while the others wait for it. Engines meet
+    in the rendezvous directory `node_dir` (engram.runtime.placement.rendezvous), or in this network
+    namespace."""
+    place = place_for(node_dir)
+    server = _server(place)
     label = f"memfd:engram-node-{key.digest[:16]}"
     tell = stage or (lambda _: None)
     deadline = time.monotonic() + timeout
@@ -648,7 +771,7 @@ def obtain(
     silent_since: float | None = None
     told = False
     while True:
-        copy, others = _attach(key, size, label)
+        copy, others = _attach(place, key, size, label)
         if copy is not None:
             return copy
         if others and not told:
@@ -656,31 +779,35 @@ def obtain(
                 "engram: %s: the node's copies of this table hold %s; loading its own", key.describe, "; ".join(others)
             )
             told = True
-        lock = _SERVER.lock(key.digest)
+        lock = server.lock(key.digest)
         if lock is not None:
             try:
                 tell("locked")
-                copy, _ = _attach(key, size, label)  # loaded and served while we looked
-                return copy or _load(key, size, fill, node, tell)
+                copy, _ = _attach(place, key, size, label)  # loaded and served while we looked
+                return copy or _load(place, key, size, fill, node, tell)
             finally:
-                _SERVER.unlock(key.digest)
-        holder = _lock_holder(key.digest)
+                server.unlock(key.digest)
+        holder = place.holder(key.digest)
         quiet = holder is not None and holder.pid is None
         silent_since = (silent_since or time.monotonic()) if quiet else None
-        squatter = _squatter(holder, silent_since)
+        squatter = place.squatter(holder, silent_since)
         if squatter:
             log.warning(
                 "engram: %s holds the load lock of %s (a squatter?): loading it without the lock",
                 squatter,
                 key.describe,
             )
-            return _load(key, size, fill, node, tell)
+            return _load(place, key, size, fill, node, tell)
         if holder is not None and holder.pid is not None and holder.pid != waited_on:
             waited_on = holder.pid
             log.info("engram: waiting for pid %d to load %s", waited_on, key.describe)
+        elif holder is not None and holder.pid is None and waited_on is None and isinstance(place, DirectoryPlace):
+            waited_on = 0
+            log.info("engram: waiting for another engine (in %s) to load %s", place.directory.path, key.describe)
         if time.monotonic() >= deadline:
+            whom = f"pid {waited_on}" if waited_on else "another engine"
             raise EngramError(
-                f"{key.describe}: waited {timeout:.0f} s for pid {waited_on} to load the node's copy; raise "
+                f"{key.describe}: waited {timeout:.0f} s for {whom} to load the node's copy; raise "
                 "ENGRAM_DIST_TIMEOUT_S for tables that take longer to load, or set node_sharing 'off'"
             )
         time.sleep(POLL_S)
