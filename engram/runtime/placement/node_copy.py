@@ -14,12 +14,15 @@ from engram.errors import EngramError
 from engram.memory.host_numa import small_pages
 from engram.memory.mapping import Mapping
 from engram.memory.registration import CudaRuntime, read_only_supported
+from engram.runtime.checkpoints.content import rows_digests
 from engram.runtime.checkpoints.loader import Checkpoint, load_shards, stored_rows
 from engram.runtime.dist import timeout_s
-from engram.runtime.placement.node_sharing import ShareKey, Stage, file_identity, obtain, writer_refusal
+from engram.runtime.placement.node_sharing import ShareKey, Stage, obtain, writer_refusal
 from engram.runtime.placement.numa import copy_node
+from engram.runtime.placement.rendezvous import rendezvous
 from engram.runtime.placement.storage import shard_over
 from engram.runtime.shard import ShardFormat, TableShard
+from engram.user_cache import cache_subdir
 
 log = logging.getLogger("engram")
 
@@ -30,18 +33,38 @@ def table_files(checkpoint: Checkpoint, name: str) -> list[Path]:
 
 
 def share_key(
-    checkpoint: Checkpoint, name: str, table_rows: int, row_start: int, fmt: ShardFormat, node: int | None
+    checkpoint: Checkpoint,
+    name: str,
+    table_rows: int,
+    row_start: int,
+    fmt: ShardFormat,
+    node: int | None,
+    node_dir: str | None = None,
 ) -> ShareKey:
-    """The key of rows [row_start, row_start + fmt.rows) of table `name` from `checkpoint`: the identity
-    of the files holding its tensors, their names, shapes and dtypes, the rows and the row format."""
+    """The key of rows [row_start, row_start + fmt.rows) of table `name` from `checkpoint`: what they hold
+    (their bytes' digests, engram.runtime.checkpoints.content), the tensors' names, shapes and dtypes,
+    the rows and the row format; never where the files are. Digests are kept in the rendezvous directory
+    `node_dir`, else in the user's cache."""
     tensors = sorted(t for t in checkpoint.shapes if t.startswith(f"{name}."))
-    files = table_files(checkpoint, name)
-    source = {
-        "files": [file_identity(f) for f in files],
-        "tensors": [[t, list(checkpoint.shapes[t][0]), str(checkpoint.shapes[t][1])] for t in tensors],
-    }
-    shard = {"row_start": row_start, "rows": fmt.rows, "dim": fmt.dim, "dtype": fmt.dtype, "numa_node": node}
+    source = {"tensors": [[t, list(checkpoint.shapes[t][0]), str(checkpoint.shapes[t][1])] for t in tensors]}
+    content = rows_digests(checkpoint, name, fmt, row_start, table_rows, digest_store(node_dir))
+    shard = {
+        "row_start": row_start, "rows": fmt.rows, "dim": fmt.dim, "dtype": fmt.dtype, "numa_node": node,
+        "content": content,
+    }  # fmt: skip
     return ShareKey.of(source, name, table_rows, shard)
+
+
+def digest_store(node_dir: str | None) -> Path | None:
+    """Where rows' digests are kept: the rendezvous directory's, or the user cache's (None where the cache
+    cannot be used: the rows are then hashed at every start)."""
+    if node_dir is not None:
+        return rendezvous(node_dir).digests()
+    try:
+        return cache_subdir("digests")
+    except (EngramError, OSError) as exc:
+        log.warning("engram: rows' digests are not kept (%s): each start hashes the table's rows again", exc)
+        return None
 
 
 def node_shard(
@@ -64,10 +87,10 @@ def node_shard(
     GPU it is registered read-only for UVA where the GPU can pin read-only memory, else gathered on host
     threads (as a file-backed table on disk is)."""
     node = copy_node(mode, device)
-    key = share_key(checkpoint, name, table_rows, row_start, fmt, node)
-    refusal = writer_refusal(table_files(checkpoint, name))  # asked before loading and before attaching
+    refusal = writer_refusal(table_files(checkpoint, name))  # asked before hashing, loading and attaching
     if refusal:
         raise EngramError(refusal)
+    key = share_key(checkpoint, name, table_rows, row_start, fmt, node, node_dir)
 
     def fill(mapping: Mapping) -> None:
         loading = shard_over(name, fmt, "node", mapping, row_start=row_start)

@@ -2,8 +2,8 @@
 
 A copy is an anonymous memfd: nothing names it in any directory, and the kernel frees it with the last fd
 or mapping, so no kill at any instant leaves it behind. It is known by a key, a digest of what it holds
-(the checkpoint files' device, inode, size and times, the table, its rows, its row format, the NUMA node;
-ShareKey), never by a path or a name.
+(the digests of its rows' bytes in the checkpoint, the tensors' names, shapes and dtypes, its rows, its
+row format, the NUMA node; ShareKey, node_copy.share_key), never by a path or a name.
 
 - Every process that maps copies serves them on one abstract Unix socket, @engram-node-<uid>-<random>,
   from a thread. Abstract names vanish with their socket; a process of another uid is dropped at accept,
@@ -90,8 +90,8 @@ class ShareKey:
 
     @classmethod
     def of(cls, source: Any, table: str, table_rows: int, shard: dict[str, Any]) -> ShareKey:
-        """`source`: what names the checkpoint's tensors of `table` (file identities, names, shapes);
-        `shard`: its rows, row format and NUMA node (numa_node None: one copy for the machine)."""
+        """`source`: what names the checkpoint's tensors of `table` (names, shapes, dtypes); `shard`: its
+        rows, row format, NUMA node (numa_node None: one copy for the machine) and their bytes' digests."""
         family = _digest({"source": source, "table": table, "table_rows": table_rows})
         full = _digest({"family": family, **shard})
         where = f"NUMA node {shard['numa_node']}" if shard.get("numa_node") is not None else "the node"
@@ -101,19 +101,6 @@ class ShareKey:
 
 def _digest(value: Any) -> str:
     return hashlib.sha256(VERSION + json.dumps(value, sort_keys=True).encode()).hexdigest()
-
-
-def file_identity(path: Path) -> dict[str, int | str]:
-    """What names a checkpoint file's content without reading it: any rewrite changes its ctime."""
-    info = os.stat(path)
-    return {
-        "name": path.name,
-        "dev": info.st_dev,
-        "ino": info.st_ino,
-        "size": info.st_size,
-        "mtime_ns": info.st_mtime_ns,
-        "ctime_ns": info.st_ctime_ns,
-    }
 
 
 @dataclass(frozen=True)

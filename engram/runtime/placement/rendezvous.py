@@ -99,6 +99,13 @@ class Rendezvous:
         self.fd = fd
         self._named: dict[int, tuple[str, int]] = {}  # a listening socket's fd -> its name here, the pid that named it
 
+    def digests(self) -> Path:
+        """The directory in it where checkpoint rows' digests are kept (engram.runtime.checkpoints.content),
+        reached through the descriptor; user_cache's checks apply to what is read there."""
+        with contextlib.suppress(FileExistsError):
+            os.mkdir("digests", 0o700, dir_fd=self.fd)
+        return Path(self.address("digests"))
+
     def address(self, name: str) -> str:
         """Where `name` in the directory is bound or connected to, through the open descriptor."""
         return f"/proc/self/fd/{self.fd}/{name}"
