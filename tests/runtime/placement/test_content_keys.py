@@ -12,31 +12,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import safetensors.torch
-import torch
 
 from engram.runtime.checkpoints import content
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.checkpoints.writer import write_checkpoint
 from engram.runtime.placement.node_copy import share_key
 from engram.runtime.shard import ShardFormat
-from tests.runtime.placement.test_node_sharing import NOTHING, Engine, settled
+from tests.runtime.placement.test_node_sharing import NOTHING, Engine, expected_digests, settled
 from tests.runtime.specs import SMALL
 
 ROWS = 96
-
-
-def rows_digests(checkpoint: Path) -> dict[str, str]:
-    """Rows [0, ROWS) of each table, weight then scale, as safetensors' own reader gives them."""
-    tensors: dict[str, torch.Tensor] = {}
-    for file in sorted(checkpoint.glob("*.safetensors")):
-        tensors.update(safetensors.torch.load_file(file))
-    out = {}
-    for name in SMALL.table_names():
-        digest = hashlib.sha256(tensors[f"{name}.weight"][:ROWS].contiguous().view(torch.uint8).numpy().tobytes())
-        digest.update(tensors[f"{name}.scale"][:ROWS].contiguous().view(torch.uint8).numpy().tobytes())
-        out[name] = digest.hexdigest()
-    return out
 
 
 @pytest.fixture
@@ -74,7 +59,7 @@ def test_the_same_rows_in_files_copied_elsewhere_find_the_copy(
     second.finish()
     first.finish()
     assert attached["origins"] == {name: ["attached", loaded["pid"]] for name in SMALL.table_names()}
-    assert attached["digests"] == loaded["digests"] == rows_digests(elsewhere)
+    assert attached["digests"] == loaded["digests"] == expected_digests(elsewhere, ROWS)
 
 
 @pytest.mark.slow
@@ -96,7 +81,9 @@ def test_a_checkpoint_changed_in_one_byte_loads_its_own(checkpoint: Path, elsewh
     assert report["origins"][table] == ["loaded", report["pid"]]
     others = [n for n in SMALL.table_names() if n != table]  # the tables it did not change are still one copy
     assert all(report["origins"][n] == ["attached", loaded["pid"]] for n in others)
-    assert report["digests"] == rows_digests(elsewhere) and loaded["digests"] == rows_digests(checkpoint)
+    assert report["digests"] == expected_digests(elsewhere, ROWS) and loaded["digests"] == expected_digests(
+        checkpoint, ROWS
+    )
     assert report["digests"][table] != loaded["digests"][table]
 
 
@@ -111,7 +98,7 @@ def test_equal_headers_with_other_data_share_nothing(checkpoint: Path, tmp_path:
     second.finish()
     first.finish()
     assert report["origins"] == {name: ["loaded", report["pid"]] for name in SMALL.table_names()}
-    assert report["digests"] == rows_digests(other)
+    assert report["digests"] == expected_digests(other, ROWS)
 
 
 def test_digests_are_kept_per_file_version(

@@ -6,7 +6,6 @@ another uid can neither attach nor plant anything."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -22,16 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import safetensors.torch
-import torch
 
 from engram.config import load_config
 from engram.errors import ConfigError, EngramError
 from engram.runtime.placement import rendezvous as rendezvous_module
 from engram.runtime.placement.rendezvous import Rendezvous
 from tests.other_user import OtherUser
-from tests.runtime.placement.test_node_sharing import NOTHING, settled
-from tests.runtime.specs import SMALL
+from tests.runtime.placement.test_node_sharing import NOTHING, expected_digests, settled
 
 WAIT_S = 120.0
 ROWS = 96  # rows [0, 96) of each table: every table of SMALL has more
@@ -42,19 +38,6 @@ POD = (
 )
 # A pod: its own network, pid (with its /proc), IPC, mount, UTS and time namespaces; killed with unshare.
 NAMESPACES = ["--net", "--pid", "--ipc", "--mount", "--uts", "--time", "--fork", "--mount-proc", "--kill-child"]
-
-
-def expected(checkpoint: Path) -> dict[str, str]:
-    """Rows [0, ROWS) of each table, weight then scale bytes, as safetensors' own reader gives them."""
-    tensors: dict[str, torch.Tensor] = {}
-    for file in sorted(checkpoint.glob("*.safetensors")):
-        tensors.update(safetensors.torch.load_file(file))
-    out = {}
-    for name in SMALL.table_names():
-        digest = hashlib.sha256(tensors[f"{name}.weight"][:ROWS].contiguous().view(torch.uint8).numpy().tobytes())
-        digest.update(tensors[f"{name}.scale"][:ROWS].contiguous().view(torch.uint8).numpy().tobytes())
-        out[name] = digest.hexdigest()
-    return out
 
 
 class Pod:
@@ -139,7 +122,7 @@ def test_pods_in_namespaces_of_their_own_share_one_copy_through_the_directory(
     reports = [first] + [p.ready() for p in pods[1:]]
     for p in pods:
         p.finish()
-    oracle = expected(checkpoint)
+    oracle = expected_digests(checkpoint, ROWS)
     assert all(r["digests"] == oracle for r in reports)
     assert first["origins"] == {name: ["loaded", first["pid"]] for name in oracle}
     for report in reports[1:]:  # the loader is in another pid namespace: the kernel names no pid of it
@@ -171,7 +154,7 @@ def test_a_pod_killed_while_loading_leaves_nothing_the_next_does_not_remove(
         time.sleep(0.02)
     loader.kill()
     report = waiter.ready()
-    assert report["digests"] == expected(checkpoint)
+    assert report["digests"] == expected_digests(checkpoint, ROWS)
     if stage != "serving":  # once serving, the killed loader's copy may have been attached before the kill
         assert set(origin for origin, _ in report["origins"].values()) == {"loaded"}
     waiter.finish()

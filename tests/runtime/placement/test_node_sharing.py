@@ -33,8 +33,9 @@ from tests.runtime.specs import SMALL
 WAIT_S = 120.0
 
 
-def expected_digests(checkpoint: Path) -> dict[str, str]:
-    """Each table's weight and scale bytes as safetensors' own reader gives them (the independent oracle)."""
+def expected_digests(checkpoint: Path, rows: int | None = None) -> dict[str, str]:
+    """Each table's weight and scale bytes (its rows [0, rows) where given) as safetensors' own reader gives
+    them (the independent oracle)."""
     import hashlib
 
     tensors: dict[str, torch.Tensor] = {}
@@ -42,8 +43,9 @@ def expected_digests(checkpoint: Path) -> dict[str, str]:
         tensors.update(safetensors.torch.load_file(file))
     out = {}
     for name in SMALL.table_names():
-        digest = hashlib.sha256(tensors[f"{name}.weight"].view(torch.uint8).numpy().tobytes())
-        digest.update(tensors[f"{name}.scale"].view(torch.uint8).numpy().tobytes())
+        weight, scale = (tensors[f"{name}.{part}"][:rows].contiguous() for part in ("weight", "scale"))
+        digest = hashlib.sha256(weight.view(torch.uint8).numpy().tobytes())
+        digest.update(scale.view(torch.uint8).numpy().tobytes())
         out[name] = digest.hexdigest()
     return out
 
