@@ -22,6 +22,7 @@ from engram.runtime.placement.filemap import direct_reads_problem
 from engram.runtime.placement.hugepages import thp_mode
 from engram.runtime.placement.node_sharing import holders, listing
 from engram.runtime.placement.numa import gpu_nodes
+from engram.runtime.placement.rendezvous import rendezvous
 from engram.runtime.placement.shm import node_identity, shared_capacity_error, shm_dir
 from engram.runtime.plan import DeploymentPlan, plan_deployment
 from engram.terminal import size_text
@@ -132,13 +133,17 @@ def _against_plan(
     return Check(name, "pass", detail) if needed <= available else Check(name, "fail", detail, fix)
 
 
-def check_node_copies(plan: DeploymentPlan | None) -> Check:
-    """The node copies (node_sharing) this user's processes hold on the node and who maps them, and which
-    copies the plan would hold."""
-    copies = {c["digest"]: c for c in listing()}
+def check_node_copies(plan: DeploymentPlan | None, node_dir: str | None = None) -> Check:
+    """The node copies (node_sharing) this user's processes hold on the node (meeting in `node_dir`, or in
+    this network namespace), who loaded them and in which cgroup (its memory holds the pages it touched
+    first), who maps them, and which copies the plan would hold."""
+    try:
+        copies = {c["digest"]: c for c in listing(node_dir)}
+    except EngramError as exc:  # an unusable node_dir: said by its own check
+        return Check("node copies", "warn", f"cannot look for them: {exc}", "fix node_dir first")
     held = [
-        f"{c['describe']}, {size_text(int(c['size']))}, loaded by pid {c['loaded_by']}, mapped by pids "
-        + ", ".join(map(str, holders(str(digest))))
+        f"{c['describe']}, {size_text(int(c['size']))}, {_loader(int(c['loaded_by']))}, mapped by pids "
+        + (", ".join(map(str, holders(str(digest)))) or "none of this pid namespace")
         for digest, c in sorted(copies.items(), key=lambda item: str(item[1]["describe"]))
     ]
     detail = f"{len(held)} held now: " + "; ".join(held) if held else "none held now by this user's processes"
@@ -156,6 +161,25 @@ def check_node_copies(plan: DeploymentPlan | None) -> Check:
     return Check("node copies", "pass", detail)
 
 
+def _loader(pid: int) -> str:
+    """Who loaded a copy, and the cgroup its pages were charged to."""
+    if pid <= 0:
+        return "loaded in another pid namespace (its cgroup is not visible here)"
+    return f"loaded by pid {pid} (cgroup {_cgroup(pid) or 'unknown'})"
+
+
+def _cgroup(pid: int | str) -> str | None:
+    """The cgroup (v2 path, or v1 memory controller's) of process `pid`."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    found = [line.split(":", 2) for line in lines if line.count(":") >= 2]
+    memory = [path for _, controllers, path in found if "memory" in controllers.split(",")]  # cgroup v1
+    unified = [path for _, controllers, path in found if controllers == ""]  # cgroup v2
+    return next(iter(memory or unified), None)
+
+
 def check_node() -> Check:
     try:
         ipc = os.readlink("/proc/self/ns/ipc")
@@ -166,6 +190,44 @@ def check_node() -> Check:
         "node identity",
         "pass",
         f"boot id {identity['boot_id']}, IPC namespace {ipc}: replicas that share tables must show the same values",
+    )
+
+
+NAMESPACES = ("net", "pid", "mnt", "ipc", "uts", "user", "time", "cgroup")
+
+
+def check_namespaces(node_dir: str | None) -> Check:
+    """The namespaces and cgroup this process runs in, and where node copies are found from here."""
+    seen = []
+    for kind in NAMESPACES:
+        try:
+            seen.append(f"{kind} {os.readlink(f'/proc/self/ns/{kind}').split(':', 1)[1].strip('[]')}")
+        except OSError:
+            seen.append(f"{kind} unknown")
+    detail = ", ".join(seen) + f"; cgroup {_cgroup('self') or 'unknown'}"
+    if node_dir is not None:
+        return Check("namespaces", "pass", f"{detail}; node copies are found in {node_dir}, from any namespace")
+    return Check(
+        "namespaces",
+        "pass",
+        f"{detail}; node copies are found only by engines in this network namespace (each pod has its own: "
+        "set node_dir to share across them)",
+    )
+
+
+def check_node_dir(node_dir: str | None) -> Check:
+    """The rendezvous directory's state: usable (ours, no one else can write it), what it holds now."""
+    if node_dir is None:
+        return Check("node_dir", "pass", "not set: engines meet in their network namespace")
+    try:
+        held = rendezvous(node_dir).survey()
+    except EngramError as exc:
+        return Check("node_dir", "fail", str(exc), "a directory of this user that no other can write")
+    return Check(
+        "node_dir",
+        "pass",
+        f"{node_dir}: {held['servers']} engine(s) serving copies, {held['locks']} load(s) under way, "
+        f"{held['digests']} row digest(s) kept; names left by killed engines removed",
     )
 
 
@@ -265,8 +327,11 @@ def check_gpu_memory(plan: DeploymentPlan, total_bytes: int | None) -> Check:
     return _against_plan("GPU memory", f"{size_text(total_bytes)} per GPU", needed, total_bytes, "puts", fix, "per GPU")
 
 
-def run_checks(plan: DeploymentPlan | None = None, given: bool | None = False) -> list[Check]:
-    """`given`: the dp_shared_memory the user wrote (None: null, resolved by the plan)."""
+def run_checks(
+    plan: DeploymentPlan | None = None, given: bool | None = False, node_dir: str | None = None
+) -> list[Check]:
+    """`given`: the dp_shared_memory the user wrote (None: null, resolved by the plan); `node_dir`: the
+    config's rendezvous directory."""
     gpu_bytes = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
     shared = [check_dp_shared_memory(plan, given)] if plan is not None else []
     if plan is not None and shared[0].status == "warn":  # a vetoed null: the replicas fall back to private copies
@@ -280,7 +345,9 @@ def run_checks(plan: DeploymentPlan | None = None, given: bool | None = False) -
         check_memlock(),
         check_memory(plan),
         check_node(),
-        check_node_copies(plan),
+        check_namespaces(node_dir),
+        check_node_dir(node_dir),
+        check_node_copies(plan, node_dir),
         *check_cuda(),
         check_nvcc(),
         check_native(),

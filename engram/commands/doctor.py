@@ -32,16 +32,17 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.clean:
+    if (
+        args.clean
+    ):  # a rendezvous directory (node_dir) is cleaned by its own check: every look removes what the dead left
         removed = reclaim_stale(shm_dir())
         print(f"removed {len(removed)} shared table file(s) left by crashed processes in {shm_dir()}")
         for path in removed:
             print(f"  {path}")
     # Flags are checked even without a preset (a TP of 0 is an error, not ignored).
     plan, given = build_plan(args) if args.preset else (None, None)
-    if plan is None:
-        validate_deployment(document_from_args(args, {}))
-    checks = run_checks(plan, given)
+    config = plan.config if plan is not None else validate_deployment(document_from_args(args, {})).engram
+    checks = run_checks(plan, given, node_dir=config.node_dir)
     if args.json:
         print(json.dumps([c.as_dict() for c in checks], indent=2))
     else:

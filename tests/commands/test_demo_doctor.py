@@ -158,6 +158,8 @@ def test_doctor_passes_here_with_warnings(capsys: pytest.CaptureFixture[str]) ->
         "memlock limit",
         "host memory",
         "node identity",
+        "namespaces",
+        "node_dir",
         "node copies",
         "CUDA",
         "UVA",

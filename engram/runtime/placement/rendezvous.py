@@ -167,6 +167,21 @@ class Rendezvous:
                 self._sweep_lock(name)
         return found
 
+    def survey(self) -> dict[str, int]:
+        """What the directory holds now (a dead process's names removed first): copy servers listening, load
+        locks held (loads under way), rows' digests kept."""
+        servers = len(self.servers())
+        locks = sum(
+            1
+            for name, info in self._entries()
+            if stat.S_ISREG(info.st_mode) and name.startswith(LOCK_PREFIX) and self.locked(name[len(LOCK_PREFIX) :])
+        )
+        try:
+            digests = len(os.listdir(self.digests()))
+        except OSError:
+            digests = 0
+        return {"servers": servers, "locks": locks, "digests": digests}
+
     def _listening(self, name: str) -> bool:
         """Whether a process listens on `name`; a name no one listens on is removed."""
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK) as sock:

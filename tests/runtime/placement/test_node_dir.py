@@ -27,7 +27,8 @@ from engram.errors import ConfigError, EngramError
 from engram.runtime.placement import rendezvous as rendezvous_module
 from engram.runtime.placement.rendezvous import Rendezvous
 from tests.other_user import OtherUser
-from tests.runtime.placement.test_node_sharing import NOTHING, expected_digests, settled
+from tests.runtime.placement.test_node_sharing import NOTHING, expected_digests, memory_cgroup, settled
+from tests.runtime.specs import SMALL
 
 WAIT_S = 120.0
 ROWS = 96  # rows [0, 96) of each table: every table of SMALL has more
@@ -327,3 +328,38 @@ def test_node_dir_comes_from_the_environment_checked_as_the_field() -> None:
     with pytest.raises(ConfigError) as off:
         load_config({"cpu_offload": True}, env={"ENGRAM_NODE_DIR": "/run/engram"})
     assert [(p.path, p.rule) for p in off.value.errors] == [("/engram/node_dir", "node-dir-needs-node-sharing")]
+
+
+@pytest.mark.slow
+def test_doctor_reports_the_directory_and_a_copy_a_pod_serves(
+    checkpoint: Path,
+    node_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from engram.cli import main
+
+    pod = Pod(checkpoint, tmp_path / "pod", node_dir)
+    pod.ready()
+    [engine] = Path(f"/proc/{pod.proc.pid}/task/{pod.proc.pid}/children").read_text().split()  # as we see it
+    cgroup = memory_cgroup(engine)
+    (node_dir / ("l-" + "1" * 48)).write_text("")  # a killed loader's lock file
+    monkeypatch.setenv("ENGRAM_NODE_DIR", str(node_dir))
+    try:
+        assert main(["doctor", "--json", "--engram-config.node_sharing", "node"]) == 0
+    finally:
+        pod.finish()
+    checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)}
+    net = os.readlink("/proc/self/ns/net").split(":", 1)[1].strip("[]")
+    assert f"net {net}, " in checks["namespaces"]["detail"]
+    assert checks["namespaces"]["detail"].endswith(f"node copies are found in {node_dir}, from any namespace")
+    assert checks["node_dir"]["status"] == "pass"
+    assert checks["node_dir"]["detail"].startswith(f"{node_dir}: 1 engine(s) serving copies, 0 load(s) under way, ")
+    detail = checks["node copies"]["detail"]
+    assert detail.startswith(f"{len(SMALL.table_names())} held now: ")
+    for name, rows in zip(SMALL.table_names(), SMALL.layout.table_rows, strict=True):
+        copy = f"rows [0, {ROWS:,}) of {rows:,} of {name} as fp8 x 128 (one copy for the node)"
+        # the pod's pid namespace is a child of ours: the kernel gives its loader's pid as we see it
+        assert f"{copy}, 0.0 MiB, loaded by pid {engine} (cgroup {cgroup}), mapped by pids {engine}" in detail
+    assert "l-" + "1" * 48 not in os.listdir(node_dir)

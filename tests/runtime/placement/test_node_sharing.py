@@ -513,7 +513,15 @@ def test_doctor_lists_the_copies_held_and_who_maps_them(
         copy = f"rows [0, {rows:,}) of {rows:,} of {name} as fp8 x 128 (one copy for the node)"
         assert copy in check["detail"]
         holders = ", ".join(map(str, sorted((first.pid, second.pid))))
-        assert f"{copy}, 6.6 MiB, loaded by pid {loader}, mapped by pids {holders}" in check["detail"]
+        cgroup = memory_cgroup(os.getpid())  # the engines' (forked from ours)
+        assert f"{copy}, 6.6 MiB, loaded by pid {loader} (cgroup {cgroup}), mapped by pids {holders}" in check["detail"]
+
+
+def memory_cgroup(pid: int | str) -> str:
+    """The cgroup whose memory a process's pages are charged to: cgroup v1's memory controller line, else
+    v2's one line."""
+    lines = [line.split(":", 2) for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()]
+    return next((path for _, controllers, path in lines if "memory" in controllers.split(",")), lines[-1][2])
 
 
 # Maps the file writable and shared, as an in-place updater would, says so and waits to be killed.
