@@ -96,6 +96,17 @@ def run(args: argparse.Namespace) -> int:
                 "loaded by the first engine process of this user that needs it and mapped by every other "
                 "(of this deployment or another); `engram doctor` lists the copies a node holds and who maps them"
             )
+            meet = (
+                f"every pod that mounts {plan.config.node_dir}"
+                if plan.config.node_dir
+                else "the engines of one network namespace (one pod: set node_dir to share across pods)"
+            )
+            print(
+                f"    memory charged: the cgroup (pod) whose engine loads a copy is charged its bytes, up to "
+                f"{node['host_bytes']:,} bytes ({node['host_bytes'] / GIB:.1f} GiB) for the pod that loads every shard "
+                "(once it exits, its parent cgroup); a pod that attaches is charged nothing for them. Copies are "
+                f"shared by {meet}"
+            )
     if report["copying_instead"]:
         others = ", ".join(f"{name} {size:,} bytes" for name, size in report["copying_instead"].items())
         print(f"  the copying placements would first read and write, per node: {others}")

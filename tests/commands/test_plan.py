@@ -338,10 +338,25 @@ def test_v41_node_sharing_counts_one_copy_per_node_and_shard(capsys: pytest.Capt
     main(
         ["plan", "--preset", "deepseek-v4.1-flash", "--engram-config", '{"cpu_offload": true, "node_sharing": "numa"}']
     )
+    out = capsys.readouterr().out
+    assert "node_sharing: 2 table shards in host memory, one copy each for each NUMA node holding GPUs" in out
+    host = report["per_node"][0]["host_bytes"]
     assert (
-        "node_sharing: 2 table shards in host memory, one copy each for each NUMA node holding GPUs"
-        in capsys.readouterr().out
+        f"    memory charged: the cgroup (pod) whose engine loads a copy is charged its bytes, up to {host:,} bytes "
+        f"({host / 2**30:.1f} GiB) for the pod that loads every shard (once it exits, its parent cgroup); a pod that "
+        "attaches is charged nothing for them. Copies are shared by the engines of one network namespace (one pod: "
+        "set node_dir to share across pods)\n"
+    ) in out
+    main(
+        [
+            "plan",
+            "--preset",
+            "deepseek-v4.1-flash",
+            "--engram-config",
+            '{"cpu_offload": true, "node_sharing": "node", "node_dir": "/run/engram"}',
+        ]
     )
+    assert "Copies are shared by every pod that mounts /run/engram\n" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-1", "0", "lots"])
