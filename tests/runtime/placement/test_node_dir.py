@@ -24,8 +24,10 @@ import pytest
 
 from engram.config import load_config
 from engram.errors import ConfigError, EngramError
+from engram.memory.mapping import PAGE
 from engram.runtime.placement import rendezvous as rendezvous_module
 from engram.runtime.placement.rendezvous import Rendezvous
+from engram.runtime.shard import ShardFormat
 from tests.other_user import OtherUser
 from tests.runtime.placement.test_node_sharing import NOTHING, expected_digests, memory_cgroup, settled
 from tests.runtime.specs import SMALL
@@ -46,12 +48,22 @@ class Pod:
     mapped to ours)."""
 
     def __init__(
-        self, checkpoint: Path, report: Path, node_dir: Path | None, *, user: bool = False, stage: str = ""
+        self,
+        checkpoint: Path,
+        report: Path,
+        node_dir: Path | None,
+        *,
+        user: bool = False,
+        stage: str = "",
+        cgroup: Path | None = None,
     ) -> None:
         self.report = report
         command = ["unshare", *NAMESPACES, *(["--user", "--map-root-user"] if user else []), sys.executable, "-c", POD]
         args = [str(checkpoint), str(report), str(ROWS), str(node_dir or ""), stage]
-        self.proc = subprocess.Popen([*command, *args], cwd=REPO, stderr=subprocess.PIPE, text=True)
+        join = None if cgroup is None else lambda: (cgroup / "cgroup.procs").write_text(str(os.getpid()))
+        self.proc = subprocess.Popen(
+            [*command, *args], cwd=REPO, stderr=subprocess.PIPE, text=True, preexec_fn=join
+        )  # joins its memory cgroup before exec: all it starts is charged there
 
     def wait_file(self, suffix: str) -> dict[str, Any]:
         path = self.report.with_suffix(suffix)
@@ -113,16 +125,53 @@ def names_in(directory: Path) -> list[str]:
     return sorted(os.listdir(directory))
 
 
+@pytest.fixture
+def cgroups() -> Iterator[list[Path]]:
+    """Four memory cgroups below ours (cgroup v1's memory controller, or v2), removed after."""
+    lines = [line.split(":", 2) for line in Path("/proc/self/cgroup").read_text().splitlines()]
+    v1 = [path for _, controllers, path in lines if "memory" in controllers.split(",")]
+    root = (
+        Path("/sys/fs/cgroup/memory") / v1[0].lstrip("/") if v1 else Path("/sys/fs/cgroup") / lines[-1][2].lstrip("/")
+    )
+    made = []
+    try:
+        for i in range(4):
+            made.append(root / f"engram-test-pod-{os.getpid()}-{i}")
+            made[-1].mkdir()
+    except OSError as exc:
+        pytest.skip(f"cannot make memory cgroups here: {exc}")
+    yield made
+    for cgroup in made:
+        deadline = time.monotonic() + 30
+        while cgroup.exists():
+            try:
+                cgroup.rmdir()
+            except OSError:
+                assert time.monotonic() < deadline, f"{cgroup} kept its processes"
+                time.sleep(0.05)
+
+
+def shmem(cgroup: Path) -> int:
+    """Shared-memory bytes charged to `cgroup` (a memfd's pages are charged to the first to touch them)."""
+    stat = dict(line.split() for line in (cgroup / "memory.stat").read_text().splitlines())
+    return int(stat["shmem"])
+
+
 @pytest.mark.slow
 def test_pods_in_namespaces_of_their_own_share_one_copy_through_the_directory(
-    checkpoint: Path, node_dir: Path, tmp_path: Path
+    checkpoint: Path, node_dir: Path, tmp_path: Path, cgroups: list[Path]
 ) -> None:
-    pods = [Pod(checkpoint, tmp_path / "pod0", node_dir)]
+    pods = [Pod(checkpoint, tmp_path / "pod0", node_dir, cgroup=cgroups[0])]
     first = pods[0].ready()
-    pods += [Pod(checkpoint, tmp_path / f"pod{i}", node_dir, user=i == 2) for i in (1, 2, 3)]
+    pods += [Pod(checkpoint, tmp_path / f"pod{i}", node_dir, user=i == 2, cgroup=cgroups[i]) for i in (1, 2, 3)]
     reports = [first] + [p.ready() for p in pods[1:]]
+    charged = [shmem(c) for c in cgroups]
     for p in pods:
         p.finish()
+    copies = sum(
+        -(-ShardFormat(ROWS, SMALL.head_dim, SMALL.dtype).nbytes // PAGE) * PAGE + PAGE for _ in SMALL.table_names()
+    )  # each copy's pages and its trailer page
+    assert charged[0] >= copies and charged[1:] == [0, 0, 0]  # the loader's cgroup holds the copies, no other
     oracle = expected_digests(checkpoint, ROWS)
     assert all(r["digests"] == oracle for r in reports)
     assert first["origins"] == {name: ["loaded", first["pid"]] for name in oracle}
