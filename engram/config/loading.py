@@ -56,6 +56,7 @@ __all__ = [
     "checked_parts",
     "document_from_args",
     "dp_shared_memory_resolution",
+    "engram_environment",
     "load_config",
     "load_deployment",
     "read_deployment",
@@ -336,6 +337,18 @@ def _convert(section: str, value: dict[str, Any]) -> msgspec.Struct:
     # JSON Schema accepts 2.0 for an integer; msgspec wants an int.
     value = {k: int(v) if k in INTEGER_FIELDS[section] and isinstance(v, float) else v for k, v in value.items()}
     return msgspec.convert(value, SECTIONS[section])
+
+
+def engram_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables of `environ` that default engram's own fields (ENGRAM_NODE_DIR), not vLLM's: an engine
+    plugin reads its section with these, and the engine's own Engram fields as the engine gives them."""
+    return {
+        name: environ[name]
+        for field, (names, _) in ENV_DEFAULTS.items()
+        if field not in VLLM_FIELDS
+        for name in names
+        if name in environ
+    }
 
 
 def _fill_env_defaults(section: dict[str, Any], env: Mapping[str, str], problems: list[Problem]) -> None:

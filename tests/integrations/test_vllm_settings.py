@@ -60,6 +60,31 @@ def test_the_section_with_vllms_fields_beside_it(monkeypatch: pytest.MonkeyPatch
         engram_config(vllm_config({"engram": {"file_cache_bytes": 1 << 30}}))
 
 
+def test_node_dir_from_the_environment_and_vllms_fields_only_from_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ENGRAM_NODE_DIR reaches engram's own field; a variable defaulting one of vLLM's fields
+    (ENGRAM_CPU_OFFLOAD) does not override what vLLM's own config says."""
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setenv("ENGRAM_NODE_DIR", "/var/lib/engram/node")
+    monkeypatch.setenv("ENGRAM_CPU_OFFLOAD", "0")
+    config = engram_config(vllm_config({"engram": {"node_sharing": "node"}}))
+    assert config is not None and (config.node_dir, config.cpu_offload) == ("/var/lib/engram/node", True)
+    monkeypatch.setenv("ENGRAM_NODE_DIR", "var/lib")
+    with pytest.raises(ConfigError, match=r"^/engram/node_dir: ENGRAM_NODE_DIR='var/lib': expected a match"):
+        engram_config(vllm_config({"engram": {"node_sharing": "node"}}))
+
+
+def test_sglangs_section_takes_node_dir_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from engram.integrations.sglang.rules import ENV as SGLANG_ENV
+    from engram.integrations.sglang.settings import engram_config as sglang_config
+
+    monkeypatch.setenv(SGLANG_ENV, '{"cpu_offload": true, "node_sharing": "node"}')
+    monkeypatch.setenv("ENGRAM_NODE_DIR", "/run/a")
+    first = sglang_config()
+    monkeypatch.setenv("ENGRAM_NODE_DIR", "/run/b")
+    second = sglang_config()
+    assert first is not None and second is not None and (first.node_dir, second.node_dir) == ("/run/a", "/run/b")
+
+
 @pytest.mark.parametrize(
     ("additional", "env", "message"),
     [

@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import os
 
-from engram.config import EngramConfig, load_config
+from engram.config import EngramConfig, engram_environment, load_config
 from engram.config.loading import read_json_object
 from engram.errors import EngramError
 from engram.integrations.model_tables import model_directory, profile
@@ -21,13 +21,15 @@ def engram_config() -> EngramConfig | None:
     text = os.environ.get(ENV)
     if not text:
         return None
-    return _checked(text, tuple(os.environ.get(name, "") for name in SGLANG_TABLE_SETTINGS))
+    sglang_settings = tuple(os.environ.get(name, "") for name in SGLANG_TABLE_SETTINGS)
+    return _checked(text, sglang_settings, tuple(sorted(engram_environment(os.environ).items())))
 
 
 @functools.cache
-def _checked(text: str, sglang_settings: tuple[str, ...]) -> EngramConfig:
-    """engram_config's answer for one value of the variables (every table of a process asks the same)."""
-    config = load_config(read_json_object(text, ENV), env={})
+def _checked(text: str, sglang_settings: tuple[str, ...], environment: tuple[tuple[str, str], ...]) -> EngramConfig:
+    """engram_config's answer for one value of the variables (every table of a process asks the same);
+    `environment`: engram's own (engram_environment)."""
+    config = load_config(read_json_object(text, ENV), env=dict(environment))
     refusal = sglang_refusal(config, dict(zip(SGLANG_TABLE_SETTINGS, sglang_settings, strict=True)))
     if refusal:
         raise EngramError(refusal)

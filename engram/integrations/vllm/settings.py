@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from engram.config import VLLM_FIELDS, EngramConfig, load_config
+from engram.config import VLLM_FIELDS, EngramConfig, engram_environment, load_config
 from engram.config.loading import read_json_object
 from engram.errors import EngramError
 from engram.integrations.model_tables import profile
@@ -45,7 +45,7 @@ def engram_config(vllm_config: Any) -> EngramConfig | None:
         raise EngramError(
             f"engram setting {clash[0]!r} is vLLM's own: give it in --engram-config, not in engram's section"
         )
-    config = load_config({**document, **found}, env={})
+    config = load_config({**document, **found}, env=engram_environment(os.environ))
     if config.shard_layout != "vllm":
         raise EngramError(
             f"engram setting 'shard_layout': inside vLLM its own layout decides which rank holds which rows; {config.shard_layout!r} cannot be honoured there, leave it at 'vllm'"
