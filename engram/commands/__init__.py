@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("doctor", "check shm, huge pages, memlock, memory, CUDA and nvcc (against a plan with --preset)"),
     "demo": ("demo", "replicas sharing one copy of the tables, lookups checked against a reference"),
     "profile": ("profile", "Zipf profile of a preset's n-gram ids on real text, and cache hit rates"),
+    "node-agent": ("node_agent", "hold the node copies every engine's pod asks for (node_dir), one per node"),
 }
 
 

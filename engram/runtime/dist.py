@@ -24,14 +24,15 @@ def timeout_s() -> float:
     return DEFAULT_TIMEOUT_S if raw is None else parse_timeout(raw)
 
 
-def parse_timeout(raw: str) -> float:
+def parse_timeout(raw: str, name: str = "ENGRAM_DIST_TIMEOUT_S") -> float:
+    """The seconds the variable `name` says, `raw`, within TIMEOUT_RANGE_S; an error naming it otherwise."""
     try:
         value = float(raw)
     except ValueError:
-        raise EngramError(f"ENGRAM_DIST_TIMEOUT_S={raw[:50]!r} is not a number of seconds") from None
+        raise EngramError(f"{name}={raw[:50]!r} is not a number of seconds") from None
     low, high = TIMEOUT_RANGE_S
     if not low <= value <= high:  # also refuses nan and inf
-        raise EngramError(f"ENGRAM_DIST_TIMEOUT_S={raw[:50]!r} must be between {low:g} and {high:g} seconds")
+        raise EngramError(f"{name}={raw[:50]!r} must be between {low:g} and {high:g} seconds")
     return value
 
 

@@ -1,10 +1,13 @@
 """Fixtures for the runtime tests: the small model's checkpoint (tests.runtime.specs.SMALL), a private shm
-directory."""
+directory, memory cgroups for simulated pods."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,3 +34,29 @@ def shm_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         yield directory
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def cgroups() -> Iterator[list[Path]]:
+    """Four memory cgroups below ours (cgroup v1's memory controller, or v2), removed after."""
+    lines = [line.split(":", 2) for line in Path("/proc/self/cgroup").read_text().splitlines()]
+    v1 = [path for _, controllers, path in lines if "memory" in controllers.split(",")]
+    root = (
+        Path("/sys/fs/cgroup/memory") / v1[0].lstrip("/") if v1 else Path("/sys/fs/cgroup") / lines[-1][2].lstrip("/")
+    )
+    made = []
+    try:
+        for i in range(4):
+            made.append(root / f"engram-test-pod-{os.getpid()}-{i}")
+            made[-1].mkdir()
+    except OSError as exc:
+        pytest.skip(f"cannot make memory cgroups here: {exc}")
+    yield made
+    for cgroup in made:
+        deadline = time.monotonic() + 30
+        while cgroup.exists():
+            try:
+                cgroup.rmdir()
+            except OSError:
+                assert time.monotonic() < deadline, f"{cgroup} kept its processes"
+                time.sleep(0.05)

@@ -299,6 +299,20 @@ class Checkpoint:
             raise EngramError(f"checkpoint {str(root)[:300]} cannot be read: {exc.strerror}") from None
         if not files:
             raise EngramError(f"checkpoint directory {root} holds no *.safetensors, *.pt or *.bin file")
+        self._read(files)
+        if verify:  # after every header checked: a bogus one fails before gigabytes are hashed
+            verify_files(files[0].parent, files)
+
+    @classmethod
+    def of_files(cls, files: list[Path]) -> Checkpoint:
+        """A checkpoint of exactly `files` (a node agent's: the files an engine passed it, as
+        /proc/self/fd/N, each the file the engine opened whatever its name is now)."""
+        found = cls.__new__(cls)
+        found._read(files)
+        return found
+
+    def _read(self, files: list[Path]) -> None:
+        """Every tensor of `files`, their headers checked."""
         for file in files:
             check_regular(file, "checkpoint file")
         self.paths = files
@@ -316,8 +330,6 @@ class Checkpoint:
             else:
                 for name, tensor in _pt_tensors(file).items():
                     self._add(name, file, tuple(tensor.shape), tensor.dtype, functools.partial(_same, tensor))
-        if verify:  # after every header checked: a bogus one fails before gigabytes are hashed
-            verify_files(files[0].parent, files)
 
     def _add(
         self, name: str, file: Path, shape: tuple[int, ...], dtype: torch.dtype, get: Callable[[], torch.Tensor]

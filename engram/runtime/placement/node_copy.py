@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,7 +18,8 @@ from engram.memory.registration import CudaRuntime, read_only_supported
 from engram.runtime.checkpoints.content import rows_digests
 from engram.runtime.checkpoints.loader import Checkpoint, load_shards, stored_rows
 from engram.runtime.dist import timeout_s
-from engram.runtime.placement.node_sharing import ShareKey, Stage, obtain, writer_refusal
+from engram.runtime.placement.agent_requests import Wanted, ask_agent
+from engram.runtime.placement.node_sharing import Copy, ShareKey, Stage, find, obtain, writer_refusal
 from engram.runtime.placement.numa import copy_node
 from engram.runtime.placement.rendezvous import rendezvous
 from engram.runtime.placement.storage import shard_over
@@ -87,16 +89,10 @@ def node_shard(
     GPU it is registered read-only for UVA where the GPU can pin read-only memory, else gathered on host
     threads (as a file-backed table on disk is)."""
     node = copy_node(mode, device)
-    refusal = writer_refusal(table_files(checkpoint, name))  # asked before hashing, loading and attaching
-    if refusal:
-        raise EngramError(refusal)
-    key = share_key(checkpoint, name, table_rows, row_start, fmt, node, node_dir)
-
-    def fill(mapping: Mapping) -> None:
-        loading = shard_over(name, fmt, "node", mapping, row_start=row_start)
-        load_shards([loading], {name: table_rows}, checkpoint, progress=progress, on_bytes=on_bytes)
-
-    copy = obtain(key, fmt.nbytes, fill, timeout=timeout_s(), node=node, stage=stage, node_dir=node_dir)
+    copy, key = obtain_rows(
+        checkpoint, name, fmt, row_start, table_rows, node=node, node_dir=node_dir, progress=progress,
+        on_bytes=on_bytes, stage=stage,
+    )  # fmt: skip
     if runtime is not None and not read_only_supported(runtime):
         log.warning(
             "engram: this GPU cannot register read-only host memory: the node's shared copy of %s is gathered on "
@@ -121,6 +117,50 @@ def node_shard(
                 "set node_sharing 'off'"
             )
     return shard
+
+
+def obtain_rows(
+    checkpoint: Checkpoint,
+    name: str,
+    fmt: ShardFormat,
+    row_start: int,
+    table_rows: int,
+    *,
+    node: int | None,
+    node_dir: str | None,
+    progress: bool = True,
+    on_bytes: Callable[[int], None] | None = None,
+    stage: Stage | None = None,
+    agent: bool = True,
+    expected: str | None = None,
+) -> tuple[Copy, ShareKey]:
+    """The node's copy of rows [row_start, row_start + fmt.rows) of table `name` (NUMA node `node`) and its
+    key: attached, loaded by the node agent where `node_dir` has one (`agent`: ask it), or loaded here.
+    `expected`: the key's digest the caller was told (a node agent's request), refused unless it is this."""
+    refusal = writer_refusal(table_files(checkpoint, name))  # asked before hashing, loading and attaching
+    if refusal:
+        raise EngramError(refusal)
+    key = share_key(checkpoint, name, table_rows, row_start, fmt, node, node_dir)
+    if expected is not None and key.digest != expected:
+        raise EngramError("the files sent hold other rows than the request's key names")
+
+    def fill(mapping: Mapping) -> None:
+        loading = shard_over(name, fmt, "node", mapping, row_start=row_start)
+        load_shards([loading], {name: table_rows}, checkpoint, progress=progress, on_bytes=on_bytes)
+
+    timeout = timeout_s()
+    directory = None if node_dir is None else rendezvous(node_dir)
+    copy = None
+    if agent and directory is not None and directory.agent_expected():
+        copy = find(key, fmt.nbytes, node_dir)
+        if copy is None:
+            wanted = Wanted(name, fmt.rows, fmt.dim, fmt.dtype, row_start, table_rows, node, key.digest)
+            why = ask_agent(directory, wanted, table_files(checkpoint, name), time.monotonic() + timeout)
+            if why:
+                log.warning("engram: %s: %s; this engine loads it", key.describe, why)
+    if copy is None:
+        copy = obtain(key, fmt.nbytes, fill, timeout=timeout, node=node, stage=stage, node_dir=node_dir)
+    return copy, key
 
 
 SAMPLED_ROWS = 64  # rows of an attached copy compared with the file: a few preads, at random places

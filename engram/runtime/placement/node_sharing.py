@@ -684,6 +684,31 @@ def _attach(place: Place, key: ShareKey, size: int, label: str) -> tuple[Copy | 
     return None, sorted(set(others))
 
 
+def find(key: ShareKey, size: int, node_dir: str | None = None) -> Copy | None:
+    """The node's copy of `key` (`size` bytes of table) where a process of ours serves one now, else None."""
+    copy, _ = _attach(place_for(node_dir), key, size, f"memfd:engram-node-{key.digest[:16]}")
+    return copy
+
+
+def adopt(node_dir: str) -> dict[str, Copy]:
+    """Every copy served in the rendezvous directory `node_dir` now, by its key's digest, attached here and
+    served from here too (a node agent that starts again takes on the copies engines still map)."""
+    place, held, seen = place_for(node_dir), {}, set()
+    for name in place.servers():
+        _, copies, _ = ask(name, b"L", None)
+        for c in copies:
+            if not (isinstance(c, dict) and isinstance(c.get("digest"), str) and isinstance(c.get("size"), int)):
+                continue
+            if c["digest"] in seen:
+                continue
+            seen.add(c["digest"])
+            key = ShareKey(c["digest"], "0" * 64, str(c.get("describe", ""))[:300])  # its family is not listed
+            copy, _ = _attach(place, key, max(0, c["size"] - PAGE), f"memfd:engram-node-{key.digest[:16]}")
+            if copy is not None:
+                held[key.digest] = copy
+    return held
+
+
 def _hold(
     place: Place, fd: int, key: ShareKey, total: int, loaded_by: int, mapping: Mapping, stage: Stage | None
 ) -> None:

@@ -31,6 +31,8 @@ from pathlib import Path
 from engram.errors import EngramError
 
 SERVER_PREFIX = "s-"  # a listening copy server
+AGENT_PREFIX = "a-"  # a listening node agent (engram.runtime.placement.node_agent)
+AGENT_MARK = "agent"  # made by a node agent's first start: engines here wait for it while it restarts
 BINDING_PREFIX = "t-"  # a server socket bound, not yet listening: renamed to s- once it listens
 LOCK_PREFIX = "l-"  # a key's load lock, held by an open file description's lock
 MAX_ENTRIES = 4096  # names looked at per listing: one per engine process of this user and key, far fewer
@@ -110,23 +112,23 @@ class Rendezvous:
         """Where `name` in the directory is bound or connected to, through the open descriptor."""
         return f"/proc/self/fd/{self.fd}/{name}"
 
-    def listen(self) -> socket.socket:
-        """A copy server's listening socket, named in the directory only once it listens (so a name no one
-        listens on is a dead process's)."""
+    def listen(self, prefix: str = SERVER_PREFIX) -> socket.socket:
+        """A copy server's listening socket (or with AGENT_PREFIX a node agent's), named in the directory
+        only once it listens (so a name no one listens on is a dead process's)."""
         token = f"{os.geteuid()}-{secrets.token_hex(12)}"
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
             sock.bind(self.address(BINDING_PREFIX + token))
             os.chmod(BINDING_PREFIX + token, 0o600, dir_fd=self.fd)  # ours alone: it was made in our directory
             sock.listen(64)
-            os.rename(BINDING_PREFIX + token, SERVER_PREFIX + token, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+            os.rename(BINDING_PREFIX + token, prefix + token, src_dir_fd=self.fd, dst_dir_fd=self.fd)
         except OSError as exc:
             sock.close()
             with contextlib.suppress(OSError):
                 os.unlink(BINDING_PREFIX + token, dir_fd=self.fd)
             raise EngramError(f"node_dir {self.path}: cannot serve node copies there: {exc.strerror}") from None
         sock.setblocking(False)
-        self._named[sock.fileno()] = (SERVER_PREFIX + token, os.getpid())
+        self._named[sock.fileno()] = (prefix + token, os.getpid())
         return sock
 
     def close(self, sock: socket.socket) -> None:
@@ -152,12 +154,13 @@ class Rendezvous:
                         found.append((entry.name, info))
         return found
 
-    def servers(self) -> list[str]:
-        """The addresses of the copy servers listening here now. Names left by dead processes (a socket no one
-        listens on, one bound long ago and never listening, a lock no one holds) are removed on the way."""
+    def servers(self, prefix: str = SERVER_PREFIX) -> list[str]:
+        """The addresses of the copy servers (or with AGENT_PREFIX the node agents) listening here now. Names
+        left by dead processes (a socket no one listens on, one bound long ago and never listening, a lock
+        no one holds) are removed on the way."""
         found = []
         for name, info in self._entries():
-            if stat.S_ISSOCK(info.st_mode) and name.startswith(SERVER_PREFIX):
+            if stat.S_ISSOCK(info.st_mode) and name.startswith(prefix):
                 if self._listening(name):
                     found.append(self.address(name))
             elif stat.S_ISSOCK(info.st_mode) and name.startswith(BINDING_PREFIX):
@@ -166,6 +169,20 @@ class Rendezvous:
             elif stat.S_ISREG(info.st_mode) and name.startswith(LOCK_PREFIX):
                 self._sweep_lock(name)
         return found
+
+    def mark_agent(self) -> None:
+        """Say that a node agent serves this directory (kept across its restarts; remove the file `agent` to
+        retire it)."""
+        fd = os.open(AGENT_MARK, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self.fd)
+        os.close(fd)
+
+    def agent_expected(self) -> bool:
+        """Whether a node agent serves this directory (running now, or restarting)."""
+        try:
+            info = os.stat(AGENT_MARK, dir_fd=self.fd, follow_symlinks=False)
+        except OSError:
+            return False
+        return stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid()
 
     def survey(self) -> dict[str, int]:
         """What the directory holds now (a dead process's names removed first): copy servers listening, load

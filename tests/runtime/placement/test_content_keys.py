@@ -18,17 +18,10 @@ from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.checkpoints.writer import write_checkpoint
 from engram.runtime.placement.node_copy import share_key
 from engram.runtime.shard import ShardFormat
-from tests.runtime.placement.test_node_sharing import NOTHING, Engine, expected_digests, settled
+from tests.runtime.placement.test_node_sharing import Engine, expected_digests
 from tests.runtime.specs import SMALL
 
 ROWS = 96
-
-
-@pytest.fixture
-def checkpoint(small_checkpoint: Path) -> Iterator[Path]:
-    assert settled() == NOTHING, "a previous test left node copies behind"
-    yield small_checkpoint
-    assert settled() == NOTHING
 
 
 @pytest.fixture

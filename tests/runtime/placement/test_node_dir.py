@@ -16,7 +16,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ from engram.runtime.placement import rendezvous as rendezvous_module
 from engram.runtime.placement.rendezvous import Rendezvous
 from engram.runtime.shard import ShardFormat
 from tests.other_user import OtherUser
-from tests.runtime.placement.test_node_sharing import NOTHING, expected_digests, memory_cgroup, settled
+from tests.runtime.placement.test_node_sharing import expected_digests, memory_cgroup
 from tests.runtime.specs import SMALL
 
 WAIT_S = 120.0
@@ -108,13 +107,6 @@ class Pod:
 
 
 @pytest.fixture
-def checkpoint(small_checkpoint: Path) -> Iterator[Path]:
-    assert settled() == NOTHING, "a previous test left node copies behind"
-    yield small_checkpoint
-    assert settled() == NOTHING
-
-
-@pytest.fixture
 def node_dir(tmp_path: Path) -> Path:
     path = tmp_path / "rendezvous"
     path.mkdir(mode=0o700)
@@ -123,32 +115,6 @@ def node_dir(tmp_path: Path) -> Path:
 
 def names_in(directory: Path) -> list[str]:
     return sorted(os.listdir(directory))
-
-
-@pytest.fixture
-def cgroups() -> Iterator[list[Path]]:
-    """Four memory cgroups below ours (cgroup v1's memory controller, or v2), removed after."""
-    lines = [line.split(":", 2) for line in Path("/proc/self/cgroup").read_text().splitlines()]
-    v1 = [path for _, controllers, path in lines if "memory" in controllers.split(",")]
-    root = (
-        Path("/sys/fs/cgroup/memory") / v1[0].lstrip("/") if v1 else Path("/sys/fs/cgroup") / lines[-1][2].lstrip("/")
-    )
-    made = []
-    try:
-        for i in range(4):
-            made.append(root / f"engram-test-pod-{os.getpid()}-{i}")
-            made[-1].mkdir()
-    except OSError as exc:
-        pytest.skip(f"cannot make memory cgroups here: {exc}")
-    yield made
-    for cgroup in made:
-        deadline = time.monotonic() + 30
-        while cgroup.exists():
-            try:
-                cgroup.rmdir()
-            except OSError:
-                assert time.monotonic() < deadline, f"{cgroup} kept its processes"
-                time.sleep(0.05)
 
 
 def shmem(cgroup: Path) -> int:

@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -151,14 +150,6 @@ def settled() -> dict[str, list[str]]:
     while (found := leftovers()) != NOTHING and time.monotonic() < deadline:
         time.sleep(0.05)
     return found
-
-
-@pytest.fixture
-def checkpoint(small_checkpoint: Path, tmp_path: Path) -> Iterator[Path]:
-    """The small checkpoint, and a check that the test left nothing of node sharing behind."""
-    assert settled() == NOTHING, "a previous test left node copies behind"
-    yield small_checkpoint
-    assert settled() == NOTHING
 
 
 def table_bytes() -> int:
