@@ -107,6 +107,11 @@ def run(args: argparse.Namespace) -> int:
                 "(once it exits, its parent cgroup); a pod that attaches is charged nothing for them. Copies are "
                 f"shared by {meet}"
             )
+            if plan.config.node_dir:
+                print(
+                    f"    with `engram node-agent` on {plan.config.node_dir}: the agent's cgroup is charged all "
+                    f"{node['host_bytes']:,} bytes (give it that memory limit and more), every serving pod nothing"
+                )
     if report["copying_instead"]:
         others = ", ".join(f"{name} {size:,} bytes" for name, size in report["copying_instead"].items())
         print(f"  the copying placements would first read and write, per node: {others}")

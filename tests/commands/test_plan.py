@@ -356,7 +356,12 @@ def test_v41_node_sharing_counts_one_copy_per_node_and_shard(capsys: pytest.Capt
             '{"cpu_offload": true, "node_sharing": "node", "node_dir": "/run/engram"}',
         ]
     )
-    assert "Copies are shared by every pod that mounts /run/engram\n" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "Copies are shared by every pod that mounts /run/engram\n" in out
+    assert (
+        f"    with `engram node-agent` on /run/engram: the agent's cgroup is charged all {V41_TABLE:,} bytes (give it "
+        "that memory limit and more), every serving pod nothing\n"
+    ) in out
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-1", "0", "lots"])
