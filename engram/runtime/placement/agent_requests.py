@@ -28,6 +28,9 @@ REQUEST_LIMIT = 64 << 10
 MAX_FILES = 64  # checkpoint files holding one table's rows: a few at most
 
 
+_gone: set[str] = set()  # directories whose agent this process waited for in vain
+
+
 @dataclass(frozen=True)
 class Wanted:
     """Rows [row_start, row_start + rows) of `table` (of `table_rows`), as `dtype` x `dim`, for NUMA node
@@ -64,9 +67,13 @@ def ask_agent(directory: Rendezvous, wanted: Wanted, files: list[Path], deadline
     wait_s = AGENT_WAIT_S if raw is None else parse_timeout(raw, "ENGRAM_AGENT_WAIT_S")
     waited_until = min(deadline, time.monotonic() + wait_s)
     while not (agents := directory.servers(AGENT_PREFIX)):
+        if directory.path in _gone:  # waited for once already: this process's other tables do not wait again
+            return f"the node agent of {directory.path} is not running (waited for once, {wait_s:g} s)"
         if time.monotonic() >= waited_until:
+            _gone.add(directory.path)
             return f"the node agent of {directory.path} did not come up in {wait_s:g} s (down or restarting)"
         time.sleep(POLL_S)
+    _gone.discard(directory.path)
     fds = [open_regular(f, "checkpoint file") for f in files[:MAX_FILES]]
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:

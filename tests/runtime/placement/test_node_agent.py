@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.placement import node_agent
 from engram.runtime.placement.agent_requests import Wanted
 from engram.runtime.placement.node_copy import share_key, table_files
+from engram.runtime.placement.rendezvous import Rendezvous
 from engram.runtime.shard import ShardFormat
 from tests.runtime.placement.test_node_dir import NAMESPACES, REPO, ROWS, Pod, shmem
 from tests.runtime.placement.test_node_sharing import NOTHING, expected_digests, settled
@@ -31,13 +33,26 @@ FORMAT = ShardFormat(ROWS, SMALL.head_dim, SMALL.dtype)
 COPIES = len(SMALL.table_names()) * (-(-FORMAT.nbytes // PAGE) * PAGE + PAGE)  # their pages and trailers
 
 
-class Agent:
-    """`engram node-agent` in namespaces and a memory cgroup of its own."""
+# The agent as the command runs it, but stopped at one stage of its first load (tests.runtime.node_engine's
+# pause_at), which it tells in REPORT.stage.
+PAUSED_AGENT = (
+    "import sys; from pathlib import Path; from tests.runtime import node_engine; "
+    "node_engine.pause_at(sys.argv[2], Path(sys.argv[3])); from engram.cli import main; "
+    "sys.exit(main(['node-agent', '--node-dir', sys.argv[1]]))"
+)
 
-    def __init__(self, node_dir: Path, cgroup: Path) -> None:
-        join = lambda: (cgroup / "cgroup.procs").write_text(str(os.getpid()))  # noqa: E731
+
+class Agent:
+    """`engram node-agent` in namespaces (and a memory cgroup) of its own; `paused`: (stage, report) where
+    its first load stops."""
+
+    def __init__(self, node_dir: Path, cgroup: Path | None = None, paused: tuple[str, Path] | None = None) -> None:
+        join = None if cgroup is None else lambda: (cgroup / "cgroup.procs").write_text(str(os.getpid()))
+        command = ["-m", "engram", "node-agent", "--node-dir", str(node_dir)]
+        if paused is not None:
+            command = ["-c", PAUSED_AGENT, str(node_dir), paused[0], str(paused[1])]
         self.proc = subprocess.Popen(
-            ["unshare", *NAMESPACES, sys.executable, "-m", "engram", "node-agent", "--node-dir", str(node_dir)],
+            ["unshare", *NAMESPACES, sys.executable, *command],
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=join,
         )  # fmt: skip
         assert self.proc.stdout is not None
@@ -134,13 +149,43 @@ def test_pods_whose_agent_is_down_wait_then_load_their_own(
     pod.finish()
     assert report["origins"] == {name: ["loaded", report["pid"]] for name in SMALL.table_names()}
     warned = [line for line in pod.log().splitlines() if "node agent" in line]
-    assert len(warned) == len(SMALL.table_names())  # one per table it loaded
-    assert all(
-        line.endswith(
-            f": the node agent of {node_dir} did not come up in 1 s (down or restarting); this engine loads it"
-        )
-        for line in warned
+    assert len(warned) == len(SMALL.table_names())  # one per table it loaded; the first waited, no other
+    assert warned[0].endswith(
+        f": the node agent of {node_dir} did not come up in 1 s (down or restarting); this engine loads it"
     )
+    assert all(
+        line.endswith(f": the node agent of {node_dir} is not running (waited for once, 1 s); this engine loads it")
+        for line in warned[1:]
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["filling", "locked", "loaded", "sealed", "serving"])
+def test_an_agent_killed_while_it_loads_leaves_nothing_and_the_pod_loads_its_own(
+    stage: str,
+    checkpoint: Path,
+    node_dir: Path,
+    tmp_path: Path,
+    started: list[Pod | Agent],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ENGRAM_AGENT_WAIT_S", "1")  # its other tables: the agent is gone, not restarting
+    report = tmp_path / "agent"
+    agent = Agent(node_dir, paused=(stage, report))
+    pod = Pod(checkpoint, tmp_path / "pod", node_dir)
+    started += [agent, pod]
+    deadline = time.monotonic() + WAIT_S
+    while not report.with_suffix(".stage").exists():
+        assert time.monotonic() < deadline and pod.proc.poll() is None, pod.log()
+        time.sleep(0.02)
+    agent.kill()
+    told = pod.ready()
+    pod.finish()
+    assert told["digests"] == expected_digests(checkpoint, ROWS)
+    assert set(origin for origin, _ in told["origins"].values()) == {"loaded"}
+    assert "this engine loads it" in pod.log()
+    Rendezvous(str(node_dir)).servers()  # the next look removes what the killed agent left
+    assert sorted(os.listdir(node_dir)) == ["agent", "digests"]
 
 
 def test_an_agent_refuses_what_its_memory_cannot_hold_and_files_that_are_not_the_key(
