@@ -58,6 +58,12 @@ class EngramConfigBehaviour:
             factors = {self.FIRST_NAMES.get(name, name): value for name, value in factors.items()}
         return factors
 
+    def compile_factors(self) -> dict[str, Any]:
+        """vLLM 0.34's EngramConfig.compile_factors(), for code written against it: every field of the newest
+        vLLM EngramConfig the schema knows, by name, as set here (what VllmConfig.compile_factors() nests
+        under "engram"). hash_factors(vllm=...) gives each version's digest factors, earlier ones' too."""
+        return {name: getattr(self, name) for name in self.VLLM_VERSIONS[list(self.VLLM_VERSIONS)[-1]]}
+
     def compute_hash(self, *, vllm: str | None = None, older_names: bool = False) -> str:
         """vLLM's digest of these settings, sha256 of json.dumps(hash_factors(), sort_keys=True): vLLM 0.34's
         of EngramConfig.compile_factors() (the newest version the schema knows, by default), vLLM 0.32's

@@ -107,3 +107,23 @@ def test_placement_fields_leave_the_hash_alone(field: str) -> None:
     assert getattr(config, field) == value
     assert config.hash_factors() == {name: DEFAULTS[name] for name in FIELDS}
     assert config.compute_hash() == EngramConfig().compute_hash()
+
+
+# vLLM 0.34.0's EngramConfig fields, as its vllm/config/engram.py declares them (its compile_factors() is
+# get_compile_factors(self, set()): every one, none ignored).
+VLLM_034_FIELDS = ("cpu_offload", "disk_offload", "embedding_across_dp", "dp_shared_memory", "use_thp")
+
+
+@pytest.mark.parametrize(
+    "fields", [f for f in COMBOS if is_valid(f)], ids=lambda f: "-".join(k for k, v in f.items() if v) or "none"
+)
+def test_compile_factors_is_vllm_034s(fields: dict[str, bool]) -> None:
+    config = EngramConfig(**fields, file_backed=False)
+    assert config.compile_factors() == {name: fields[name] for name in VLLM_034_FIELDS}
+    assert (
+        hashlib.sha256(json.dumps(config.compile_factors(), sort_keys=True).encode()).hexdigest()
+        == config.compute_hash()
+    )
+    unresolved = EngramConfig(dp_shared_memory=None)
+    assert unresolved.compile_factors()["dp_shared_memory"] is None  # as vLLM's before it resolves the field
+    assert "file_backed" not in unresolved.compile_factors()  # engram's own fields are not vLLM's factors

@@ -2,7 +2,8 @@
 setting of that version's fields (dp_shared_memory true, false or null; 0.34's disk_offload), at TP 1/2 x
 DP 1/4 with and without elastic EP, the same constructor verdict and message, the same digest (that
 version's: 0.33's compute_hash, 0.34's compile_factors) before and after dp_shared_memory is resolved, the
-same resolution, the same verify_parallel_config verdict and message, and the same embedding group size."""
+same resolution, the same verify_parallel_config verdict and message, the same embedding group size, and on
+0.34 the same compile_factors()."""
 
 from __future__ import annotations
 
@@ -45,6 +46,7 @@ def engram_side(case: dict[str, Any]) -> dict[str, Any]:
         "unresolved_hash": unresolved,
         "dp_shared_memory": config.dp_shared_memory,
         "hash": config.compute_hash(vllm=version),
+        "compile_factors": config.compile_factors() if vllm_version() >= (0, 34) else None,  # 0.34's API
         "parallel_size": config.get_parallel_size(parallel),
     }
     try:

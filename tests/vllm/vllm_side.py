@@ -58,6 +58,7 @@ def config_case(case: dict) -> dict:
         "unresolved_hash": unresolved,
         "dp_shared_memory": config.dp_shared_memory,
         "hash": digest(config),
+        "compile_factors": config.compile_factors() if hasattr(config, "compile_factors") else None,
         "parallel_size": config.get_parallel_size(parallel),
     }
     try:

@@ -29,6 +29,7 @@ MAX_FILES = 64  # checkpoint files holding one table's rows: a few at most
 
 
 _gone: set[str] = set()  # directories whose agent this process waited for in vain
+NOT_RUNNING = "the node agent of {path} is not running (this engine waited for it once)"
 
 
 @dataclass(frozen=True)
@@ -62,13 +63,14 @@ class Wanted:
 def ask_agent(directory: Rendezvous, wanted: Wanted, files: list[Path], deadline: float) -> str | None:
     """Ask the directory's node agent for the copy `wanted` (from `files`), and wait for its answer until
     `deadline` (time.monotonic()): None once it serves the copy, else why not (said by the caller, who
-    then loads its own). An agent not listening now is waited for, up to AGENT_WAIT_S (ENGRAM_AGENT_WAIT_S)."""
+    then loads its own; a reason in `_gone`'s words was said once already). An agent not listening now
+    is waited for once per process, up to AGENT_WAIT_S (ENGRAM_AGENT_WAIT_S)."""
     raw = os.environ.get("ENGRAM_AGENT_WAIT_S")
     wait_s = AGENT_WAIT_S if raw is None else parse_timeout(raw, "ENGRAM_AGENT_WAIT_S")
     waited_until = min(deadline, time.monotonic() + wait_s)
     while not (agents := directory.servers(AGENT_PREFIX)):
         if directory.path in _gone:  # waited for once already: this process's other tables do not wait again
-            return f"the node agent of {directory.path} is not running (waited for once, {wait_s:g} s)"
+            return NOT_RUNNING.format(path=directory.path)
         if time.monotonic() >= waited_until:
             _gone.add(directory.path)
             return f"the node agent of {directory.path} did not come up in {wait_s:g} s (down or restarting)"

@@ -18,7 +18,7 @@ from engram.memory.registration import CudaRuntime, read_only_supported
 from engram.runtime.checkpoints.content import rows_digests
 from engram.runtime.checkpoints.loader import Checkpoint, load_shards, stored_rows
 from engram.runtime.dist import timeout_s
-from engram.runtime.placement.agent_requests import Wanted, ask_agent
+from engram.runtime.placement.agent_requests import NOT_RUNNING, Wanted, ask_agent
 from engram.runtime.placement.node_sharing import Copy, ShareKey, Stage, find, obtain, writer_refusal
 from engram.runtime.placement.numa import copy_node
 from engram.runtime.placement.rendezvous import rendezvous
@@ -156,8 +156,9 @@ def obtain_rows(
         if copy is None:
             wanted = Wanted(name, fmt.rows, fmt.dim, fmt.dtype, row_start, table_rows, node, key.digest)
             why = ask_agent(directory, wanted, table_files(checkpoint, name), time.monotonic() + timeout)
-            if why:
-                log.warning("engram: %s: %s; this engine loads it", key.describe, why)
+            if why:  # said once per agent that is down; every other refusal is the table's own
+                quiet = why == NOT_RUNNING.format(path=directory.path)
+                (log.info if quiet else log.warning)("engram: %s: %s; this engine loads it", key.describe, why)
     if copy is None:
         copy = obtain(key, fmt.nbytes, fill, timeout=timeout, node=node, stage=stage, node_dir=node_dir)
     return copy, key

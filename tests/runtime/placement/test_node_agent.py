@@ -7,6 +7,7 @@ run in namespaces and a memory cgroup of their own (tests.runtime.placement.test
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -19,9 +20,9 @@ import pytest
 
 from engram.memory.mapping import PAGE
 from engram.runtime.checkpoints.loader import Checkpoint
-from engram.runtime.placement import node_agent
+from engram.runtime.placement import agent_requests, node_agent
 from engram.runtime.placement.agent_requests import Wanted
-from engram.runtime.placement.node_copy import share_key, table_files
+from engram.runtime.placement.node_copy import obtain_rows, share_key, table_files
 from engram.runtime.placement.rendezvous import Rendezvous
 from engram.runtime.shard import ShardFormat
 from tests.runtime.placement.test_node_dir import NAMESPACES, REPO, ROWS, Pod, shmem
@@ -148,14 +149,16 @@ def test_pods_whose_agent_is_down_wait_then_load_their_own(
     report = pod.ready()
     pod.finish()
     assert report["origins"] == {name: ["loaded", report["pid"]] for name in SMALL.table_names()}
-    warned = [line for line in pod.log().splitlines() if "node agent" in line]
-    assert len(warned) == len(SMALL.table_names())  # one per table it loaded; the first waited, no other
-    assert warned[0].endswith(
+    said = [line for line in pod.log().splitlines() if "node agent" in line]  # the log holds INFO lines too
+    assert len(said) == len(SMALL.table_names())  # one per table it loaded; the first waited, no other
+    assert said[0].endswith(
         f": the node agent of {node_dir} did not come up in 1 s (down or restarting); this engine loads it"
     )
     assert all(
-        line.endswith(f": the node agent of {node_dir} is not running (waited for once, 1 s); this engine loads it")
-        for line in warned[1:]
+        line.endswith(
+            f": the node agent of {node_dir} is not running (this engine waited for it once); this engine loads it"
+        )
+        for line in said[1:]
     )
 
 
@@ -217,3 +220,21 @@ def test_an_agent_refuses_what_its_memory_cannot_hold_and_files_that_are_not_the
             copy.mapping.release()
         agent.held.clear()
     assert json.dumps(settled()) == json.dumps(NOTHING)
+
+
+def test_an_agent_that_is_down_is_one_warning_for_all_tables(
+    checkpoint: Path, node_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    (node_dir / "agent").write_text("")  # an agent served this directory, and is down now
+    monkeypatch.setenv("ENGRAM_AGENT_WAIT_S", "1")
+    monkeypatch.setattr(agent_requests, "_gone", set())
+    found = Checkpoint(checkpoint)
+    copies = []
+    with caplog.at_level(logging.INFO, logger="engram"):
+        for table, rows in zip(SMALL.table_names(), SMALL.layout.table_rows, strict=True):
+            copies.append(obtain_rows(found, table, FORMAT, 0, rows, node=None, node_dir=str(node_dir))[0])
+    for copy in copies:
+        copy.mapping.release()
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if "node agent" in r.getMessage()]
+    assert [level for level, _ in said] == [logging.WARNING] + [logging.INFO] * (len(SMALL.table_names()) - 1)
+    assert said[0][1].endswith("did not come up in 1 s (down or restarting); this engine loads it")
