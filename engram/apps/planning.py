@@ -35,14 +35,16 @@ def per_rank(plan: DeploymentPlan) -> list[dict[str, int]]:
                 "shm_bytes": size if rank.placement == "shm" else 0,
                 "node_copy_bytes": size if rank.placement == "node" else 0,  # mapped, loaded once per node
                 "file_bytes": size if rank.placement == "file" else 0,  # mapped from the checkpoint
+                # a RAM tier's rows over the file, this process's own (ram_cache_bytes, at most the shard)
+                "ram_tier_bytes": min(plan.config.ram_cache_bytes, size) if rank.placement == "file" else 0,
             }
         )
     return rows
 
 
 def per_node(plan: DeploymentPlan) -> list[dict[str, int]]:
-    """Host bytes per node: private tables add up per rank; a shared table counts once per node and TP
-    shard, and that is also the /dev/shm the node needs; a file-backed shard counts once per node however
+    """Host bytes per node: private tables and RAM tiers add up per rank; a shared table counts once per
+    node and TP shard, and that is also the /dev/shm the node needs; a file-backed shard counts once per node however
     many processes map it (the page cache's pages), and nothing is copied at start-up; a node copy
     (node_sharing) counts once per node and shard, whatever engines map it (with "numa", once per NUMA
     node holding GPUs: the plan does not know the machine's)."""
@@ -52,7 +54,7 @@ def per_node(plan: DeploymentPlan) -> list[dict[str, int]]:
     empty = {"host_bytes": 0, "shm_bytes": 0, "device_bytes": 0, "page_cache_bytes": 0, "node_copies": 0}
     for rank, row in zip(plan.ranks, per_rank(plan), strict=True):
         node = nodes.setdefault(rank.node, {"node": rank.node, **empty})
-        node["host_bytes"] += row["pinned_host_bytes"]
+        node["host_bytes"] += row["pinned_host_bytes"] + row["ram_tier_bytes"]
         kind = "page_cache_bytes" if row["file_bytes"] else "node_copies" if row["node_copy_bytes"] else None
         for shard in rank.tables if kind else ():
             key = (kind or "", rank.node, shard.table, shard.row_start, shard.rows)
@@ -107,6 +109,15 @@ def collectives(plan: DeploymentPlan) -> list[dict[str, Any]]:
     return out
 
 
+def staged_per_token(plan: DeploymentPlan) -> int:
+    """With disk_offload, the bytes each rank reads from the checkpoint files (or the page cache, or its RAM
+    tier) and copies to its GPU per token: every layer's full rows, as stored; 0 otherwise."""
+    if not plan.config.disk_offload:
+        return 0
+    layout = plan.spec.layout
+    return len(layout.layer_ids) * layout.columns * ShardFormat(1, plan.spec.head_dim, plan.spec.dtype).row_bytes
+
+
 def summary(plan: DeploymentPlan) -> dict[str, Any]:
     return {
         "preset": plan.spec.name,
@@ -121,6 +132,7 @@ def summary(plan: DeploymentPlan) -> dict[str, Any]:
         "per_rank": per_rank(plan),
         "per_node": per_node(plan),
         "collectives": collectives(plan),
+        "staged_bytes_per_token": staged_per_token(plan),
         "copying_instead": copying_instead(plan),
     }
 

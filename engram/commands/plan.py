@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     if plan.vllm_refusal:
         print(f"  vLLM 0.33 would refuse this deployment ({plan.vllm_refusal}); engram serves it with row shards")
     resolution = dp_shared_memory_resolution(given, plan.config.dp_shared_memory)
-    if resolution and plan.engine == "vllm":
+    if resolution and plan.engine == "vllm" and not plan.config.disk_offload:  # no table to share
         print(resolution)
     if plan.sharing_note:
         print(plan.sharing_note)
@@ -84,11 +84,16 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"  node {node['node']}: host {node['host_bytes']:,} bytes ({node['host_bytes'] / GIB:.1f} GiB), /dev/shm needed {node['shm_bytes']:,} bytes, GPU {node['device_bytes']:,} bytes"
         )
-        if node["page_cache_bytes"]:
+        if node["page_cache_bytes"] and plan.config.disk_offload:
+            print(disk_offload_text(plan, node["page_cache_bytes"], report["staged_bytes_per_token"]))
+        elif node["page_cache_bytes"]:
             print(
                 f"    file-backed: {node['page_cache_bytes']:,} bytes of checkpoint pages, once for every process "
                 "on the node, in the page cache (may exceed RAM); nothing is copied at start-up"
             )
+        tiers = sum(r["ram_tier_bytes"] for r in report["per_rank"] if r["node"] == node["node"])
+        if tiers:
+            print(f"    RAM tiers: {tiers:,} bytes of the host bytes above, ram_cache_bytes in each process")
         if node["node_copies"]:
             where = "each NUMA node holding GPUs" if plan.config.node_sharing == "numa" else "the node"
             print(
@@ -123,6 +128,22 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         print(f"plot: {args.plot}")
     return 0
+
+
+def disk_offload_text(plan: DeploymentPlan, page_bytes: int, staged: int) -> str:
+    """What vLLM 0.34's disk offload does on a node, with vLLM's own path and with engram's."""
+    bound = (
+        f"each process keeping at most {plan.config.file_cache_bytes:,} bytes of them resident (file_cache_bytes)"
+        if plan.config.file_cache_bytes
+        else "as many as memory allows"
+    )
+    return (
+        f"    disk_offload: no table in memory; the checkpoint's {page_bytes:,} bytes of table stay in its files, "
+        f"and each step every rank reads its tokens' full rows ({staged:,} bytes per token: every layer, no ETP "
+        "sharding) and copies them to its GPU. vLLM 0.34's own path reads them one pread per row through the page "
+        f"cache; with an engram section, engram's file-backed table maps the files (the page cache's pages, {bound}) "
+        f"and a RAM tier of {plan.config.ram_cache_bytes:,} bytes per rank keeps the hottest rows (ram_cache_bytes)"
+    )
 
 
 def draw(plan: DeploymentPlan, path: str, node_ram_gib: float | None) -> None:

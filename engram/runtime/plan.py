@@ -91,6 +91,8 @@ class DeploymentPlan:
         """Which per-rank layout this is, in words for `engram plan`."""
         if self.engine == "sglang":
             return "sglang (SGLang 0.5.23's: each DP replica's copy split over its TP ranks)"
+        if self.config.disk_offload:
+            return "vLLM 0.34's disk offload (every rank reads full rows of the whole table from the checkpoint files: no ETP sharding)"
         if self.config.shard_layout == "replica":
             return "replica (the seed's: a private TP-sharded copy per DP replica)"
         return "vllm (vLLM 0.33's per-rank layout)"
@@ -205,11 +207,16 @@ def sizes_of(parallel: ParallelConfig) -> tuple[int, int, int]:
 def plan_deployment(
     spec: ModelSpec, config: EngramConfig, parallel: ParallelConfig, platform: str = "cuda", engine: Engine = "vllm"
 ) -> DeploymentPlan:
-    """Who holds which rows in `engine`'s layout (the module docstring), with what placement."""
+    """Who holds which rows in `engine`'s layout (the module docstring), with what placement. The config
+    is checked against the model and platform first, as `engram validate` checks a deployment (DeepSeek
+    V4.1 with disk_offload is refused here too)."""
+    config.verify_model_config(spec.model_config(), platform)
     if engine == "sglang":
         return _sglang_plan(spec, config, parallel, platform)
     config = config.resolve_dp_shared_memory(parallel)  # a null one, as vLLM 0.33 resolves it
     config.verify_parallel_config(parallel)
+    if config.disk_offload:
+        return _disk_offload_plan(spec, config, parallel, platform)
     tp, dp, local = sizes_of(parallel)
     # The DP ranks one embedding group spans (a block of consecutive ones), and whether the group's shard
     # index puts DP first (vLLM's Qwen ETP: dp * TP + tp) or TP first (tp * span + dp).
@@ -279,6 +286,26 @@ def plan_deployment(
             )
     refusal = vllm_refusal(spec, tp * span) if config.shard_layout == "vllm" and not peer_rows else None
     return DeploymentPlan(spec, config, parallel, platform, tuple(ranks), refusal, note)
+
+
+def _disk_offload_plan(
+    spec: ModelSpec, config: EngramConfig, parallel: ParallelConfig, platform: str
+) -> DeploymentPlan:
+    """vLLM 0.34's disk offload of Qwen4Exp's PLE tables: no table is allocated, and every rank reads its
+    tokens' full rows of the whole table from the checkpoint files each step (no ETP sharding, so no
+    collective): vLLM's one read per row, or with engram's section engram's file-backed table over the
+    same files (its page cache shared by the node's processes, file_cache_bytes, a RAM tier)."""
+    tp, dp, local = sizes_of(parallel)
+    whole = table_shards(spec, 0, 1)
+    ranks = tuple(
+        RankPlan(
+            rank=r, tp_rank=r % tp, dp_rank=r // tp, node=r // tp // local, shard_index=0,
+            embedding_group=range(r, r + 1), dp_group=range(r, r + 1), shm_group=None, placement="file",
+            tables=whole,
+        )
+        for r in range(tp * dp)
+    )  # fmt: skip
+    return DeploymentPlan(spec, config, parallel, platform, ranks)
 
 
 def _sglang_plan(spec: ModelSpec, config: EngramConfig, parallel: ParallelConfig, platform: str) -> DeploymentPlan:

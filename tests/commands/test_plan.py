@@ -13,8 +13,8 @@ from engram.cli import main
 V41_TABLE = 202_758_032_400
 
 
-def plan(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:  # type: ignore[type-arg]
-    code = main(["plan", "--preset", "deepseek-v4.1-flash", "--json", *argv])
+def plan(capsys: pytest.CaptureFixture[str], *argv: str, preset: str = "deepseek-v4.1-flash") -> dict:  # type: ignore[type-arg]
+    code = main(["plan", "--preset", preset, "--json", *argv])
     out = capsys.readouterr().out
     assert code == 0
     return json.loads(out)  # type: ignore[no-any-return]
@@ -476,3 +476,52 @@ def test_a_null_dp_shared_memory_stays_off_inside_sglang(capsys: pytest.CaptureF
     assert " dp_shared_memory=false " in out and out.endswith(
         "engine: SGLang 0.5.23 (give the engram section in ENGRAM_SGLANG_CONFIG)\n"
     )
+
+
+def test_the_planning_api_refuses_deepseek_with_disk_offload_as_the_cli_does(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from engram.config import ConfigError, ParallelConfig, load_config
+    from engram.runtime.plan import plan_deployment
+
+    config = load_config({"disk_offload": True}, env={})
+    with pytest.raises(ConfigError) as refused:
+        plan_deployment(get_preset("deepseek-v4.1-flash"), config, ParallelConfig(), "cuda")
+    assert [(p.path, p.rule) for p in refused.value.errors] == [("/engram/disk_offload", "disk-offload-needs-qwen")]
+    assert main(["plan", "--preset", "deepseek-v4.1-flash", "--engram-config.disk_offload", "true"]) == 2
+    assert capsys.readouterr().err.strip().endswith(f"{refused.value.errors[0].message} [disk-offload-needs-qwen]")
+
+
+def test_a_disk_offload_plan_says_what_each_rank_reads_and_keeps(capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM 0.34's disk offload of Qwen4Exp's PLE tables at TP 2: no table in memory at any rank, the
+    files' pages once per node, every rank's RAM tier its own, each token's full rows staged, no collective."""
+    report = plan(
+        capsys, "--engram-config", '{"disk_offload": true, "ram_cache_bytes": 1073741824}',
+        "--tensor-parallel-size", "2", preset="qwen4-exp-ple",
+    )  # fmt: skip
+    spec = get_preset("qwen4-exp-ple")
+    assert report["placement"] == "file" and report["collectives"] == []
+    assert report["shard_layout"].startswith("vLLM 0.34's disk offload")
+    assert [r["file_bytes"] for r in report["per_rank"]] == [spec.table_bytes] * 2  # the whole table each
+    assert [r["ram_tier_bytes"] for r in report["per_rank"]] == [1 << 30] * 2
+    assert report["per_node"] == [
+        {
+            "node": 0,
+            "host_bytes": 2 << 30,
+            "shm_bytes": 0,
+            "device_bytes": 0,
+            "page_cache_bytes": spec.table_bytes,
+            "node_copies": 0,
+        }
+    ]
+    layout = spec.layout
+    assert report["staged_bytes_per_token"] == len(layout.layer_ids) * layout.columns * spec.head_dim * 2  # bf16 rows
+    assert (
+        main(
+            ["plan", "--preset", "qwen4-exp-ple", "--engram-config.disk_offload", "true", "--tensor-parallel-size", "2"]
+        )
+        == 0
+    )
+    text = capsys.readouterr().out
+    assert "vLLM 0.34's own path reads them one pread per row through the page cache" in text
+    assert "dp_shared_memory: null" not in text  # no table to share

@@ -8,9 +8,14 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import msgspec
 import pytest
 
+from engram.apps.planning import summary
+from engram.config import ParallelConfig, load_config
 from engram.runtime.checkpoints.writer import write_checkpoint
+from engram.runtime.plan import plan_deployment
+from engram.runtime.shard import ShardFormat
 from tests.runtime.specs import QWEN
 from tests.vllm.runner import ask_vllm, needs_vllm, vllm_version
 
@@ -70,3 +75,32 @@ def test_a_step_starts_every_layers_reads_before_its_first_lookup(tmp_path: Path
         assert len(set(tables)) == len(layers)
     tier = answer["ram"][layers[-1]]["stats"]["tier"]
     assert tier is not None and tier["rows"] > 0
+
+
+def test_every_etp_rank_reads_full_rows_as_the_plan_says(tmp_path: Path) -> None:
+    """vLLM 0.34's own disk offload at ETP 2: each rank's rows are the whole table's (its all-reduce made the
+    identity here, so a rank holding half the rows would show zeros), which is engram plan's disk-offload
+    layout: whole tables at every rank, no collective, every token's full rows staged."""
+    if vllm_version() < (0, 34):
+        pytest.skip("disk_offload is vLLM 0.34's")
+    write_checkpoint(QWEN, tmp_path, seed=6, split_parts=37)
+    shapes = [(1, 0), (2, 0), (2, 1)]
+    cases = [{"path": str(tmp_path), "steps": [17, 3], "sections": {}, "etp": e, "etp_rank": r} for e, r in shapes]
+    answers = ask_vllm("plugin_disk_offload", cases)
+    whole = answers[0]["vllm"]
+    assert "error" not in whole, whole
+    layers = sorted(k for k in whole if k != "calls")
+    for answer in answers[1:]:
+        assert [answer["vllm"][layer]["rows"] for layer in layers] == [whole[layer]["rows"] for layer in layers]
+    config = load_config({"disk_offload": True}, env={})
+    for tp, dp, across in ((2, 1, False), (2, 2, True), (4, 2, False)):
+        parallel = ParallelConfig(tensor_parallel_size=tp, data_parallel_size=dp)
+        plan = plan_deployment(QWEN, msgspec.structs.replace(config, embedding_across_dp=across), parallel, "cuda")
+        assert len(plan.ranks) == tp * dp
+        assert all(t.row_start == 0 and t.rows == t.table_rows for r in plan.ranks for t in r.tables)
+        assert {t.table for t in plan.ranks[0].tables} == set(QWEN.table_names())
+        report = summary(plan)
+        assert report["collectives"] == [] and report["placement"] == "file"
+        layout = QWEN.layout
+        row_bytes = ShardFormat(1, QWEN.head_dim, QWEN.dtype).row_bytes
+        assert report["staged_bytes_per_token"] == len(layout.layer_ids) * layout.columns * row_bytes

@@ -1091,7 +1091,8 @@ def plugin_disk_offload_case(case: dict) -> dict:
     are loaded with each engram section of case["sections"]. Answers each build's rows, table class and
     whether engram's file-backed table served it (with its tier's stats), and the prefetches and lookups
     of engram's tables in order ("calls"). With case["together"] every layer is staged in one
-    stage_checkpoint_rows a step, as vLLM's model runner stages them; else each alone."""
+    stage_checkpoint_rows a step, as vLLM's model runner stages them; else each alone. case["etp"] and
+    case["etp_rank"]: the ETP group it is built in (default 1, 0)."""
     import dataclasses
 
     import vllm.models.qwen4_exp.nvidia.ngram_embedding as nvidia
@@ -1129,7 +1130,8 @@ def plugin_disk_offload_case(case: dict) -> dict:
         try:
             from unittest import mock
 
-            with contextlib.ExitStack() as stack, qwen_parallel_state(1, 0, current):
+            etp = (case.get("etp", 1), case.get("etp_rank", 0))  # the ETP rank it is built as
+            with contextlib.ExitStack() as stack, qwen_parallel_state(*etp, current):
                 stack.enter_context(mock.patch.object(nvidia, "get_current_vllm_config", lambda: current))
                 if "engram.integrations.vllm.qwen_disk" in sys.modules:
                     ours = sys.modules["engram.integrations.vllm.qwen_disk"]
