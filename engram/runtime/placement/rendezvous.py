@@ -66,8 +66,12 @@ class Rendezvous:
                 f"node_dir {path}: this engine runs as the overflow uid {uid} (unmapped in its user namespace), "
                 "which cannot be told from another namespace's unmapped users; run it as a mapped uid, or unset node_dir"
             )
-        with contextlib.suppress(FileExistsError):
+        try:
             os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise EngramError(f"node_dir {path}: cannot create it ({exc.strerror}); {_fix(path)}") from None
         try:
             fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as exc:

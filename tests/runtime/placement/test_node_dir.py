@@ -199,6 +199,13 @@ def test_a_directory_others_can_write_is_refused_saying_how_to_fix_it(tmp_path: 
     )
 
 
+def test_a_directory_that_cannot_be_made_is_refused_saying_why(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-parent" / "rendezvous"
+    with pytest.raises(EngramError) as refused:
+        Rendezvous(str(missing))
+    assert str(refused.value).startswith(f"node_dir {missing}: cannot create it (No such file or directory); ")
+
+
 def test_a_directory_of_another_uid_is_refused(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("giving a directory to another uid needs root")
