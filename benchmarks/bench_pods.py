@@ -30,9 +30,8 @@ from typing import Any
 
 from _scratch import scratch_dir
 from _timing import print_table
-from bench_node_sharing import spec_of
+from bench_node_sharing import WAIT_S, read_json, spec_of, wait_for
 
-WAIT_S = 600.0
 NAMESPACES = ["--net", "--pid", "--ipc", "--mount", "--uts", "--time", "--fork", "--mount-proc", "--kill-child"]
 MODES = {"private": ("off", False), "node, no node_dir": ("node", False), "node, node_dir": ("node", True)}
 
@@ -60,14 +59,6 @@ def worker(checkpoint: str, table_gb: float, sharing: str, node_dir: str, report
     wait_for(Path(f"{report}.go"))
     Path(f"{report}.pss").write_text(json.dumps({"pss": tables_pss(shards)}))
     wait_for(Path(f"{report}.exit"))
-
-
-def wait_for(path: Path) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"{path} never appeared")
-        time.sleep(0.005)
 
 
 def memory_cgroup() -> tuple[Path, bool]:
@@ -110,16 +101,6 @@ class Pod:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
-
-
-def read_json(path: Path, proc: subprocess.Popen[bytes]) -> dict[str, Any]:
-    deadline = time.monotonic() + WAIT_S
-    while not path.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"a pod failed (exit {proc.returncode}) before writing {path.name}")
-        time.sleep(0.005)
-    time.sleep(0.01)
-    return dict(json.loads(path.read_text()))
 
 
 def run_pods(checkpoint: Path, table_gb: float, mode: str, pods: int, work: Path) -> list[dict[str, Any]]:
