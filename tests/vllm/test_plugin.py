@@ -327,18 +327,27 @@ def test_a_ram_tiers_counters_reach_vllms_metrics_on_their_own(tmp_path: Path, m
         assert metric_values(text, "vllm:engram_tier_rows")[name] == tier["rows"]
 
 
-def test_two_separately_started_engines_share_one_node_copy(tmp_path: Path) -> None:
+@pytest.mark.parametrize("through", ["network namespace", "node_dir"])
+def test_two_separately_started_engines_share_one_node_copy(tmp_path: Path, through: str) -> None:
     """node_sharing through the plugin: two processes with no group between them (two vLLM engines of DP 1
     on one node) build the same DeepSeek tables; the first loads each table's node copy from the model's
     checkpoint, the second attaches it (vLLM's weight loaders copy nothing into a sealed copy), both read
-    vLLM's rows, each process's PSS of a table is half of it, and nothing is left once both exit."""
+    vLLM's rows, each process's PSS of a table is half of it, and nothing is left once both exit. With
+    node_dir in the engram section they meet in that directory, with no abstract socket at all."""
     write_checkpoint(DS, tmp_path, seed=12)
     hf = hf_config(DS, "fp8", 0)["text_config"]
     ids = DS.hasher().hash(torch.randint(0, DS.vocab, (16,), generator=torch.Generator().manual_seed(6)))
     base = {"path": str(tmp_path), "hf": hf, "ids": ids.transpose(0, 1).tolist()}
     [vllm] = ask_vllm("plugin_deepseek", [{**base, "tp": 1}])
-    [shared] = ask_vllm("plugin_node_shared", [base])
+    node_dir = tmp_path / "rendezvous" if through == "node_dir" else None
+    [shared] = ask_vllm("plugin_node_shared", [{**base, "node_dir": str(node_dir) if node_dir else None}])
     assert shared["exit_codes"] == [0, 0] and shared["left"] == {"memfds": [], "sockets": []}, shared
+    if node_dir is not None:  # both engines' servers named in the directory, and gone with them
+        assert shared["abstract_servers_while_built"] == 0
+        assert [n[:2] for n in shared["node_dir_while_built"]] == ["di", "s-", "s-"]
+        assert shared["node_dir_left"] == ["digests"]
+    else:
+        assert shared["abstract_servers_while_built"] == 2
     first, second = shared["engines"]
     for index, table in enumerate(vllm["vllm"][0]["tables"]):
         ours, theirs = first["built"][index], second["built"][index]

@@ -941,7 +941,8 @@ def node_engine(case: dict, results: Any, go: Any, done: Any) -> None:
     try:
         for func in load_plugins_by_group(DEFAULT_PLUGINS_GROUP).values():
             func()
-        current = deepseek_config(case["path"], {"engram": {"node_sharing": "node"}}, cpu_offload=True)
+        section = {"node_sharing": "node", **({"node_dir": case["node_dir"]} if case.get("node_dir") else {})}
+        current = deepseek_config(case["path"], {"engram": section}, cpu_offload=True)
         layout = engram.EngramLayout(DeepseekV41Config(text_config=case["hf"]))
         weights = load_file(f"{case['path']}/model.safetensors")
         out, mappings = [], []
@@ -973,9 +974,10 @@ def node_engine(case: dict, results: Any, go: Any, done: Any) -> None:
 
 
 def plugin_node_shared_case(case: dict) -> dict:
-    """Two independent processes building the same DeepSeek tables through the plugin with node_sharing,
-    the second started once the first has built: each one's answer (node_engine), their exit codes, and
-    the node copies' memfds and sockets left once both have exited."""
+    """Two independent processes building the same DeepSeek tables through the plugin with node_sharing
+    (and case["node_dir"] where given), the second started once the first has built: each one's answer
+    (node_engine), their exit codes, where their copy servers listen while both hold their tables, and the
+    node copies' memfds, sockets and directory names left once both have exited."""
     import multiprocessing
 
     context = multiprocessing.get_context("spawn")
@@ -987,6 +989,9 @@ def plugin_node_shared_case(case: dict) -> dict:
         workers[-1].start()
         pid, answer = results.get(timeout=300)
         built[pid] = answer
+    with open("/proc/net/unix") as f:  # while both hold their tables: where their copy servers listen
+        listening = [line.split()[-1] for line in f if "@engram-node-" in line]
+    in_dir = sorted(os.listdir(case["node_dir"])) if case.get("node_dir") else []
     go.set()
     measured = dict(results.get(timeout=300) for _ in workers if all(not isinstance(a, str) for a in built.values()))
     done.set()
@@ -1005,6 +1010,9 @@ def plugin_node_shared_case(case: dict) -> dict:
         "engines": [{"pid": w.pid, "built": built.get(w.pid), "pss": measured.get(w.pid)} for w in workers],
         "exit_codes": [w.exitcode for w in workers],
         "left": {"memfds": memfds, "sockets": sockets},
+        "abstract_servers_while_built": len(listening),
+        "node_dir_while_built": in_dir,
+        "node_dir_left": sorted(os.listdir(case["node_dir"])) if case.get("node_dir") else [],
     }
 
 
