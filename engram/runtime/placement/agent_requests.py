@@ -20,6 +20,7 @@ from typing import Any
 from engram.errors import EngramError
 from engram.runtime.checkpoints.files import open_regular
 from engram.runtime.dist import parse_timeout
+from engram.runtime.placement.node_sharing import peer
 from engram.runtime.placement.rendezvous import AGENT_PREFIX, Rendezvous
 
 AGENT_WAIT_S = 30.0  # the most an engine waits for a restarting agent before it loads its own (ENGRAM_AGENT_WAIT_S)
@@ -81,7 +82,7 @@ def ask_agent(directory: Rendezvous, wanted: Wanted, files: list[Path], deadline
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
             sock.settimeout(max(0.1, deadline - time.monotonic()))
             sock.connect(agents[0])
-            if _peer_uid(sock) != os.geteuid():
+            if peer(sock)[1] != os.geteuid():
                 return "a node agent of another uid answered"  # not possible in a directory of ours; checked anyway
             socket.send_fds(sock, [json.dumps(asdict(wanted)).encode()], fds)
             sock.shutdown(socket.SHUT_WR)
@@ -101,11 +102,6 @@ def ask_agent(directory: Rendezvous, wanted: Wanted, files: list[Path], deadline
         return None
     why = told.get("refused") if isinstance(told, dict) else None
     return f"the node agent refused: {str(why)[:500]}"
-
-
-def _peer_uid(sock: socket.socket) -> int:
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-    return int.from_bytes(raw[4:8], "little")
 
 
 def _read_all(sock: socket.socket) -> bytes:

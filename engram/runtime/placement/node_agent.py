@@ -28,7 +28,7 @@ from engram.memory.mapping import PAGE, round_up
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.placement.agent_requests import MAX_FILES, REQUEST_LIMIT, Wanted
 from engram.runtime.placement.node_copy import obtain_rows
-from engram.runtime.placement.node_sharing import Copy, adopt
+from engram.runtime.placement.node_sharing import Copy, adopt, peer
 from engram.runtime.placement.rendezvous import AGENT_PREFIX, rendezvous
 from engram.runtime.shard import ShardFormat
 
@@ -66,8 +66,7 @@ class NodeAgent:
         conn.settimeout(5.0)
         fds: list[int] = []
         try:
-            raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-            if int.from_bytes(raw[4:8], "little") != os.geteuid():
+            if peer(conn)[1] != os.geteuid():
                 return  # another uid: nothing read, nothing said
             data, fds, _, _ = socket.recv_fds(conn, REQUEST_LIMIT, MAX_FILES)
             while len(data) < REQUEST_LIMIT and (more := conn.recv(REQUEST_LIMIT - len(data))):

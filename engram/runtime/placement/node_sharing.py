@@ -122,7 +122,7 @@ class _Entry:
     stage: Stage | None
 
 
-def _peer(sock: socket.socket) -> tuple[int, int]:
+def peer(sock: socket.socket) -> tuple[int, int]:
     """(pid, uid) of the process at the other end (SO_PEERCRED: fixed when it connected or listened)."""
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
     return int.from_bytes(raw[0:4], "little"), int.from_bytes(raw[4:8], "little")
@@ -345,7 +345,7 @@ class _Server:
                 if is_lock:
                     continue  # a waiter learns the holder from SO_PEERCRED; nothing to say
                 with contextlib.suppress(OSError):
-                    if _peer(conn)[1] == uid:
+                    if peer(conn)[1] == uid:
                         self._answer(conn)
 
     def _answer(self, conn: socket.socket) -> None:
@@ -463,7 +463,7 @@ def _owned_by(names: list[str], uid: int) -> list[str]:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK) as sock:
             try:
                 sock.connect("\0" + name[1:])  # a full queue is EAGAIN at once: ours accept as they come
-                if _peer(sock)[1] == uid:
+                if peer(sock)[1] == uid:
                     found.append(name)
             except OSError:
                 continue
@@ -479,7 +479,7 @@ def _connect(name: str, uid: int) -> Iterator[socket.socket | None]:
         sock.settimeout(CONNECT_S)
         try:
             sock.connect(name)
-            yield sock if _peer(sock)[1] == uid else None
+            yield sock if peer(sock)[1] == uid else None
         except OSError:
             yield None
 
@@ -493,7 +493,7 @@ def ask(name: str, kind: bytes, key: ShareKey | None) -> tuple[int | None, Any, 
         if sock is None:
             return None, [], 0
         try:
-            server = _peer(sock)[0]
+            server = peer(sock)[0]
             sock.sendall(request)
             data, fds, _, _ = socket.recv_fds(sock, ANSWER_LIMIT, 1)
             while not fds and len(data) < ANSWER_LIMIT and (more := sock.recv(ANSWER_LIMIT - len(data))):
@@ -841,7 +841,7 @@ def _lock_holder(digest: str) -> Holder | None:
         sock.settimeout(CONNECT_S)
         try:
             sock.connect(lock_name(digest))
-            pid, uid = _peer(sock)
+            pid, uid = peer(sock)
             return Holder(pid, uid, True)
         except ConnectionRefusedError:
             listening = False  # bound by no one, or without listening
