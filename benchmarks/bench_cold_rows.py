@@ -38,7 +38,8 @@ from engram.ops import cpu
 from engram.ops.build import build_library
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.embedding import EngramEmbedding
-from engram.runtime.placement.filemap import file_shard, read_ahead
+from engram.runtime.placement.file_reads import read_ahead
+from engram.runtime.placement.filemap import file_shard
 from engram.runtime.placement.residency import drop_file_cache
 from engram.runtime.plan import TableShardPlan
 from engram.runtime.shard import ShardFormat

@@ -73,7 +73,7 @@ from engram.ngram.vocab import deepseek_v4_tokenizer
 from engram.ops.formats import FORMATS
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.checkpoints.writer import write_checkpoint
-from engram.runtime.placement.filemap import direct_reads_work, read_direct
+from engram.runtime.placement.direct_reads import direct_reads_work, read_direct
 from engram.runtime.placement.residency import drop_file_cache, storage_read_bytes
 from engram.runtime.table import ShardFormat, open_table
 

@@ -18,7 +18,7 @@ from engram.errors import EngramError
 from engram.memory.host import read_host_limits
 from engram.memory.registration import CudaRuntime
 from engram.ops import cpu
-from engram.runtime.placement.filemap import direct_reads_problem
+from engram.runtime.placement.direct_reads import direct_reads_problem
 from engram.runtime.placement.hugepages import thp_mode
 from engram.runtime.placement.node_sharing import holders, listing
 from engram.runtime.placement.numa import gpu_nodes

@@ -104,7 +104,7 @@ class TableShard:
     # with every other shard of those files, and whether any was out of the page cache when mapped.
     files: tuple[Mapping, ...] = ()
     # Per file, its (size, mtime_ns, ctime_ns) when this shard last took its pages as the table's: each
-    # shard of a file notices a rewrite on its own (engram.runtime.placement.filemap.rewritten).
+    # shard of a file notices a rewrite on its own (engram.runtime.placement.file_changes.rewritten).
     file_stamps: list[tuple[int, int, int]] = field(default_factory=list)
     file_scale: Rows | None = None  # the file's block scales, where `scale` is a private copy (a RAM tier's)
     readahead: bool = False

@@ -30,7 +30,8 @@ from engram.ops.segments import Rows, as_parameter
 from engram.runtime.checkpoints.loader import Checkpoint, shard_weight_loader, table_scale_loader
 from engram.runtime.dist import Group, timeout_s
 from engram.runtime.lookup import reader_for
-from engram.runtime.placement.filemap import file_shard, watch_files
+from engram.runtime.placement.file_reads import watch_files
+from engram.runtime.placement.filemap import file_shard
 from engram.runtime.placement.node_copy import node_shard
 from engram.runtime.placement.residency import DiskReads, ResidentBudget
 from engram.runtime.placement.storage import allocate

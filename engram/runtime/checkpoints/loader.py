@@ -1,8 +1,7 @@
 """Checkpoint loading into table shards through per-parameter weight loaders `(param, loaded_tensor)`.
 
 safetensors files are read, never mapped here (a file truncated under a mapping kills the reader with
-SIGBUS; file-backed tables map theirs in runtime/placement/filemap.py, reads guarded there): a
-shard's rows are read with pread straight into the table, or through a staging buffer for a GPU table,
+SIGBUS; file-backed tables map theirs in runtime/placement/filemap.py, their reads guarded): a shard's rows are read with pread straight into the table, or through a staging buffer for a GPU table,
 so a file that shrinks gives a clear error. Headers are validated before any byte is copied: every
 tensor's shape, dtype and byte range, and the ranges tiling the data region exactly (as the safetensors
 library requires: no overlap, no gap). `.pt` files load with weights_only=True (pickled objects other
@@ -320,7 +319,6 @@ class Checkpoint:
         self.shapes: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
         self.tensor_files: dict[str, Path] = {}  # the file each tensor is in
         self.files: dict[str, SafetensorsFile] = {}  # tensors that can be read with pread
-        self.mapped_files: dict[Path, Any] = {}  # read-only mappings of file-backed tables (runtime.filemap)
         for file in files:
             if _is_safetensors(file):
                 st = SafetensorsFile(file)

@@ -11,7 +11,8 @@ import torch
 
 from engram.runtime.lookup.memory import Reader
 from engram.runtime.lookup.spread import Spread
-from engram.runtime.placement.filemap import being_written, read_ahead, reading, rewritten, scales_from
+from engram.runtime.placement.file_changes import being_written, rewritten
+from engram.runtime.placement.file_reads import read_ahead, reading, scales_from
 from engram.runtime.placement.residency import DiskReads, ResidentBudget
 from engram.runtime.shard import Output, TableShard
 from engram.runtime.tiers.open import Tier

@@ -10,7 +10,7 @@ import torch
 from engram.ops.checks import check_ids
 from engram.runtime.lookup.file import FileReader
 from engram.runtime.lookup.spread import Spread
-from engram.runtime.placement.filemap import reading
+from engram.runtime.placement.file_reads import reading
 from engram.runtime.placement.residency import DiskReads, ResidentBudget
 from engram.runtime.shard import Output, TableShard
 from engram.runtime.tiers.ram import RamTier

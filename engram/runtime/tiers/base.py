@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import torch
 
 from engram.ops.segments import Rows
-from engram.runtime.placement.filemap import files_named_on_fault, read_ahead
+from engram.runtime.placement.file_changes import files_named_on_fault
+from engram.runtime.placement.file_reads import read_ahead
 from engram.runtime.shard import TableShard
 from engram.runtime.tiers.budget import Policy, TierName
 from engram.runtime.tiers.choice import Change

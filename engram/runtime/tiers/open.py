@@ -9,7 +9,8 @@ import logging
 import torch
 
 from engram.errors import EngramError
-from engram.runtime.placement.filemap import in_files, private_scales
+from engram.runtime.placement.file_reads import private_scales
+from engram.runtime.placement.filemap import in_files
 from engram.runtime.placement.residency import DiskReads
 from engram.runtime.shard import TableShard
 from engram.runtime.tiers.budget import POLICIES, WINDOW_IDS, Policy, TierName, capacity_for, tier_bytes

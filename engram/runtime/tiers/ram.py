@@ -1,7 +1,7 @@
 """The RAM tier (ram_cache_bytes): hot rows of a checkpoint file on disk, in private host memory, chosen at
 every lookup by CLOCK (ClockAdmission): a row a lookup misses is admitted while that lookup reads it,
 straight from the disk into its slot past the page cache where direct reads work here
-(filemap.direct_reads_work: under a memory limit the page cache's reads reclaim), else copied from the
+(direct_reads.direct_reads_work: under a memory limit the page cache's reads reclaim), else copied from the
 file's pages while they are resident. Rows whose pages a sample finds in the page cache (a file that fits
 in memory after all) are copied from there either way: a read past it would go to the disk for them.
 
@@ -28,16 +28,13 @@ import torch
 
 from engram.memory.host import free_bytes_now
 from engram.ops.segments import Rows
-from engram.runtime.placement.filemap import (
+from engram.runtime.placement.direct_reads import DirectReadsFailed, direct_file, direct_reads_work, read_direct
+from engram.runtime.placement.file_reads import (
     READAHEAD_TIMEOUT_S,
     WAIT_MARGIN_S,
     Asked,
-    DirectReadsFailed,
     all_resident,
-    direct_file,
-    direct_reads_work,
     finished,
-    read_direct,
     reader,
 )
 from engram.runtime.placement.residency import DiskReads
@@ -148,7 +145,7 @@ class RamTier(TierBase):
         (ClockAdmission.take), and yield the slots of the first of them, those admitted. Their bytes are
         in the slots once the body has run: read from the disk past the page cache on the read-ahead
         thread while it runs (`direct`), else copied from the file's pages after it (the caller asked for
-        them: filemap.reading). If anything fails, the tier lets every row go rather than name rows whose
+        them: file_reads.reading). If anything fails, the tier lets every row go rather than name rows whose
         bytes never came."""
         started = self._start(rows)
         try:

@@ -11,7 +11,8 @@ from safetensors.torch import save_file
 
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.embedding import EngramEmbedding
-from engram.runtime.placement.filemap import file_shard, watch_files
+from engram.runtime.placement.file_reads import watch_files
+from engram.runtime.placement.filemap import file_shard
 from engram.runtime.placement.residency import ResidentBudget
 from engram.runtime.plan import TableShardPlan
 from engram.runtime.shard import ShardFormat

@@ -23,8 +23,9 @@ from engram.errors import EngramError
 from engram.memory.mapping import PAGE
 from engram.ops import cpu
 from engram.runtime.checkpoints.loader import Checkpoint
-from engram.runtime.placement import filemap
-from engram.runtime.placement.filemap import direct_file, direct_reads_work, file_shard, in_memory_fs, read_direct
+from engram.runtime.placement import direct_reads
+from engram.runtime.placement.direct_reads import direct_file, direct_reads_work, read_direct
+from engram.runtime.placement.filemap import file_shard, in_memory_fs
 from engram.runtime.placement.residency import drop_file_cache, resident_bytes
 from engram.runtime.shard import ShardFormat, TableShard
 from tests.runtime.placement.budget_table import DIM, ROWS, table
@@ -184,7 +185,7 @@ def shard(on_disk: Path) -> TableShard:
 
 
 def test_a_shards_rows_read_directly_are_the_checkpoints(shard: TableShard, on_disk: Path) -> None:
-    """Through filemap.read_direct, against safetensors' own reader; the file's pages stay out of the page
+    """Through direct_reads.read_direct, against safetensors' own reader; the file's pages stay out of the page
     cache, and the bytes read are those asked for."""
     for mapping in shard.files:
         assert mapping.path is not None and drop_file_cache(mapping.path, file_id=mapping.file_id)
@@ -194,7 +195,9 @@ def test_a_shards_rows_read_directly_are_the_checkpoints(shard: TableShard, on_d
     asked = read_direct(shard, shard.weight, rows, slots, into)
     assert resident_bytes(shard.files) == 0
     offset, size = shard.weight.data_ptr() - shard.files[0].addr, shard.files[0].size
-    assert asked == direct_ranges(size, offset, DIM * 2, rows.tolist(), filemap.DIRECT_GAP, filemap.DIRECT_MAX_RANGE)
+    assert asked == direct_ranges(
+        size, offset, DIM * 2, rows.tolist(), direct_reads.DIRECT_GAP, direct_reads.DIRECT_MAX_RANGE
+    )
     stored = load_file(on_disk / "model.safetensors")["t.weight"]
     assert torch.equal(into[slots].view(torch.int16), stored[rows].view(torch.int16))
     assert direct_reads_work(shard)
@@ -213,8 +216,8 @@ def test_a_shard_whose_file_shrank_is_named(shard: TableShard, on_disk: Path) ->
 def test_direct_reads_that_fail_or_read_wrong_leave_the_page_cache_to_serve(
     shard: TableShard, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(filemap, "_direct_warned", set())
-    monkeypatch.setattr(filemap, "read_direct", lambda *a: (_ for _ in ()).throw(EngramError("no io_uring here")))
+    monkeypatch.setattr(direct_reads, "_direct_warned", set())
+    monkeypatch.setattr(direct_reads, "read_direct", lambda *a: (_ for _ in ()).throw(EngramError("no io_uring here")))
     with caplog.at_level(logging.WARNING, "engram"):
         assert not direct_reads_work(shard)
         assert not direct_reads_work(shard)  # said once per file
@@ -222,8 +225,8 @@ def test_direct_reads_that_fail_or_read_wrong_leave_the_page_cache_to_serve(
     assert [r.getMessage() for r in caplog.records] == [
         f"engram: {path} is read through the page cache, not past it: no io_uring here"
     ]
-    monkeypatch.setattr(filemap, "_direct_warned", set())
-    monkeypatch.setattr(filemap, "read_direct", lambda shard, part, rows, slots, into: into.fill_(1))
+    monkeypatch.setattr(direct_reads, "_direct_warned", set())
+    monkeypatch.setattr(direct_reads, "read_direct", lambda shard, part, rows, slots, into: into.fill_(1))
     caplog.clear()
     with caplog.at_level(logging.WARNING, "engram"):
         assert not direct_reads_work(shard)
@@ -245,8 +248,7 @@ def test_direct_reads_can_be_turned_off_and_their_descriptor_goes_with_the_mappi
         pytest.skip("this file system refuses O_DIRECT")
     assert os.readlink(f"/proc/self/fd/{fd}") == str(on_disk / "model.safetensors")
     on.release()
-    on_checkpoint.mapped_files.clear()
-    del on
+    del on, on_checkpoint  # the checkpoint's mappings go with it
     import gc
 
     gc.collect()

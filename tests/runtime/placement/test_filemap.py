@@ -27,7 +27,8 @@ from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.checkpoints.writer import write_checkpoint
 from engram.runtime.embedding import EngramEmbedding
 from engram.runtime.local_ranks import run_local, values
-from engram.runtime.placement.filemap import all_resident, file_shard, in_memory_fs
+from engram.runtime.placement.file_reads import all_resident
+from engram.runtime.placement.filemap import file_shard, in_memory_fs
 from engram.runtime.placement.residency import drop_file_cache
 from engram.runtime.plan import TableShardPlan, table_shards
 from engram.runtime.shard import ShardFormat, TableShard

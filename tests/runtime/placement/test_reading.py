@@ -1,4 +1,4 @@
-"""filemap.reading with the read-ahead asked for on a worker thread (behind=True), as a RAM tier's lookup
+"""file_reads.reading with the read-ahead asked for on a worker thread (behind=True), as a RAM tier's lookup
 reads its misses: the rows read meanwhile are the file's, the budget is told what asking first tells it,
 a body's error leaves only once the requests are made, and a forked child asks on a thread of its own."""
 
@@ -18,8 +18,9 @@ from safetensors.torch import load_file
 from engram.errors import EngramError
 from engram.memory.mapping import madvise
 from engram.runtime.checkpoints.loader import Checkpoint
-from engram.runtime.placement import filemap
-from engram.runtime.placement.filemap import file_shard, in_memory_fs, reading, watch_files
+from engram.runtime.placement import file_reads
+from engram.runtime.placement.file_reads import reading, watch_files
+from engram.runtime.placement.filemap import file_shard, in_memory_fs
 from engram.runtime.placement.residency import MADV_DONTNEED, ResidentBudget, drop_file_cache
 from engram.runtime.shard import ShardFormat, TableShard
 from tests.runtime.placement.budget_table import DIM, ROWS, table
@@ -69,7 +70,7 @@ def test_a_body_error_leaves_only_once_the_requests_are_made(
         time.sleep(0.2)  # still asking when the body fails
         made.set()
 
-    monkeypatch.setattr(filemap, "ask_for", slow_ask_for)
+    monkeypatch.setattr(file_reads, "ask_for", slow_ask_for)
     drop(shard)  # cold: there is something to ask for
     with pytest.raises(ValueError, match="the body's"), reading(shard, some_ids(2), behind=True):
         raise ValueError("the body's")
@@ -77,9 +78,9 @@ def test_a_body_error_leaves_only_once_the_requests_are_made(
 
 
 def test_a_disk_that_does_not_answer_is_named(shard: TableShard, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(filemap, "READAHEAD_TIMEOUT_S", 0.05)
-    monkeypatch.setattr(filemap, "WAIT_MARGIN_S", 0)
-    monkeypatch.setattr(filemap, "ask_for", lambda shard, flat: time.sleep(0.5))
+    monkeypatch.setattr(file_reads, "READAHEAD_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(file_reads, "WAIT_MARGIN_S", 0)
+    monkeypatch.setattr(file_reads, "ask_for", lambda shard, flat: time.sleep(0.5))
     drop(shard)
     named = re.escape(f"{shard.files[0].path}: the disk took over 0.05 s to answer; check the device (dmesg)")
     with pytest.raises(EngramError, match=named), reading(shard, some_ids(5), behind=True):
@@ -92,7 +93,7 @@ def test_a_forked_child_asks_on_a_thread_of_its_own(shard: TableShard) -> None:
     drop(shard)  # cold: the parent asks on its thread, which has been idle since
     with reading(shard, some_ids(3), behind=True):
         pass
-    assert filemap._readers and all(thread._threads for thread in filemap._readers.values())
+    assert file_reads._readers and all(thread._threads for thread in file_reads._readers.values())
     pid = os.fork()
     if pid == 0:
         code = 1

@@ -19,7 +19,8 @@ from safetensors.torch import load_file, save_file
 from engram.memory.mapping import PAGE
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.placement import residency
-from engram.runtime.placement.filemap import READAHEAD_GAP, file_shard, in_memory_fs, read_ahead, watch_files
+from engram.runtime.placement.file_reads import READAHEAD_GAP, read_ahead, watch_files
+from engram.runtime.placement.filemap import file_shard, in_memory_fs
 from engram.runtime.placement.residency import (
     ResidentBudget,
     drop_file_cache,

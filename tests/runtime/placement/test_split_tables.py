@@ -20,7 +20,9 @@ from engram.ops.formats import FORMATS
 from engram.ops.segments import Segmented
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.checkpoints.writer import write_checkpoint
-from engram.runtime.placement.filemap import direct_file, file_shard, in_memory_fs, read_direct, stored_part_rows
+from engram.runtime.placement.direct_reads import direct_file, read_direct
+from engram.runtime.placement.file_reads import stored_part_rows
+from engram.runtime.placement.filemap import file_shard, in_memory_fs
 from engram.runtime.shard import ShardFormat
 from engram.runtime.table import PACKED, Table
 from tests.bits import same_bits

@@ -28,8 +28,10 @@ from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.checkpoints.writer import write_checkpoint
 from engram.runtime.lookup.file import FileReader
 from engram.runtime.lookup.ram_tier import RamTierReader
+from engram.runtime.placement import direct_reads
 from engram.runtime.placement import filemap as filemap_module
-from engram.runtime.placement.filemap import DIRECT_GAP, DIRECT_MAX_RANGE, direct_file, in_files
+from engram.runtime.placement.direct_reads import DIRECT_GAP, DIRECT_MAX_RANGE, direct_file
+from engram.runtime.placement.filemap import in_files
 from engram.runtime.placement.residency import (
     MADV_DONTNEED,
     DiskReads,
@@ -563,7 +565,7 @@ def test_a_lookup_that_io_uring_fails_reads_through_the_page_cache(
     generator = torch.Generator().manual_seed(9)
     ids = zipf_ids(generator, rows, 512)
     assert same_bits(table.lookup(ids), plain.lookup(ids))
-    monkeypatch.setattr(filemap_module, "DIRECT_DEPTH", filemap_module.DIRECT_DEPTH // 2)  # a new ring is due
+    monkeypatch.setattr(direct_reads, "DIRECT_DEPTH", direct_reads.DIRECT_DEPTH // 2)  # a new ring is due
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     refused = zipf_ids(generator, rows, 512, shift=777)
     with caplog.at_level(logging.WARNING, logger="engram"):
