@@ -268,7 +268,7 @@ class Table:
         self,
         budget_bytes: int,
         device: torch.device | str,
-        name: TierName = "device",
+        name: TierName | None = None,
         *,
         policy: str = "online",
         hot: torch.Tensor | None = None,
@@ -276,7 +276,8 @@ class Table:
         **tuning: int,
     ) -> int:
         """Keep this shard's hottest rows in a tier of `budget_bytes` in `device` memory (tiers.open.open_tier:
-        a RamTier over a file on disk, a DeviceTier over memory; `hot`, `hot_counts` a profile's warm start,
+        `name` its kind, by default the one the shard calls for, a RamTier over a file on disk and a
+        DeviceTier over memory; a tier of the other kind is refused, said once; `hot`, `hot_counts` a profile's warm start,
         `tuning` the device tier's window_ids and half_life); the rows it can hold. Call it once the rows are
         loaded: the table reads through its tier from its next lookup."""
         self.tier = open_tier(

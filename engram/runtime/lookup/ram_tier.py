@@ -8,7 +8,7 @@ import contextlib
 import torch
 
 from engram.ops.checks import check_ids
-from engram.runtime.lookup.file import FileReader
+from engram.runtime.lookup.file import FileReader, TieredFileReader, prefetched
 from engram.runtime.lookup.spread import Spread
 from engram.runtime.placement.file_reads import reading
 from engram.runtime.placement.residency import DiskReads, ResidentBudget
@@ -17,8 +17,9 @@ from engram.runtime.tiers.ram import RamTier
 from engram.runtime.tiers.row_index import FREE
 
 
-class RamTierReader(FileReader):
-    """Reads a shard of a file on disk through its RAM tier (module docstring)."""
+class RamTierReader(TieredFileReader):
+    """Reads a shard of a file on disk through its RAM tier (module docstring); a GPU's ids, or a lookup
+    that range-checks others' ids too, are read as TieredFileReader reads them."""
 
     tier: RamTier
     _ahead: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # a prefetch's ids, distinct, inverse
@@ -29,6 +30,18 @@ class RamTierReader(FileReader):
         super().__init__(shard, table_rows, tier, reads, budget)
         tier.page_cache_bound = None if budget is None else budget.budget  # what the page cache may keep of it
         tier.choose_reads(now=True)
+
+    @property
+    def batch_rows(self) -> int:
+        return FileReader.batch_rows  # one batch size for every reader of a file on disk
+
+    def lookup(
+        self, ids: torch.Tensor, out: torch.Tensor | None, kind: Output, check: torch.Tensor | None
+    ) -> torch.Tensor:
+        self.tier.follow_files()
+        if ids.is_cuda or check is not None:
+            return self.read(ids, out, kind, check)
+        return self.from_host(ids, out, kind)
 
     def from_host(self, ids: torch.Tensor, out: torch.Tensor | None, kind: Output) -> torch.Tensor:
         """A lookup of a file on disk from host ids through its RAM tier. The distinct rows it does not
@@ -75,17 +88,19 @@ class RamTierReader(FileReader):
             late = admitted[inverse].nonzero().squeeze(1)  # the ids whose rows this lookup admitted
             for start in range(0, late.numel(), self.batch_rows):  # a few MB of transient rows at a time
                 at = late[start : start + self.batch_rows]
-                rows.view(flat.numel(), -1)[at] = self.gather(slot[inverse[at]], kind, from_tier=True)
+                rows.view(flat.numel(), -1)[at] = self.from_tier(slot[inverse[at]], kind)
         return rows
 
     def prefetch(self, ids: torch.Tensor) -> int:
         """Start reading the rows of host ids the tier does not hold straight into it, past the page cache
         (RamTier.prefetch), while the caller does other work; the next lookup waits for them. A tier that
-        reads through the page cache (or a GPU's ids) asks for their pages instead (FileReader.prefetch).
+        reads through the page cache (or a GPU's ids) asks for their pages instead (file.prefetched).
         The bytes asked for."""
         tier = self.tier
-        if ids.is_cuda or not tier.direct:
-            return super().prefetch(ids)
+        if ids.is_cuda:
+            return prefetched(self.shard, self.reads, ids)
+        if not tier.direct:  # what the tier holds is not read from the file
+            return prefetched(self.shard, self.reads, ids.reshape(-1)[~tier.admission.hits(ids)])
         flat = ids.reshape(-1)
         if not flat.numel():
             return 0

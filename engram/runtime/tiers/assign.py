@@ -17,6 +17,7 @@ from engram.config import EngramConfig
 from engram.errors import EngramError
 from engram.runtime.shard import TableShard
 from engram.runtime.tiers.budget import TierName
+from engram.runtime.tiers.open import kind_of, refusal
 from engram.runtime.tiers.profile import Profile, read_profile
 
 
@@ -54,14 +55,13 @@ def configured_profile(
 
 
 def tier_of(config: EngramConfig, shard: TableShard) -> TierName | None:
-    """The tier the config gives this shard (module docstring), if any."""
-    if shard.readahead and config.ram_cache_bytes:
-        return "ram"
+    """The tier the config gives this shard (module docstring), if any: its kind's (open.kind_of), where
+    the config gives that a budget; a file on disk given device_cache_bytes alone is refused when its tier
+    opens, and a file in memory given ram_cache_bytes is said to be here (open.refusal words both)."""
+    if kind_of(shard) == "ram":
+        return "ram" if config.ram_cache_bytes else "device" if config.device_cache_bytes else None
     if shard.files and config.ram_cache_bytes:
-        log.warning(
-            "engram: ram_cache_bytes is not used for %s: its file is on tmpfs or hugetlbfs, in memory already "
-            "(device_cache_bytes keeps its hottest rows)", shard.name,
-        )  # fmt: skip
+        log.warning("engram: %s", refusal(shard, "ram", "cpu"))
     return "device" if config.device_cache_bytes else None
 
 

@@ -4,13 +4,14 @@ profile; and its stats. DeviceTier and RamTier add how they choose (windowed.py,
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 
 from engram.ops.segments import Rows
-from engram.runtime.placement.file_changes import files_named_on_fault
-from engram.runtime.placement.file_reads import read_ahead
+from engram.runtime.placement.file_changes import being_written, files_named_on_fault, rewritten
+from engram.runtime.placement.file_reads import read_ahead, scales_from
 from engram.runtime.shard import TableShard
 from engram.runtime.tiers.budget import Policy, TierName
 from engram.runtime.tiers.choice import Change
@@ -19,6 +20,7 @@ from engram.runtime.tiers.hot_rows import COUNTS, HotRows, stored_rows
 from engram.runtime.tiers.windowed import WindowedAdmission
 
 CANDIDATE_CHUNK = 8192  # admitted rows copied at a time: a few MB of transients
+log = logging.getLogger("engram")
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,7 @@ class TierBase:
             self.scale = torch.zeros(capacity, *shard.scale.shape[1:], dtype=shard.scale.dtype, device=device)
         self.counts = torch.zeros(COUNTS, dtype=torch.int64, device=device)
         self.refreshes = self.admissions = self.evictions = 0
+        self.written: list[str] = []  # the shard's files a process had open for writing at the last lookup
 
     @property
     def capacity(self) -> int:
@@ -117,6 +120,32 @@ class TierBase:
     def forget(self) -> None:
         """Let every row go (their bytes are no longer the table's): the traffic admits them again."""
         self.admission.warm(torch.empty(0, dtype=torch.int64))
+
+    def follow_files(self) -> None:
+        """Before a lookup of a file-backed shard through the tier: a file behind it rewritten in place
+        since the tier copied rows from it (`cp new old`: same inode, same size) makes those rows stale.
+        The tier lets them all go, its private block scales are read again, and the traffic admits rows
+        again from the file as it now is; noticed at the first lookup after the rewrite's last write. A
+        process that has the file open for writing (being_written, any namespace) may change rows through
+        a mapping without changing any time: while one does, the tier lets its rows go before every lookup
+        (each lookup's rows are read during it) and block scales are read from the file, until it is gone."""
+        shard = self.shard
+        changed, writing = rewritten(shard), being_written(shard) or []
+        if writing and writing != self.written:
+            log.warning(
+                "engram: %s is open for writing by another process: %s's tier keeps no row from one lookup to "
+                "the next while it is (each lookup reads its rows from the file)",
+                ", ".join(writing), shard.name,
+            )  # fmt: skip
+        elif changed:
+            log.warning(
+                "engram: %s changed while mapped: %s's tier lets its %d rows go and reads them again from the file",
+                ", ".join(changed), shard.name, self.admission.used,
+            )  # fmt: skip
+        if writing or changed or self.written:
+            self.forget()
+            scales_from(shard, private=not writing)
+        self.written = writing
 
     def _parts(self) -> list[tuple[Rows, torch.Tensor]]:
         """The shard's weight and scale, each with the tier's rows of it."""

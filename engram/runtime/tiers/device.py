@@ -12,7 +12,7 @@ import torch
 from engram.errors import EngramError
 from engram.runtime.shard import TableShard
 from engram.runtime.tiers.base import TierBase
-from engram.runtime.tiers.budget import HALF_LIFE, WINDOW_IDS, Policy, TierName
+from engram.runtime.tiers.budget import HALF_LIFE, WINDOW_IDS, Policy
 from engram.runtime.tiers.hot_rows import HotRows
 from engram.runtime.tiers.windowed import WindowedAdmission
 
@@ -27,7 +27,6 @@ class DeviceTier(TierBase):
         shard: TableShard,
         capacity: int,
         device: torch.device | str,
-        name: TierName = "device",
         *,
         policy: Policy = "online",
         window_ids: int = WINDOW_IDS,
@@ -36,7 +35,7 @@ class DeviceTier(TierBase):
     ) -> None:
         rows = (shard.row_start, shard.row_stop)
         admission = WindowedAdmission(capacity, rows, device, policy=policy, half_life=half_life, window_ids=window_ids)
-        super().__init__(shard, admission, device, name, scale_bytes=scale_bytes)
+        super().__init__(shard, admission, device, "device", scale_bytes=scale_bytes)
         self.rows = HotRows(admission.keys, self.weight, self.scale, admission.slots)
         self.window_ids = window_ids
         self._ring = torch.zeros(window_ids if policy == "online" else 0, dtype=torch.int64, device=device)

@@ -40,7 +40,7 @@ from engram.runtime.placement.file_reads import (
 from engram.runtime.placement.residency import DiskReads
 from engram.runtime.shard import TableShard
 from engram.runtime.tiers.base import TierBase
-from engram.runtime.tiers.budget import Policy, TierName
+from engram.runtime.tiers.budget import Policy
 from engram.runtime.tiers.choice import Change
 from engram.runtime.tiers.clock import ClockAdmission
 from engram.runtime.tiers.hot_rows import HotRows
@@ -87,7 +87,6 @@ class RamTier(TierBase):
         self,
         shard: TableShard,
         capacity: int,
-        name: TierName = "ram",
         *,
         policy: Policy = "online",
         scale_bytes: int = 0,
@@ -96,7 +95,7 @@ class RamTier(TierBase):
         """`disk_reads`: the table's count of what its reads bring in, to which the tier adds its reads
         past the page cache (their bytes, as they are made on another thread)."""
         admission = ClockAdmission(capacity, (shard.row_start, shard.row_stop), policy=policy)
-        super().__init__(shard, admission, "cpu", name, scale_bytes=scale_bytes)
+        super().__init__(shard, admission, "cpu", "ram", scale_bytes=scale_bytes)
         self.rows = HotRows(None, self.weight, self.scale, index=admission.index)
         self.can_read_direct = policy == "online" and direct_reads_work(shard)
         self.direct = self.can_read_direct  # for the lookups from now (choose_reads)

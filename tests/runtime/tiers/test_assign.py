@@ -67,3 +67,21 @@ def test_a_checkpoint_on_tmpfs_takes_no_ram_tier_but_the_device_tier(
     keep_hot(config(device_cache_bytes=8 * BUDGET), [table], "cpu")
     assert isinstance(table.tier, DeviceTier) and table.tier.name == "device"
     table.release()
+
+
+def test_a_checkpoint_on_disk_given_only_device_cache_bytes_takes_no_tier_on_any_device(
+    small_checkpoint: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A file on disk's hot rows are a RAM tier's: device_cache_bytes alone gives it none, on the CPU as on
+    a GPU, and says which field to set; a table opened without a kind takes the one its misses call for."""
+    table = mapped_table(small_checkpoint)
+    with caplog.at_level(logging.WARNING, logger="engram"):
+        keep_hot(config(device_cache_bytes=8 * BUDGET), [table], "cpu")
+    assert table.tier is None
+    assert [r.getMessage() for r in caplog.records] == [
+        f"engram: device_cache_bytes is not used for {table.name}: its file is on disk, where a miss is a disk "
+        "read and its hot rows are kept by a RAM tier: give it ram_cache_bytes (or put the checkpoint on tmpfs)"
+    ]
+    assert table.keep_hot(BUDGET, "cpu") > 0
+    assert isinstance(table.tier, RamTier) and table.tier.name == "ram"
+    table.release()

@@ -47,6 +47,7 @@ from engram.runtime.tiers import base as base_module
 from engram.runtime.tiers import ram as ram_module
 from engram.runtime.tiers.budget import capacity_for, state_bytes
 from engram.runtime.tiers.clock import PINNED, ClockAdmission
+from engram.runtime.tiers.device import DeviceTier
 from engram.runtime.tiers.open import Tier
 from engram.runtime.tiers.ram import RamTier
 from tests.bits import same_bits
@@ -354,7 +355,8 @@ def rewrite_in_place(checkpoint: Path, seed: int) -> None:
 
 def tiered_file_table(checkpoint: Path, tier: str, read_path: str) -> tuple[Table, torch.Tensor]:
     """SMALL's checkpoint written at `checkpoint`, layer 1's table mapped from it with a tier of 400 rows
-    (`tier`: "ram", or "device" with a window of 2,048 ids), and the ids three lookups gave it."""
+    (`tier`: "ram", or "device" with a window of 2,048 ids, the checkpoint then on tmpfs: a file on disk
+    takes no device tier), and the ids three lookups gave it."""
     write_checkpoint(SMALL, checkpoint, seed=7)
     table, _, rows = file_tables(checkpoint)
     window = 2048
@@ -365,6 +367,8 @@ def tiered_file_table(checkpoint: Path, tier: str, read_path: str) -> tuple[Tabl
     assert table.tier is not None
     if tier == "ram":
         reads_as_told(table, read_path)
+    else:
+        assert isinstance(table.tier, DeviceTier) and not table.shard.readahead, "a device tier over a file in memory"
     ids = zipf_ids(torch.Generator().manual_seed(3), rows, 2048).view(256, 8)
     for _ in range(3):
         table.lookup(ids)
@@ -374,11 +378,11 @@ def tiered_file_table(checkpoint: Path, tier: str, read_path: str) -> tuple[Tabl
 
 @pytest.mark.parametrize("tier", ["ram", "device"])
 def test_a_file_rewritten_in_place_is_served_as_it_now_is(
-    tmp_path: Path, read_path: str, tier: str, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, shm_tmp: Path, read_path: str, tier: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """After the checkpoint is rewritten in place, a tier's rows are the file's as it now is, hits as
     misses (its admitted rows let go, with a word), as the same lookups without a tier are."""
-    checkpoint = tmp_path / "ckpt"
+    checkpoint = (tmp_path if tier == "ram" else shm_tmp) / "ckpt"
     table, ids = tiered_file_table(checkpoint, tier, read_path)
     held = table.tier.admission.used
     assert held > 0
@@ -474,7 +478,7 @@ for line in sys.stdin:
 
 @pytest.mark.parametrize("tier", ["ram", "device"])
 def test_writes_through_another_processs_mapping_never_leave_a_tier_serving_old_rows(
-    tmp_path: Path, tier: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, shm_tmp: Path, tier: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A process in another pid namespace (a container beside the engine: its pid means nothing here)
     maps the file writable and shared and writes rows through it, again and again: once a page is dirty
@@ -482,7 +486,7 @@ def test_writes_through_another_processs_mapping_never_leave_a_tier_serving_old_
     While it has the file mapped, every lookup's rows are the file's as it then is (said once); once it
     is gone, the tier holds rows again."""
     monkeypatch.setenv("ENGRAM_DIRECT_READS", "0")  # no read past the page cache writes the dirty pages back
-    checkpoint = tmp_path / "ckpt"
+    checkpoint = (tmp_path if tier == "ram" else shm_tmp) / "ckpt"
     table, ids = tiered_file_table(checkpoint, tier, "page cache")
     hot = int(ids.flatten()[0])
     mapping = table.shard.files[0]
