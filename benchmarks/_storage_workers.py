@@ -8,8 +8,8 @@ from engram.ngram.spec import ModelSpec
 from engram.ops import gather
 from engram.runtime import dist as edist
 from engram.runtime.checkpoints.loader import Checkpoint
+from engram.runtime.rank_tables import open_tables, tables_pss
 from engram.runtime.shard import Placement
-from engram.runtime.tables import open_tables, tables_pss
 
 
 def replica_pss(rank: int, world: int, spec: ModelSpec, checkpoint: str, placement: Placement) -> int:

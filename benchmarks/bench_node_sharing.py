@@ -68,7 +68,7 @@ def worker(checkpoint: str, table_gb: float, sharing: str, report: Path) -> None
 
     from engram.config import ParallelConfig, load_config
     from engram.runtime.engine import EngramTables
-    from engram.runtime.tables import tables_pss
+    from engram.runtime.rank_tables import tables_pss
 
     dist.init_process_group("gloo", init_method=f"file://{report}.store", rank=0, world_size=1)
     config = load_config({"cpu_offload": True, "dp_shared_memory": False, "node_sharing": sharing}, env={})

@@ -4,7 +4,7 @@ ways: private copies (node_sharing "off"), node_sharing "node" without a rendezv
 in their network namespace, so each pod loads its own), and node_sharing "node" with one node_dir every pod
 sees (one copy for the node).
 
-Each engine opens rows [0, N) of each table of a V4.1-shaped model (engram.runtime.tables.open_tables, no
+Each engine opens rows [0, N) of each table of a V4.1-shaped model (engram.runtime.rank_tables.open_tables, no
 torch.distributed: a new network namespace has no interface up), reads every row once, then reports. The
 pods start one after another, each once the one before is ready. Measured: each pod's time to ready, the
 tables' summed PSS against one table's bytes with every pod alive, what each pod's cgroup is charged
@@ -41,7 +41,7 @@ def worker(checkpoint: str, table_gb: float, sharing: str, node_dir: str, report
     import torch
 
     from engram.runtime.checkpoints.loader import Checkpoint
-    from engram.runtime.tables import open_tables, tables_pss
+    from engram.runtime.rank_tables import open_tables, tables_pss
 
     spec = spec_of(table_gb)
     placement = "node" if sharing == "node" else "host"

@@ -22,15 +22,15 @@ import torch.distributed as dist
 from _storage_workers import replica_pss
 from _timing import median_seconds, print_table
 
+from engram.apps.local_ranks import free_port, run_local, values
 from engram.apps.presets import get_preset
 from engram.memory.mapping import map_shared_file
 from engram.ops import gather, gather_into
 from engram.runtime import dist as edist
 from engram.runtime.checkpoints.loader import Checkpoint, load_shards
 from engram.runtime.checkpoints.writer import write_checkpoint
-from engram.runtime.local_ranks import free_port, run_local, values
 from engram.runtime.placement.shm import shm_dir
-from engram.runtime.tables import allocate_shards, open_tables, whole_tables
+from engram.runtime.rank_tables import allocate_shards, open_tables, whole_tables
 
 CHUNK = 64 << 20
 

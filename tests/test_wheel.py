@@ -36,7 +36,7 @@ from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.checkpoints.writer import write_checkpoint
 from engram.runtime.embedding import EngramEmbedding
 from engram.runtime.plan import table_shards
-from engram.runtime.tables import open_tables
+from engram.runtime.rank_tables import open_tables
 
 out = Path(sys.argv[1])
 spec = get_preset("tiny")

@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 import torch
 
+from engram.apps.local_ranks import run_local, values
 from engram.config import Deployment, EngramConfig, ParallelConfig
 from engram.errors import EngramError
 from engram.memory.host import check_pinned_bytes
@@ -30,10 +31,9 @@ from engram.runtime import dist as edist
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.checkpoints.writer import write_checkpoint
 from engram.runtime.engine import EngramTables
-from engram.runtime.local_ranks import run_local, values
 from engram.runtime.placement.storage import placement_for
 from engram.runtime.plan import plan_deployment
-from engram.runtime.tables import tables_pss
+from engram.runtime.rank_tables import tables_pss
 from engram.scratch import reclaim_scratch, scratch_name
 from engram.user_cache import cache_subdir
 

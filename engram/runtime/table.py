@@ -3,7 +3,7 @@
 A shard is rows [row_start, row_start + rows) of a table of `table_rows` rows, stored in one of the row
 formats (engram.ops.formats) where its placement says (placement/storage.py: a device tensor, an exact
 host mapping pinned for UVA, huge pages, a node-shared memfd, or the checkpoint file's own pages). Its
-bytes come from a checkpoint (engram.runtime.tables.open_tables loads many at once), from the loader
+bytes come from a checkpoint (engram.runtime.rank_tables.open_tables loads many at once), from the loader
 callbacks an engine's own weight loading calls (`Table.weight_loader`: vLLM's, SGLang's), or, for a
 file-backed shard, from nowhere at all: the rows are the file's pages.
 
@@ -65,6 +65,10 @@ __all__ = [
 ]
 
 log = logging.getLogger("engram")
+# TierStats' counters, which a table sums over the tiers it has had (Table.tier_counters)
+TIER_COUNTERS = (
+    "lookups", "hits", "misses", "refreshes", "admissions", "evictions", "bytes_admitted", "bytes_hit", "bytes_missed",
+)  # fmt: skip
 
 
 def shared_group(handle: Any, ranks: Sequence[int], label: str) -> Group:
@@ -174,6 +178,7 @@ class Table:
             watch_files(self.budget, shard)
         self.lookups = self.ids = self.readahead_bytes = 0
         self.reads = DiskReads(shard.readahead)  # what its lookups read from storage
+        self.past_tiers: dict[str, int] = dict.fromkeys(TIER_COUNTERS, 0)  # the counters of tiers it no longer has
         self.tier = None
 
     @property
@@ -188,6 +193,9 @@ class Table:
         old = getattr(self, "_tier", None)
         if old is not None and old is not tier:
             old.drop()
+            gone = old.stats()
+            for key in TIER_COUNTERS:
+                self.past_tiers[key] += getattr(gone, key)
         self._tier = tier
         self.reader = reader_for(self.shard, self.table_rows, tier, self.budget, self.reads)
 
@@ -258,6 +266,17 @@ class Table:
         asked = self.reader.prefetch(ids)
         self.readahead_bytes += asked
         return asked
+
+    @property
+    def refreshes(self) -> int:
+        """Refreshes of every tier it has had (host counters: no device is waited for)."""
+        return self.past_tiers["refreshes"] + (0 if self.tier is None else self.tier.refreshes)
+
+    def tier_counters(self) -> dict[str, int]:
+        """What every tier it has had did, summed (TierStats' counters: they only grow, whatever tier
+        replaced which); reading the present tier's waits for the lookups queued so far on a GPU."""
+        now = None if self.tier is None else self.tier.stats()
+        return {key: value + (0 if now is None else getattr(now, key)) for key, value in self.past_tiers.items()}
 
     @property
     def disk_bytes_read(self) -> int:

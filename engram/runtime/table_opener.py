@@ -21,9 +21,9 @@ from engram.runtime.dist import Group
 from engram.runtime.placement.residency import ResidentBudget
 from engram.runtime.placement.storage import placement_for
 from engram.runtime.plan import TableShardPlan
+from engram.runtime.rank_tables import open_tables
 from engram.runtime.shard import Placement, ShardFormat
 from engram.runtime.table import Table, open_table
-from engram.runtime.tables import open_tables
 from engram.runtime.tiers.assign import configured_profile, keep_hot
 
 

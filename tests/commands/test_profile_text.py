@@ -24,8 +24,8 @@ from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.checkpoints.writer import write_checkpoint
 from engram.runtime.lookup.file import FileReader
 from engram.runtime.plan import table_shards
+from engram.runtime.rank_tables import open_tables
 from engram.runtime.table import Table, read_profile
-from engram.runtime.tables import open_tables
 from engram.runtime.tiers.budget import WINDOW_IDS, state_bytes
 from engram.runtime.tiers.device import DeviceTier
 from engram.runtime.tiers.ram import RamTier

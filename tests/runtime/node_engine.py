@@ -29,7 +29,7 @@ from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.engine import EngramTables
 from engram.runtime.placement import node_copy
 from engram.runtime.plan import table_shards
-from engram.runtime.tables import open_tables, tables_pss
+from engram.runtime.rank_tables import open_tables, tables_pss
 from tests.runtime.specs import SMALL
 from tests.runtime.workers import shard_digest
 from tests.seccomp import deny_netlink

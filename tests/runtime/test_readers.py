@@ -16,8 +16,8 @@ from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.checkpoints.writer import write_checkpoint
 from engram.runtime.lookup import DiskReader, FileReader, RamTierReader, Reader, TieredFileReader, TieredReader
 from engram.runtime.plan import table_shards
+from engram.runtime.rank_tables import open_tables
 from engram.runtime.table import Table
-from engram.runtime.tables import open_tables
 from tests.runtime.specs import SMALL
 
 LOOKUP = Path(__file__).resolve().parents[2] / "engram" / "runtime" / "lookup"

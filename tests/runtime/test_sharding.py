@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from engram.apps.local_ranks import free_port, run_local, values
 from engram.apps.presets import get_preset
 from engram.config import ParallelConfig, load_config
 from engram.errors import EngramError
 from engram.runtime.checkpoints.writer import write_checkpoint
-from engram.runtime.local_ranks import free_port, run_local, values
 from engram.runtime.plan import head_range, plan_deployment, row_range, table_shards
 from tests.runtime import sharding_workers
 from tests.runtime.reference import plant_negative_zeros

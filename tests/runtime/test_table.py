@@ -15,11 +15,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from engram.apps.local_ranks import run_local, values
 from engram.errors import EngramError
 from engram.ops.formats import FORMATS
 from engram.runtime import dist as edist
 from engram.runtime.checkpoints.loader import Checkpoint, load_shards
-from engram.runtime.local_ranks import run_local, values
 from engram.runtime.placement.filemap import in_memory_fs
 from engram.runtime.placement.residency import drop_file_cache
 from engram.runtime.shard import Placement

@@ -15,8 +15,8 @@ from engram.runtime import dist as edist
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.placement.shm import shm_dir
 from engram.runtime.placement.storage import allocate
+from engram.runtime.rank_tables import open_tables, tables_pss
 from engram.runtime.shard import Placement, ShardFormat, TableShard
-from engram.runtime.tables import open_tables, tables_pss
 
 
 def shard_digest(shard: TableShard) -> str:

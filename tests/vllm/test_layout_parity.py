@@ -19,7 +19,7 @@ from engram.ngram.spec import ModelSpec
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.checkpoints.writer import hf_config, write_checkpoint
 from engram.runtime.plan import plan_deployment
-from engram.runtime.tables import open_tables
+from engram.runtime.rank_tables import open_tables
 from tests.runtime.specs import QWEN
 from tests.vllm.runner import ask_vllm, needs_vllm
 

@@ -14,7 +14,7 @@ import torch
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.checkpoints.writer import vllm_refusals, write_checkpoint
 from engram.runtime.plan import table_shards
-from engram.runtime.tables import open_tables
+from engram.runtime.rank_tables import open_tables
 from tests.runtime.specs import QWEN
 from tests.vllm.runner import ask_vllm, needs_vllm
 

@@ -45,26 +45,24 @@ COUNTERS = {
 
 
 def _figures(table: Table) -> dict[str, int]:
-    """The table's counters as the metric names have them (reading a tier's waits for its lookups)."""
-    stats = table.stats()
-    out = {"engram_lookups": stats.ids, "engram_disk_read_bytes": stats.disk_bytes_read}
-    if stats.tier is not None:
-        tier = [key for key in (*COUNTERS, "engram_tier_rows") if key.startswith("engram_tier_")]
-        out.update({key: getattr(stats.tier, key.removeprefix("engram_tier_")) for key in tier})
+    """The table's counters as the metric names have them, its tiers' summed over every tier it has had
+    (Table.tier_counters: reading the present one's waits for its lookups)."""
+    out = {"engram_lookups": table.ids, "engram_disk_read_bytes": table.disk_bytes_read}
+    tier = table.tier
+    if tier is not None:
+        out.update({f"engram_tier_{key}": value for key, value in table.tier_counters().items() if key != "refreshes"})
+        out["engram_tier_rows"] = tier.admission.used
     return out
 
 
 @dataclass
 class Published:
-    """What a table's counters stood at when last published, and its tier, refreshes and lookups then."""
+    """What a table's counters stood at when last published, and its tiers' refreshes and lookups then."""
 
     figures: dict[str, int] = field(default_factory=dict)
     refreshes: int = 0
     lookups: int = 0
-    tier: weakref.ref[Tier] | None = None
-
-    def same_tier(self, tier: Tier | None) -> bool:
-        return (self.tier() if self.tier is not None else None) is tier
+    tier: str | None = None  # its tier's label then: None before the first publish
 
 
 class Metrics:
@@ -87,25 +85,26 @@ class Metrics:
         return self._metrics
 
     def observe(self, name: str, table: Table, on: torch.device) -> None:
-        """After a lookup of `table` (vLLM's name for it, `name`): publish its counters when its device tier
-        has refreshed (or been replaced) since they were last published, or every PUBLISH_EVERY lookups of
-        a table with a RAM tier or none."""
+        """After a lookup of `table` (vLLM's name for it, `name`): publish its counters on its first lookup
+        with its tier (or none), when its device tier has refreshed since they were last published, or every
+        PUBLISH_EVERY lookups of a table with a RAM tier or none (host counters: deciding reads no device
+        counter)."""
         seen = self._published.setdefault(table, Published())
         tier = table.tier
         if tier is not None and tier.windowed:
-            due = tier.refreshes != seen.refreshes
+            due = table.refreshes != seen.refreshes
         else:
             due = table.lookups - seen.lookups >= PUBLISH_EVERY
-        if (due or not seen.same_tier(tier)) and not (on.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        if (due or seen.tier != tier_label(tier)) and not (
+            on.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        ):
             self.publish(name, table)
 
     def publish(self, name: str, table: Table) -> None:
         """Add what `table`'s counters gained since the last publish to the metrics."""
         seen = self._published.setdefault(table, Published())
         figures, tier = _figures(table), table.tier
-        if not seen.same_tier(tier):  # a new tier: its counters start at zero, not at the old one's
-            seen.figures = {key: value for key, value in seen.figures.items() if not key.startswith("engram_tier_")}
-        labels = (name, "none" if tier is None else tier.name, os.environ.get("RANK", "0"))
+        labels = (name, tier_label(tier), os.environ.get("RANK", "0"))
         metrics = self._made()
         for key, value in figures.items():
             series = metrics[key].labels(*labels)  # every series is served from the first publish, zeros too
@@ -113,8 +112,11 @@ class Metrics:
                 series.set(value)
             elif value > seen.figures.get(key, 0):
                 series.inc(value - seen.figures.get(key, 0))
-        seen.figures, seen.lookups = figures, table.lookups
-        seen.refreshes, seen.tier = (0, None) if tier is None else (tier.refreshes, weakref.ref(tier))
+        seen.figures, seen.lookups, seen.refreshes, seen.tier = figures, table.lookups, table.refreshes, labels[1]
+
+
+def tier_label(tier: Tier | None) -> str:
+    return "none" if tier is None else tier.name
 
 
 METRICS = Metrics()

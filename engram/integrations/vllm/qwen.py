@@ -24,7 +24,7 @@ from vllm.models.qwen4_exp.common.ngram_embedding import (
 from engram.errors import EngramError
 from engram.integrations.vllm.settings import engram_config
 from engram.integrations.vllm.tables import Served, open_for, placement
-from engram.runtime.table import ShardFormat, Table, as_parameter
+from engram.runtime.table import Placement, ShardFormat, Table, as_parameter
 
 UNQUANTIZED = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 NVFP4_METHOD = getattr(vllm_ple, "Qwen4ExpPLENvFp4EmbeddingMethod", None)  # vLLM 0.33 and newer
@@ -66,18 +66,16 @@ class EngramStorage(_VllmTable):
     def _engram_part(self, rows: int, width: int, dtype: torch.dtype) -> torch.Tensor:
         """engram's storage for one of the table's row tensors vLLM asks for (the rows, or NVFP4's block
         scales), the table opened on the first."""
-        config, table = self._engram, self.engram_table
+        table = self.engram_table
         if table is None:
-            where = placement(config, "qwen")
+            where = placement(self._engram, "qwen")
             assert where is not None  # a GPU's device table is vLLM's: the classes never get here
             fmt = ShardFormat(rows, self.embedding_dim, row_format(self.quant_method, dtype))
             vocabulary = where in ("file", "node")  # the checkpoint's tensor, of the vocabulary's rows
-            self.engram_table = table = open_for(
-                config, get_current_vllm_config(), self.prefix, fmt, where, find=True,
-                row_start=self.shard_indices.org_vocab_start_index,
-                table_rows=self.org_vocab_size if vocabulary else self.num_embeddings_padded,
-            )  # fmt: skip
-            self._served = Served(config, self.prefix, table, self._tables, tiered=self._host_table)
+            table = open_engram_table(
+                self, fmt, where, row_start=self.shard_indices.org_vocab_start_index,
+                table_rows=self.org_vocab_size if vocabulary else self.num_embeddings_padded, tiered=self._host_table,
+            ).table  # fmt: skip
         for part, rows_of in (("weight", table.weight), ("scale", table.scale)):
             if rows_of is not None and rows_of.dtype == dtype and tuple(rows_of.shape) == (rows, width):
                 param = as_parameter(rows_of)  # rows in pieces of the checkpoint's parts: a stand-in of no memory
@@ -115,6 +113,21 @@ class EngramStorage(_VllmTable):
         return self._served.lookup(
             ids, method.lookup_dtype(self) if hasattr(method, "lookup_dtype") else self.weight.dtype
         )
+
+
+def open_engram_table(
+    module: Any, fmt: ShardFormat, where: Placement, *, row_start: int, table_rows: int, tiered: bool
+) -> Served:
+    """The module's engram table (tables.open_for, vLLM's name for it found in the checkpoint) and the
+    Served its lookups go through, given its tier on the first lookup where `tiered`: the one way every
+    Qwen4Exp class opens its table."""
+    config = module._engram
+    table = open_for(
+        config, get_current_vllm_config(), module.prefix, fmt, where, find=True, row_start=row_start,
+        table_rows=table_rows,
+    )  # fmt: skip
+    module.engram_table, module._served = table, Served(config, module.prefix, table, module._tables, tiered=tiered)
+    return module._served
 
 
 def init_engram(module: Any) -> None:

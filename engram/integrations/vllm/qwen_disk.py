@@ -10,13 +10,11 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
-from vllm.config import get_current_vllm_config
 from vllm.models.qwen4_exp.nvidia.ngram_embedding import Qwen4ExpPLEDiskOffloadEmbedding
 
 from engram.errors import EngramError
-from engram.integrations.model_tables import give_tier
-from engram.integrations.vllm.qwen import init_engram, row_format
-from engram.integrations.vllm.tables import Served, open_for
+from engram.integrations.vllm.qwen import init_engram, open_engram_table, row_format
+from engram.integrations.vllm.tables import Served
 from engram.runtime.table import PACKED, ShardFormat
 
 
@@ -61,17 +59,14 @@ class EngramQwenDiskOffloadEmbedding(Qwen4ExpPLEDiskOffloadEmbedding):
         if self._served is not None:
             raise RuntimeError("PLE disk offload does not support weight reload")
         fmt = ShardFormat(self.org_vocab_size, self.embedding_dim, row_format(self.quant_method, self.weight.dtype))
-        self.engram_table = table = open_for(
-            config, get_current_vllm_config(), self.prefix, fmt, "file", find=True, row_start=0,
-            table_rows=self.org_vocab_size,
-        )  # fmt: skip
+        served = open_engram_table(self, fmt, "file", row_start=0, table_rows=self.org_vocab_size, tiered=True)
+        table = served.table
         row_bytes = sum(host.shape[-1] * host.element_size() for _, host, _ in self._planes.values())
         if row_bytes != fmt.row_bytes:
             raise EngramError(
                 f"engram: vLLM stages {row_bytes}-byte rows of {table.name}, engram's {fmt.dtype} table has {fmt.row_bytes}"
             )
-        give_tier(config, self.prefix, table, self._tables)
-        self._served = Served(config, self.prefix, table, self._tables, tiered=False)
+        served.tiered()  # its RAM tier now: the step's first stage_rows prefetches through it
         self._shards.clear()  # the loader's views of the parts, checked by vLLM's accept_checkpoint_shard
         self._bound = True
 

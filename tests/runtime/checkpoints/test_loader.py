@@ -19,8 +19,8 @@ from engram.runtime.checkpoints.loader import Checkpoint, SafetensorsFile, load_
 from engram.runtime.checkpoints.quantize import quantize_fp8
 from engram.runtime.checkpoints.writer import synthetic_table, write_checkpoint
 from engram.runtime.placement.storage import allocate
+from engram.runtime.rank_tables import open_tables
 from engram.runtime.shard import ShardFormat
-from engram.runtime.tables import open_tables
 from tests.runtime.specs import QWEN, SMALL
 
 

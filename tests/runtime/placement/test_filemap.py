@@ -17,6 +17,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from engram.apps.local_ranks import run_local, values
 from engram.errors import EngramError
 from engram.memory.mapping import madvise
 from engram.memory.registration import HOST_REGISTER_MAPPED, HOST_REGISTER_PORTABLE, HOST_REGISTER_READ_ONLY
@@ -26,14 +27,13 @@ from engram.ops.formats import FORMATS
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.checkpoints.writer import write_checkpoint
 from engram.runtime.embedding import EngramEmbedding
-from engram.runtime.local_ranks import run_local, values
 from engram.runtime.placement.file_reads import all_resident
 from engram.runtime.placement.filemap import file_shard, in_memory_fs
 from engram.runtime.placement.residency import drop_file_cache
 from engram.runtime.plan import TableShardPlan, table_shards
+from engram.runtime.rank_tables import open_tables
 from engram.runtime.shard import ShardFormat, TableShard
 from engram.runtime.table import Table
-from engram.runtime.tables import open_tables
 from engram.runtime.tiers.ram import RamTier
 from tests.bits import same_bits
 from tests.memory.fakes import FakeRuntime
@@ -165,7 +165,7 @@ CHILD = textwrap.dedent(
     from engram.runtime.embedding import EngramEmbedding
     from engram.runtime.checkpoints.loader import Checkpoint
     from engram.runtime.plan import table_shards
-    from engram.runtime.tables import open_tables
+    from engram.runtime.rank_tables import open_tables
     from tests.runtime.specs import SMALL
 
     path, how = sys.argv[1], sys.argv[2]

@@ -444,7 +444,7 @@ def test_an_unsealed_copy_of_our_own_uid_is_refused(checkpoint: Path, caplog: py
     import threading
 
     from engram.memory.mapping import PAGE, round_up
-    from engram.runtime.tables import open_tables
+    from engram.runtime.rank_tables import open_tables
 
     table, rows = SMALL.table_names()[0], SMALL.layout.table_rows[0]
     fmt = ShardFormat(rows, SMALL.head_dim, SMALL.dtype)

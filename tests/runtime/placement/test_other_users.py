@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from engram.runtime.local_ranks import run_local
+from engram.apps.local_ranks import run_local
 from engram.runtime.placement import memfd
 from engram.runtime.placement.shm import reclaim_stale, stale_files
 from engram.scratch import owner_tag

@@ -15,8 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from engram.apps.local_ranks import run_local
 from engram.cli import main
-from engram.runtime.local_ranks import run_local
 from engram.runtime.placement.shm import stale_files
 from tests.runtime import workers
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from engram.runtime.local_ranks import run_local, values
+from engram.apps.local_ranks import run_local, values
 from engram.runtime.shard import ShardFormat
 from tests.runtime import workers
 from tests.runtime.shards import checkpoint_digests

@@ -15,8 +15,8 @@ from engram.config import EngramConfig, load_config
 from engram.runtime.checkpoints.loader import Checkpoint
 from engram.runtime.checkpoints.writer import write_checkpoint
 from engram.runtime.plan import table_shards
+from engram.runtime.rank_tables import open_tables
 from engram.runtime.table import Table
-from engram.runtime.tables import open_tables
 from engram.runtime.tiers.assign import keep_hot
 from engram.runtime.tiers.device import DeviceTier
 from engram.runtime.tiers.ram import RamTier

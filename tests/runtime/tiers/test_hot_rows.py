@@ -17,9 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
+from engram.apps.local_ranks import run_local, values
 from engram.errors import EngramError
 from engram.ops import GatherCall, gather
-from engram.runtime.local_ranks import run_local, values
 from engram.runtime.tiers.device import DeviceTier
 from engram.runtime.tiers.hot_rows import cached_gather
 from engram.runtime.tiers.profile import read_profile

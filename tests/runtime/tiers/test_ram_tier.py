@@ -41,8 +41,8 @@ from engram.runtime.placement.residency import (
     resident_pages,
 )
 from engram.runtime.plan import table_shards
+from engram.runtime.rank_tables import open_tables
 from engram.runtime.table import PACKED, Table
-from engram.runtime.tables import open_tables
 from engram.runtime.tiers import base as base_module
 from engram.runtime.tiers import ram as ram_module
 from engram.runtime.tiers.budget import capacity_for, state_bytes

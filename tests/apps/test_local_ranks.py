@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from engram.runtime.local_ranks import run_local
+from engram.apps.local_ranks import run_local
 from tests.runtime import workers
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,7 +93,7 @@ def test_a_bad_timeout_is_one_line(value: str) -> None:
 
 CALLER = """
 import sys
-from engram.runtime.local_ranks import run_local
+from engram.apps.local_ranks import run_local
 from tests.runtime import workers
 run_local(2, workers.sleep_long, timeout=600, on_start=lambda procs: print(*[p.pid for p in procs], flush=True))
 """
@@ -124,7 +124,7 @@ def test_ranks_end_within_seconds_of_their_callers_death() -> None:
 # Runs the demo's launcher with its own fork server (none is running in this fresh process) and prints
 # nothing: the test finds the fork server among its children.
 SLOW_START = """
-from engram.runtime.local_ranks import run_local
+from engram.apps.local_ranks import run_local
 from tests.runtime import workers
 run_local(2, workers.meet, timeout=600)
 """

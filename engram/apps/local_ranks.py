@@ -31,14 +31,14 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, cast
 
+from engram.apps.fork_server import CALLER_ENV
 from engram.errors import ConfigError, EngramError
 from engram.runtime.dist import parse_timeout, timeout_s
-from engram.runtime.fork_server import CALLER_ENV
 from engram.runtime.placement.shm import reclaim_stale
 
 # Imported once by the fork server: first what makes it die with its caller, then torch, torch.distributed
 # and the runtime.
-PRELOAD = ["engram.runtime.fork_server", "engram.runtime.engine"]
+PRELOAD = ["engram.apps.fork_server", "engram.runtime.engine"]
 
 
 def free_port() -> int:
