@@ -33,7 +33,12 @@ left vLLM's page cache. And how long the disk takes to give a decode step's rows
 each repeat of the limited runs, this (parent) process reads every decode step's rows first asked for
 (after the warm-up) from the disk with the RAM tier's own reader (filemap.read_direct: O_DIRECT through
 io_uring, only the pages the rows lie in, none from the page cache), outside any group: the least a cache
-of rows waits in a step, its median against vLLM's step's.
+of rows waits in a step, its median against vLLM's step's; the same for each prefill step's.
+
+And the RAM tier's own figures: per condition its host time against the same table without it, run by
+run (where memory is to spare it stands aside, and should cost nothing), and its own CPU per id served
+(its step's CPU less the untiered one's); under the limit its host time against its floor, run by run:
+the rows first asked for, read from the disk as above, plus its own step's CPU.
 
 Your own checkpoint and text instead: --checkpoint DIR (a Qwen4Exp checkpoint whose PLE tables are stored
 as `shard_<k>` parts, as vLLM's disk offload needs them; the first such table is served, or --table NAME;
@@ -308,11 +313,14 @@ def bounds(source: Source, stream: Path, warmup: int, tier_rows: int, memory: in
     return out
 
 
-def first_asked_rows(stream: Path, rows: int, warmup: int) -> list[torch.Tensor]:
-    """The rows first asked for (_bounds.first_asked) in each decode step after the warm-up."""
+def first_asked_rows(stream: Path, rows: int, warmup: int) -> dict[str, list[torch.Tensor]]:
+    """The rows first asked for (_bounds.first_asked) in each decode and each prefill step after the warm-up."""
     saved = torch.load(stream)
     first = first_asked(distinct([ids.numpy() for ids in torch.split(saved["ids"], saved["sizes"])]), rows)
-    return [torch.from_numpy(first[i]) for i, n in enumerate(saved["sizes"]) if i >= warmup and n == DECODE]
+    return {
+        kind: [torch.from_numpy(first[i]) for i, n in enumerate(saved["sizes"]) if i >= warmup and n == tokens]
+        for kind, tokens in (("decode", DECODE), ("prefill", PREFILL))
+    }
 
 
 class ColdReads:
@@ -347,6 +355,48 @@ def summary(report: dict, warmup: int) -> dict[str, float]:
             out[f"{kind}_ms"] = 1e3 * statistics.median(s["seconds"] for s in steps)
             out[f"{kind}_cpu_ms"] = 1e3 * statistics.median(s["cpu"] for s in steps)
             out[f"{kind}_pages"] = statistics.mean(s["read"] for s in steps) / PAGE
+    return out
+
+
+def tier_figures(
+    results: dict[str, dict[str, list[dict]]], floor: dict[str, list[dict[str, float]]], columns: int
+) -> dict[str, float]:
+    """What the RAM tier costs and where it stands, printed, from the runs side by side: per condition its
+    host time against the same table without it (engram), run by run, and its own CPU per id served (the
+    step's CPU with it less without it, medians, over the step's ids); under the limit, its host time
+    against its floor, run by run: the rows first asked for read from the disk past the page cache (the
+    median step's, `floor`) plus the tier's own step's CPU (its thread's, all of it)."""
+    out: dict[str, float] = {}
+    print("the RAM tier against the same table without it, run by run (host time), and its own CPU per id served:")
+    for condition in CONDITIONS:
+        tiered, plain = (
+            [r["summary"] for r in results[contender][condition]] for contender in ("engram+ram", "engram")
+        )
+        for kind, tokens in (("decode", DECODE), ("prefill", PREFILL)):
+            ratios = [t[f"{kind}_ms"] / p[f"{kind}_ms"] for t, p in zip(tiered, plain, strict=True)]
+            own = statistics.median(t[f"{kind}_cpu_ms"] for t in tiered) - statistics.median(
+                p[f"{kind}_cpu_ms"] for p in plain
+            )
+            per_id = 1e6 * own / (tokens * columns)
+            out |= {f"{condition}_{kind}_tier_x_plain": max(ratios), f"{condition}_{kind}_tier_cpu_ns_per_id": per_id}
+            print(
+                f"  {condition} {kind}: {' '.join(f'{r:.2f}x' for r in ratios)}; "
+                f"its own CPU {per_id:,.0f} ns per id ({tokens:,} x {columns} ids a step)"
+            )
+    print(
+        "the RAM tier under the limit against its floor (the rows first asked for, read from the disk, plus its CPU):"
+    )
+    for kind in ("decode", "prefill"):
+        if not floor[kind]:
+            continue
+        disk_ms = statistics.median(f["ms"] for f in floor[kind])
+        runs = [r["summary"] for r in results["engram+ram"]["limited"]]
+        ratios = [r[f"{kind}_ms"] / (disk_ms + r[f"{kind}_cpu_ms"]) for r in runs]
+        out[f"limited_{kind}_tier_x_floor"] = max(ratios)
+        host = ", ".join(f"{r[f'{kind}_ms']:.1f}" for r in runs)
+        cpu = ", ".join(f"{r[f'{kind}_cpu_ms']:.1f}" for r in runs)
+        shown = " ".join(f"{x:.2f}x" for x in ratios)
+        print(f"  {kind}: {shown} (host {host} ms; the disk {disk_ms:.1f} ms + its CPU {cpu} ms)")
     return out
 
 
@@ -392,7 +442,8 @@ def main() -> None:
         table_bytes = source.rows * source.spec.row_bytes
         results: dict[str, dict[str, list[dict]]] = {c: {k: [] for k in CONDITIONS} for c in CONTENDERS}
         limit, ram_tier = 0, int(args.tier_share * table_bytes / 4)
-        firsts, cold_reads, floor = first_asked_rows(stream, source.rows, args.warmup), None, []
+        firsts, cold_reads = first_asked_rows(stream, source.rows, args.warmup), None
+        floor: dict[str, list[dict[str, float]]] = {kind: [] for kind in firsts}
         for condition in CONDITIONS:
             if condition == "limited":  # what serving needs (the warm runs' peaks, no tier) plus a quarter of the table
                 limit = max(r["peak"] for c in ("vllm", "engram") for r in results[c]["warm"]) + table_bytes // 4
@@ -406,7 +457,8 @@ def main() -> None:
                     results[contender][condition].append(report)
                 if condition == "limited":  # the disk now, between the runs it serves
                     cold_reads = cold_reads or ColdReads(source)
-                    floor += [cold_reads.read(rows) for rows in firsts]
+                    for kind, asked in firsts.items():
+                        floor[kind] += [cold_reads.read(rows) for rows in asked if rows.numel()]
         if cold_reads is not None:
             cold_reads.close()
         tier_rows = max(r["tier"]["capacity_rows"] for r in results["engram+ram"]["limited"])
@@ -446,15 +498,16 @@ def main() -> None:
             f"reads them); a hindsight choice of the tier's {tier_rows:,} rows reads {rows_hs:,.0f} ({rows_hs / theirs[kind]:.2f}x), "
             f"of pages in the {page_memory / 2**20:.0f} MiB the limit left vLLM {pages_hs:,.0f} ({pages_hs / theirs[kind]:.2f}x)"
         )
-    floor_ms = statistics.median(f["ms"] for f in floor)
-    quartiles = statistics.quantiles([f["ms"] for f in floor], n=4)
+    floor_ms = statistics.median(f["ms"] for f in floor["decode"])
+    quartiles = statistics.quantiles([f["ms"] for f in floor["decode"]], n=4)
     print(
         f"  each decode step's rows first asked for, read from this disk past the page cache between the limited "
-        f"runs ({len(floor)} reads, median {statistics.median(f['pages'] for f in floor):.0f} pages): median "
+        f"runs ({len(floor['decode'])} reads, median {statistics.median(f['pages'] for f in floor['decode']):.0f} pages): median "
         f"{floor_ms:.1f} ms (quartiles {quartiles[0]:.1f}-{quartiles[2]:.1f}), {floor_ms / vllm_ms:.2f}x vLLM's step "
         "under the limit: the least a cache of rows waits"
     )
     least |= {"decode_first_asked_cold_ms": floor_ms}
+    least |= tier_figures(results, floor, source.spec.layout.columns)
     if args.json:
         print(
             json.dumps(

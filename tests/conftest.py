@@ -23,6 +23,14 @@ def _clean_engram_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
+def memory_short(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No memory left, as a RAM tier sees it: it serves (where memory is to spare it stands aside)."""
+    from engram.runtime.tiers import ram
+
+    monkeypatch.setattr(ram, "free_bytes_now", lambda: 0)
+
+
+@pytest.fixture
 def small_tmpfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], Path]]:
     """Mounts a tmpfs of the size given ("1m", "64k") under tmp_path and points ENGRAM_SHM_DIR at it
     (skipped where this process cannot mount one); unmounted after the test."""

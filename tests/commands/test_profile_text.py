@@ -125,7 +125,11 @@ def test_replay_of_plain_text_and_json_lines(
 
 
 def test_the_ram_tier_replay_hits_what_a_file_backed_table_serves(
-    capsys: pytest.CaptureFixture[str], texts: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    capsys: pytest.CaptureFixture[str],
+    texts: dict[str, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    memory_short: None,
 ) -> None:
     """--tier ram replays the RAM tier (admitting after every lookup): its hits equal those of the
     runtime's own RAM tier over the tables mapped from a checkpoint on disk, fed the same steps (each

@@ -79,7 +79,7 @@ def test_tables_of_one_checkpoint_share_one_budget_per_bound(model: SimpleNamesp
 
 
 def test_a_served_table_gets_its_tier_on_its_first_lookup_warm_from_the_profile(
-    model: SimpleNamespace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    model: SimpleNamespace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, memory_short: None
 ) -> None:
     hot = torch.tensor([9, 4, 100], dtype=torch.int64)
     save_file(

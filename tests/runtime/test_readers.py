@@ -52,7 +52,7 @@ def table(checkpoint: Path, placement: str) -> Table:
     ],
 )
 def test_each_mode_has_its_reader_and_serves_the_loaded_rows(
-    places: dict[str, Path], place: str, placement: str, tiered: bool, reader: type
+    places: dict[str, Path], place: str, placement: str, tiered: bool, reader: type, memory_short: None
 ) -> None:
     served, loaded = table(places[place], placement), table(places["disk"], "host")
     assert served.shard.readahead == (place == "disk" and placement == "file")  # the premise

@@ -99,7 +99,7 @@ def test_a_ram_tiers_budget_is_split_over_the_tables(checkpoint: Path, among: in
 
 
 def test_a_profiles_count_of_tables_splits_the_budget_an_engine_gives_one_at_a_time(
-    checkpoint: Path, tmp_path: Path
+    checkpoint: Path, tmp_path: Path, memory_short: None
 ) -> None:
     hot = {f"{n}.hot_rows": torch.tensor([i, 7], dtype=torch.int64) for i, n in enumerate(NAMES[:2])}
     save_file(hot, tmp_path / "profile.safetensors")

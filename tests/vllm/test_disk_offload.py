@@ -23,9 +23,12 @@ pytestmark = needs_vllm
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp8-table", "nvfp4"])
-def test_disk_offload_is_served_by_engram_with_vllms_rows(dtype: str, tmp_path: Path) -> None:
+def test_disk_offload_is_served_by_engram_with_vllms_rows(
+    dtype: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     if vllm_version() < (0, 34):
         pytest.skip("disk_offload is vLLM 0.34's")
+    monkeypatch.setenv("ENGRAM_DIRECT_READS", "0")  # memory to spare here: told, the RAM tier serves (page cache)
     spec = dataclasses.replace(QWEN, dtype=dtype)
     write_checkpoint(spec, tmp_path, seed=4, split_parts=37)
     sections = {"file": {}, "ram": {"ram_cache_bytes": 1 << 20}, "bounded": {"file_cache_bytes": 1 << 20}}
@@ -48,12 +51,15 @@ def test_disk_offload_is_served_by_engram_with_vllms_rows(dtype: str, tmp_path: 
         assert tier is not None and tier["tier"] == "ram" and tier["rows"] > 0
 
 
-def test_a_step_starts_every_layers_reads_before_its_first_lookup(tmp_path: Path) -> None:
+def test_a_step_starts_every_layers_reads_before_its_first_lookup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """vLLM's stage_checkpoint_rows stages every PLE layer of a step after one stream sync: with engram,
     the step's first stage_rows starts the reads of every layer's rows (Table.prefetch, into its RAM tier
     or the page cache), then each layer's lookup follows; the rows equal vLLM's own, step after step."""
     if vllm_version() < (0, 34):
         pytest.skip("disk_offload is vLLM 0.34's")
+    monkeypatch.setenv("ENGRAM_DIRECT_READS", "0")  # memory to spare here: told, the RAM tier serves (page cache)
     write_checkpoint(QWEN, tmp_path, seed=5, split_parts=37)
     sections = {"file": {}, "ram": {"ram_cache_bytes": 1 << 20}}
     steps = [40, 3, 1, 17]

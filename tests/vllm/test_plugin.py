@@ -305,6 +305,7 @@ def test_a_ram_tiers_counters_reach_vllms_metrics_on_their_own(tmp_path: Path, m
     serves every tier series labelled tier="ram" with the tier's values."""
     from engram.integrations.vllm.metrics import PUBLISH_EVERY
 
+    monkeypatch.setenv("ENGRAM_DIRECT_READS", "0")  # memory to spare here: told, the RAM tier serves (page cache)
     write_checkpoint(DS, tmp_path, seed=9)
     metrics_dir = tmp_path / "prometheus"
     metrics_dir.mkdir()

@@ -1,5 +1,6 @@
 """The reader of a file on disk with a RamTier (lookup/__init__.py): host ids are served through the tier,
-which admits the rows it misses while this lookup reads them."""
+which admits the rows it misses while this lookup reads them; while the tier stands aside (memory to
+spare: RamTier.aside), the file is read as without a tier (DiskReader)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import contextlib
 import torch
 
 from engram.ops.checks import check_ids
-from engram.runtime.lookup.file import FileReader, TieredFileReader, prefetched
+from engram.runtime.lookup.file import DiskReader, FileReader, TieredFileReader, prefetched
 from engram.runtime.lookup.spread import Spread
 from engram.runtime.placement.file_reads import reading
 from engram.runtime.placement.residency import DiskReads, ResidentBudget
@@ -28,6 +29,7 @@ class RamTierReader(TieredFileReader):
         self, shard: TableShard, table_rows: int, tier: RamTier, reads: DiskReads, budget: ResidentBudget | None
     ) -> None:
         super().__init__(shard, table_rows, tier, reads, budget)
+        self.beside = DiskReader(shard, table_rows, reads, budget)  # the lookups while the tier stands aside
         tier.page_cache_bound = None if budget is None else budget.budget  # what the page cache may keep of it
         tier.choose_reads(now=True)
 
@@ -38,7 +40,11 @@ class RamTierReader(TieredFileReader):
     def lookup(
         self, ids: torch.Tensor, out: torch.Tensor | None, kind: Output, check: torch.Tensor | None
     ) -> torch.Tensor:
-        self.tier.follow_files()
+        tier = self.tier
+        tier.follow_files()
+        tier.settle()  # a prefetch's rows in, and whether the tier serves chosen
+        if tier.aside:
+            return self.beside.lookup(ids, out, kind, check)
         if ids.is_cuda or check is not None:
             return self.read(ids, out, kind, check)
         return self.from_host(ids, out, kind)
@@ -97,6 +103,9 @@ class RamTierReader(TieredFileReader):
         reads through the page cache (or a GPU's ids) asks for their pages instead (file.prefetched).
         The bytes asked for."""
         tier = self.tier
+        tier.settle()
+        if tier.aside:
+            return self.beside.prefetch(ids)
         if ids.is_cuda:
             return prefetched(self.shard, self.reads, ids)
         if not tier.direct:  # what the tier holds is not read from the file

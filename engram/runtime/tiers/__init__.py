@@ -11,7 +11,9 @@ the ids actually served. Two tiers, chosen by what a miss costs, not by where th
   past it), and evicts by CLOCK (ClockAdmission, clock.py). Host memory only.
 
 A file on tmpfs or hugetlbfs takes no RAM tier: its rows already are RAM, and copying them to private RAM
-would hold them twice; device_cache_bytes serves it as any host table (assign.py says so when asked).
+would hold them twice; device_cache_bytes serves it as any host table. A file on disk takes no device
+tier, on any device: a miss there is a disk read. open.py decides a tier's kind and words the refusals,
+once (kind_of, refusal). A RAM tier stands aside where memory is to spare (ram.py).
 
 The parts both stand on: the budget arithmetic (budget.py), the slots and counters (base.py), what an
 admission changes (choice.py), the hit-or-miss gather over a tier's rows (hot_rows.py), a profile's warm

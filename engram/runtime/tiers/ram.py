@@ -5,13 +5,14 @@ straight from the disk into its slot past the page cache where direct reads work
 file's pages while they are resident. Rows whose pages a sample finds in the page cache (a file that fits
 in memory after all) are copied from there either way: a read past it would go to the disk for them.
 
-Reading past the page cache pays where memory is short. Where the memory left (free_bytes_now: the node's,
-and the process's cgroups') would hold the shard's files SPARE times over, and file_cache_bytes would too,
-misses go through the page cache instead, which then keeps their pages for the lookups after, as it does
-without a tier (a cold file on a machine with memory to spare: vLLM's own disk path is then read from the
-page cache, and a tier that read past it would go to the disk for every miss). The choice is looked at
-again between lookups, once every SPARE_EVERY_S; ENGRAM_DIRECT_READS=1 reads past the page cache whatever
-memory is left, 0 never."""
+A tier pays where memory is short. Where the memory left (free_bytes_now: the node's, and the process's
+cgroups') would hold the shard's files SPARE times over, and file_cache_bytes would too, the page cache
+keeps every page the lookups read, and a tier of rows copied out of it would only cost: the tier stands
+aside (`aside`), and lookups read the file's pages as they do without a tier (its reader's DiskReader),
+until memory runs short; then it serves, filling from the traffic. The choice is looked at again between
+lookups, once every SPARE_EVERY_S. ENGRAM_DIRECT_READS=1 has it serve and read past the page cache
+whatever memory is left, 0 serve and read through the page cache; a profile's static tier always
+serves."""
 
 from __future__ import annotations
 
@@ -99,6 +100,7 @@ class RamTier(TierBase):
         self.rows = HotRows(None, self.weight, self.scale, index=admission.index)
         self.can_read_direct = policy == "online" and direct_reads_work(shard)
         self.direct = self.can_read_direct  # for the lookups from now (choose_reads)
+        self.aside = False  # whether it stands aside for the lookups from now (choose_reads)
         self.page_cache_bound: int | None = None  # file_cache_bytes over the shard's files, if any
         self._files_bytes = sum({m.file_id: m.size for m in shard.files}.values())
         self._looked_at = -math.inf
@@ -195,11 +197,12 @@ class RamTier(TierBase):
         self.choose_reads()
 
     def choose_reads(self, *, now: bool = False) -> None:
-        """Whether the lookups from now read their misses past the page cache (`direct`: the module
-        docstring), looked at once every SPARE_EVERY_S, or `now`. Between lookups only: a lookup, and a
-        prefetch with the lookup that settles it, read one way."""
-        if not self.can_read_direct or os.environ.get("ENGRAM_DIRECT_READS") == "1":
-            self.direct = self.can_read_direct
+        """Whether the tier stands aside for the lookups from now, and if not whether they read their
+        misses past the page cache (`aside`, `direct`: the module docstring), looked at once every
+        SPARE_EVERY_S, or `now`. Between lookups only: a lookup, and a prefetch with the lookup that
+        settles it, read one way."""
+        if os.environ.get("ENGRAM_DIRECT_READS") in ("0", "1") or self.policy != "online":
+            self.direct, self.aside = self.can_read_direct, False
             return
         if not now and time.monotonic() - self._looked_at < SPARE_EVERY_S:
             return
@@ -207,7 +210,14 @@ class RamTier(TierBase):
         room = free_bytes_now()
         if self.page_cache_bound is not None:
             room = min(room, self.page_cache_bound)
-        self.direct = room < SPARE * self._files_bytes
+        aside = room >= SPARE * self._files_bytes
+        if aside != self.aside:
+            log.info(
+                "engram: %s's RAM tier %s: the memory left (%s bytes) %s its files %d times over",
+                self.shard.name, "stands aside" if aside else "serves", f"{room:,}", "holds" if aside else "does not hold",
+                SPARE,
+            )  # fmt: skip
+        self.direct, self.aside = self.can_read_direct and not aside, aside
 
     def drop(self) -> None:
         """The tier is going away: wait for the reads a prefetch has in flight (they write its slots),

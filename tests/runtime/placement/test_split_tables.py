@@ -124,10 +124,10 @@ def test_split_tables_serve_the_parts_rows(spec: ModelSpec, dtype: str, tmp_path
         assert torch.equal(packed, want_packed)
 
 
-def test_a_ram_tier_over_a_split_table_returns_the_parts_rows(tmp_path: Path) -> None:
-    """A RAM tier over a split table on disk: its misses read from the parts (past the page cache where
-    the file system takes O_DIRECT, through it elsewhere), its hits from RAM, every lookup equal to the
-    parts' rows, and the tier holding rows after the first lookups."""
+def test_a_ram_tier_over_a_split_table_returns_the_parts_rows(tmp_path: Path, memory_short: None) -> None:
+    """A RAM tier over a split table on disk, memory short: its misses read from the parts (past the page
+    cache where the file system takes O_DIRECT, through it elsewhere), its hits from RAM, every lookup
+    equal to the parts' rows, and the tier holding rows after the first lookups."""
     spec, table, rows, reference = bf16_on_disk(tmp_path, seed=3, files=2)
     start, stop = 11, rows - 13
     shard = file_shard(table, ShardFormat(stop - start, spec.head_dim, "bf16"), start, rows, Checkpoint(tmp_path), None)

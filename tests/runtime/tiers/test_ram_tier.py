@@ -880,15 +880,16 @@ def test_a_direct_tier_copies_misses_whose_pages_are_cached(
     plain.release()
 
 
-def test_with_memory_to_spare_a_tier_reads_through_the_page_cache_which_keeps_the_pages(
+def test_with_memory_to_spare_a_tier_stands_aside_and_the_page_cache_keeps_the_pages(
     small_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Unless told (ENGRAM_DIRECT_READS unset), a tier reads past the page cache only while the memory left
-    would not hold its file twice over. With memory to spare, the rows a lookup misses come through the
-    page cache, whose pages then stay for the lookups after (as without a tier); once memory is short,
-    looked at again, they are read past it into the tier alone (the bytes of the rule's model, no page
-    cached); and a file_cache_bytes below twice the file keeps it reading past the page cache whatever
-    memory is left. Rows bit-equal throughout."""
+    """Unless told (ENGRAM_DIRECT_READS unset), a tier serves only while the memory left would not hold its
+    file twice over. With memory to spare it stands aside: a lookup reads the file's pages as without a
+    tier, which stay in the page cache for the lookups after, and the tier admits nothing and counts
+    nothing; once memory is short, looked at again, it serves, and the rows a lookup misses are read past
+    the page cache into the tier alone (the bytes of the rule's model, no page cached); and a
+    file_cache_bytes below twice the file keeps it serving whatever memory is left. Rows bit-equal
+    throughout."""
     monkeypatch.delenv("ENGRAM_DIRECT_READS", raising=False)
     left = [1 << 50]
     monkeypatch.setattr(ram_module, "free_bytes_now", lambda: left[0])
@@ -898,7 +899,7 @@ def test_with_memory_to_spare_a_tier_reads_through_the_page_cache_which_keeps_th
     assert isinstance(tier, RamTier)
     if not tier.can_read_direct:
         pytest.skip("this file system refuses O_DIRECT")
-    assert not tier.direct
+    assert tier.aside and not tier.direct
     file = table.shard.files[0]
     parts = [p for p in (table.shard.weight, table.shard.scale) if p is not None and in_files(table.shard, p)]
 
@@ -923,14 +924,15 @@ def test_with_memory_to_spare_a_tier_reads_through_the_page_cache_which_keeps_th
     missed = not_held(8, 0)
     assert same_bits(table.lookup(torch.tensor([missed])), plain.lookup(torch.tensor([missed])))
     assert pages_of(missed) <= cached_pages()  # they stay for the next lookups
-    assert set(missed) <= set(tier.admission.held_rows().tolist())
+    assert tier.admission.used == 0 and tier.stats().lookups == 0  # the tier stood aside
     left[0] = 0  # memory runs short: the next look at it, after SPARE_EVERY_S, reads past the page cache
     monkeypatch.setattr(ram_module, "SPARE_EVERY_S", 0.0)
     drop_pages(table)
     missed = not_held(8, 100)
     read_before = table.stats().disk_bytes_read
     assert same_bits(table.lookup(torch.tensor([missed])), plain.lookup(torch.tensor([missed])))
-    assert tier.direct and not cached_pages()
+    assert tier.direct and not tier.aside and not cached_pages()
+    assert set(missed) <= set(tier.admission.held_rows().tolist())
     expected = sum(
         direct_ranges(
             file.size, part.data_ptr() - file.addr, part.shape[1] * part.element_size(),
@@ -943,7 +945,7 @@ def test_with_memory_to_spare_a_tier_reads_through_the_page_cache_which_keeps_th
     bounded = RamTierReader(table.shard, rows, tier, DiskReads(True), ResidentBudget(2 * file.size - 1))
     assert tier.page_cache_bound == 2 * file.size - 1 and tier.direct  # the page cache may not keep it twice
     bounded = RamTierReader(table.shard, rows, tier, DiskReads(True), ResidentBudget(2 * file.size))
-    assert not tier.direct
+    assert not tier.direct and tier.aside
     del bounded
     table.release()
     plain.release()
