@@ -1141,9 +1141,6 @@ def plugin_disk_offload_case(case: dict) -> dict:
             etp = (case.get("etp", 1), case.get("etp_rank", 0))  # the ETP rank it is built as
             with contextlib.ExitStack() as stack, qwen_parallel_state(*etp, current):
                 stack.enter_context(mock.patch.object(nvidia, "get_current_vllm_config", lambda: current))
-                if "engram.integrations.vllm.qwen_disk" in sys.modules:
-                    ours = sys.modules["engram.integrations.vllm.qwen_disk"]
-                    stack.enter_context(mock.patch.object(ours, "get_current_vllm_config", lambda: current))
                 modules = list(qwen_modules(config, weights, max(case["steps"])))
                 for _, module, _ in modules:
                     table = module.ngram_embedding

@@ -6,7 +6,7 @@ disk-offload table is served by engram where vLLM has it (qwen_disk)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -24,7 +24,7 @@ from vllm.models.qwen4_exp.common.ngram_embedding import (
 from engram.errors import EngramError
 from engram.integrations.vllm.settings import engram_config
 from engram.integrations.vllm.tables import Served, open_for, placement
-from engram.runtime.table import Placement, ShardFormat, Table, as_parameter
+from engram.runtime.table import Part, Placement, ShardFormat, Table, as_parameter
 
 UNQUANTIZED = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 NVFP4_METHOD = getattr(vllm_ple, "Qwen4ExpPLENvFp4EmbeddingMethod", None)  # vLLM 0.33 and newer
@@ -91,19 +91,8 @@ class EngramStorage(_VllmTable):
     def weight_loader(
         self, param: torch.nn.Parameter, loaded_weight: torch.Tensor, checkpoint_start: int | None = None
     ) -> None:
-        """The table's loaders for its row tensors (a file-backed table's copy nothing, its rows being the
-        checkpoint's read-only pages); vLLM's for every other parameter, and the table scale then reaches
-        the table too."""
-        table = self.engram_table
-        part = None if table is None else self._engram_params.get(param.data_ptr())
-        if table is None or part is None:
-            super().weight_loader(param, loaded_weight, checkpoint_start)
-        else:
-            table.weight_loader(part)(param, loaded_weight, checkpoint_start)
-        if table is None or table.table_scale is None:
-            return
-        if param is getattr(self, table.shard.format.row_format.table_scale_name, None):  # it reaches the table too
-            table.weight_loader("table_scale")(table.table_scale, loaded_weight)
+        part = self._engram_params.get(param.data_ptr())
+        load_weight(self, part, param, loaded_weight, checkpoint_start, super().weight_loader)
 
     def _engram_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """This rank's rows for global ids [T, H] (zeros for rows other ETP ranks own), as vLLM's
@@ -128,6 +117,29 @@ def open_engram_table(
     )  # fmt: skip
     module.engram_table, module._served = table, Served(config, module.prefix, table, module._tables, tiered=tiered)
     return module._served
+
+
+def load_weight(
+    module: Any,
+    part: Part | None,
+    param: torch.Tensor,
+    loaded_weight: torch.Tensor,
+    checkpoint_start: int | None,
+    theirs: Callable[..., None],
+) -> None:
+    """The one weight loader of the Qwen4Exp classes engram serves: a parameter that is the table's `part`
+    goes to the table's loader (Table.weight_loader; a file-backed table's checks the rows' width and copies
+    nothing, its rows being the checkpoint's read-only pages); any other parameter to vLLM's loader
+    (`theirs`), and the table scale then reaches the table too."""
+    table = module.engram_table
+    if table is None or part is None:
+        theirs(param, loaded_weight, checkpoint_start)
+    else:
+        table.weight_loader(part)(param, loaded_weight, checkpoint_start)
+    scale_name = None if table is None or table.table_scale is None else table.shard.format.row_format.table_scale_name
+    if scale_name is not None and param is getattr(module, scale_name, None):  # it reaches the table too
+        assert table is not None and table.table_scale is not None
+        table.weight_loader("table_scale")(table.table_scale, loaded_weight)
 
 
 def init_engram(module: Any) -> None:

@@ -13,9 +13,9 @@ import torch
 from vllm.models.qwen4_exp.nvidia.ngram_embedding import Qwen4ExpPLEDiskOffloadEmbedding
 
 from engram.errors import EngramError
-from engram.integrations.vllm.qwen import init_engram, open_engram_table, row_format
+from engram.integrations.vllm.qwen import init_engram, load_weight, open_engram_table, row_format
 from engram.integrations.vllm.tables import Served
-from engram.runtime.table import PACKED, ShardFormat
+from engram.runtime.table import PACKED, Part, ShardFormat
 
 
 class EngramQwenDiskOffloadEmbedding(Qwen4ExpPLEDiskOffloadEmbedding):
@@ -25,42 +25,39 @@ class EngramQwenDiskOffloadEmbedding(Qwen4ExpPLEDiskOffloadEmbedding):
     bound (engram maps the files itself)."""
 
     _served: Served | None
+    _bound: bool  # vLLM's: whether bind_file_shards has run
     # The layers whose ids this step has copied (stage_checkpoint_rows copies every layer's before any
     # stage_rows): the step's first stage_rows starts all their reads at once (Table.prefetch).
     _copied: ClassVar[list[EngramQwenDiskOffloadEmbedding]] = []
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """vLLM's constructor, then engram's file-backed table of the whole table over the checkpoint (its
+        tensors found and checked against the model before any weight loads)."""
         init_engram(self)
         super().__init__(*args, **kwargs)
+        if self._engram is not None:
+            fmt = ShardFormat(self.org_vocab_size, self.embedding_dim, row_format(self.quant_method, self.weight.dtype))
+            open_engram_table(self, fmt, "file", row_start=0, table_rows=self.org_vocab_size, tiered=True)
 
-    def weight_loader(self, param: torch.Tensor, loaded_weight: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-        """A table stored whole (vLLM's disk offload takes `shard_<k>` parts only; engram serves both):
-        its rows stay in the file, where engram maps them; the table scale and every other parameter load
-        as vLLM loads them."""
-        if self._engram is not None and param is self.weight:
-            if (
-                loaded_weight.dim() != 2
-                or loaded_weight.shape[1] != param.shape[1]
-                or loaded_weight.dtype != param.dtype
-            ):
-                raise ValueError(
-                    f"PLE table {self.prefix} is {loaded_weight.dtype} {list(loaded_weight.shape)}; the model needs {param.dtype} rows of {param.shape[1]}"
-                )
-            return
-        super().weight_loader(param, loaded_weight, *args, **kwargs)
+    def weight_loader(
+        self, param: torch.Tensor, loaded_weight: torch.Tensor, checkpoint_start: int | None = None
+    ) -> None:
+        """A table stored whole (vLLM's disk offload takes `shard_<k>` parts only; engram serves both) goes
+        to the table's loader, its rows staying in the file (qwen.load_weight); every other parameter
+        loads as vLLM loads it."""
+        part: Part | None = "weight" if param is self.weight else None
+        load_weight(self, part, param, loaded_weight, checkpoint_start, super().weight_loader)
 
     def bind_file_shards(self) -> None:
-        """Open engram's file-backed table over the checkpoint once vLLM's loader is done (and give it its
-        RAM tier when one is configured)."""
-        config = self._engram
-        if config is None:
+        """Once vLLM's loader is done: engram's table checked against vLLM's staging planes and given its
+        RAM tier when one is configured."""
+        served = self._served
+        if served is None:
             super().bind_file_shards()
             return
-        if self._served is not None:
+        if self._bound:
             raise RuntimeError("PLE disk offload does not support weight reload")
-        fmt = ShardFormat(self.org_vocab_size, self.embedding_dim, row_format(self.quant_method, self.weight.dtype))
-        served = open_engram_table(self, fmt, "file", row_start=0, table_rows=self.org_vocab_size, tiered=True)
-        table = served.table
+        table, fmt = served.table, served.table.shard.format
         row_bytes = sum(host.shape[-1] * host.element_size() for _, host, _ in self._planes.values())
         if row_bytes != fmt.row_bytes:
             raise EngramError(

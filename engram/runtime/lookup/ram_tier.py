@@ -41,10 +41,10 @@ class RamTierReader(TieredFileReader):
         self, ids: torch.Tensor, out: torch.Tensor | None, kind: Output, check: torch.Tensor | None
     ) -> torch.Tensor:
         tier = self.tier
-        tier.follow_files()
         tier.settle()  # a prefetch's rows in, and whether the tier serves chosen
-        if tier.aside:
+        if tier.aside:  # it holds no row: none can be stale, and the files are not asked (a stat and a lease)
             return self.beside.lookup(ids, out, kind, check)
+        tier.follow_files()
         if ids.is_cuda or check is not None:
             return self.read(ids, out, kind, check)
         return self.from_host(ids, out, kind)

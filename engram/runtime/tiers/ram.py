@@ -10,9 +10,10 @@ cgroups') would hold the shard's files SPARE times over, and file_cache_bytes wo
 keeps every page the lookups read, and a tier of rows copied out of it would only cost: the tier stands
 aside (`aside`), and lookups read the file's pages as they do without a tier (its reader's DiskReader),
 until memory runs short; then it serves, filling from the traffic. The choice is looked at again between
-lookups, once every SPARE_EVERY_S. ENGRAM_DIRECT_READS=1 has it serve and read past the page cache
-whatever memory is left, 0 serve and read through the page cache; a profile's static tier always
-serves."""
+lookups, once every SPARE_EVERY_S; while it stands aside, a lookup asks nothing of the files and reads
+nothing of the kernel's (it holds no row to go stale). ENGRAM_DIRECT_READS=1 (read when the tier is
+made) has it serve and read past the page cache whatever memory is left, 0 serve and read through the
+page cache; a profile's static tier always serves."""
 
 from __future__ import annotations
 
@@ -103,6 +104,8 @@ class RamTier(TierBase):
         self.aside = False  # whether it stands aside for the lookups from now (choose_reads)
         self.page_cache_bound: int | None = None  # file_cache_bytes over the shard's files, if any
         self._files_bytes = sum({m.file_id: m.size for m in shard.files}.values())
+        # told to serve (read when the tier is made, as the mapping reads ENGRAM_DIRECT_READS): no look at memory
+        self._serves = os.environ.get("ENGRAM_DIRECT_READS") in ("0", "1") or policy != "online"
         self._looked_at = -math.inf
         self.choose_reads()
         self.disk_reads = disk_reads or DiskReads(True)
@@ -201,11 +204,11 @@ class RamTier(TierBase):
         misses past the page cache (`aside`, `direct`: the module docstring), looked at once every
         SPARE_EVERY_S, or `now`. Between lookups only: a lookup, and a prefetch with the lookup that
         settles it, read one way."""
-        if os.environ.get("ENGRAM_DIRECT_READS") in ("0", "1") or self.policy != "online":
+        if self._serves:
             self.direct, self.aside = self.can_read_direct, False
             return
         if not now and time.monotonic() - self._looked_at < SPARE_EVERY_S:
-            return
+            return  # a lookup's, twice a step: a few attribute reads and no environment
         self._looked_at = time.monotonic()
         room = free_bytes_now()
         if self.page_cache_bound is not None:

@@ -920,11 +920,16 @@ def test_with_memory_to_spare_a_tier_stands_aside_and_the_page_cache_keeps_the_p
         held = set(tier.admission.held_rows().tolist())
         return [r for r in range(table.row_start, table.row_start + rows) if r not in held][skip : skip + count]
 
+    asked: list[str] = []  # what lookups ask of the files (follow_files): nothing while the tier holds nothing
+    for name in ("rewritten", "being_written"):
+        real = getattr(base_module, name)
+        monkeypatch.setattr(base_module, name, lambda shard, real=real, name=name: asked.append(name) or real(shard))
     drop_pages(table)
     missed = not_held(8, 0)
     assert same_bits(table.lookup(torch.tensor([missed])), plain.lookup(torch.tensor([missed])))
     assert pages_of(missed) <= cached_pages()  # they stay for the next lookups
     assert tier.admission.used == 0 and tier.stats().lookups == 0  # the tier stood aside
+    assert asked == []
     left[0] = 0  # memory runs short: the next look at it, after SPARE_EVERY_S, reads past the page cache
     monkeypatch.setattr(ram_module, "SPARE_EVERY_S", 0.0)
     drop_pages(table)
@@ -933,6 +938,7 @@ def test_with_memory_to_spare_a_tier_stands_aside_and_the_page_cache_keeps_the_p
     assert same_bits(table.lookup(torch.tensor([missed])), plain.lookup(torch.tensor([missed])))
     assert tier.direct and not tier.aside and not cached_pages()
     assert set(missed) <= set(tier.admission.held_rows().tolist())
+    assert asked == ["rewritten", "being_written"]  # serving, its rows can go stale: the files are asked
     expected = sum(
         direct_ranges(
             file.size, part.data_ptr() - file.addr, part.shape[1] * part.element_size(),
@@ -949,3 +955,29 @@ def test_with_memory_to_spare_a_tier_stands_aside_and_the_page_cache_keeps_the_p
     del bounded
     table.release()
     plain.release()
+
+
+def test_a_tier_told_to_serve_when_it_is_made_serves_with_memory_to_spare(
+    small_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ENGRAM_DIRECT_READS is read when the tier is made, as the mapping reads it: a tier made while it is
+    set serves (and reads as told) at every look at the memory left, whatever is left and whatever the
+    variable says later; one made while it is unset stands aside with memory to spare."""
+    monkeypatch.setattr(ram_module, "free_bytes_now", lambda: 1 << 50)
+    monkeypatch.setattr(ram_module, "SPARE_EVERY_S", 0.0)  # every lookup looks again
+    monkeypatch.setenv("ENGRAM_DIRECT_READS", "0")
+    table, plain, rows = file_tables(small_checkpoint)
+    budget = 600 * table.shard.format.row_bytes + state_bytes(600, rows, 0, "online", True)
+    assert table.keep_hot(budget, "cpu", "ram")
+    told = table.tier
+    assert isinstance(told, RamTier)
+    monkeypatch.delenv("ENGRAM_DIRECT_READS")
+    ids = torch.arange(table.row_start, table.row_start + 64).view(8, 8)
+    for _ in range(2):
+        assert same_bits(table.lookup(ids), plain.lookup(ids))
+    assert not told.aside and not told.direct and told.stats().lookups == 128
+    again, loaded, _ = file_tables(small_checkpoint)
+    assert again.keep_hot(budget, "cpu", "ram")
+    assert isinstance(again.tier, RamTier) and again.tier.aside
+    for each in (table, plain, again, loaded):
+        each.release()
