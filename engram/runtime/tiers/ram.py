@@ -10,9 +10,9 @@ cgroups') would hold the shard's files SPARE times over, and file_cache_bytes wo
 keeps every page the lookups read, and a tier of rows copied out of it would only cost: the tier stands
 aside (`aside`), and lookups read the file's pages as they do without a tier (its reader's DiskReader),
 until memory runs short; then it serves, filling from the traffic. The choice is looked at again between
-lookups, once every SPARE_EVERY_S; while it stands aside, a lookup asks nothing of the files and reads
-nothing of the kernel's (it holds no row to go stale). ENGRAM_DIRECT_READS=1 (read when the tier is
-made) has it serve and read past the page cache whatever memory is left, 0 serve and read through the
+lookups, once every SPARE_EVERY_S; between those looks a lookup while it stands aside asks nothing of
+the files (it holds no row to go stale) and reads no environment. ENGRAM_DIRECT_READS=1 (read when the
+tier is made) has it serve and read past the page cache whatever memory is left, 0 serve and read through the
 page cache; a profile's static tier always serves."""
 
 from __future__ import annotations
