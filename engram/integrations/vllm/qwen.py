@@ -136,9 +136,9 @@ def load_weight(
         theirs(param, loaded_weight, checkpoint_start)
     else:
         table.weight_loader(part)(param, loaded_weight, checkpoint_start)
-    scale_name = None if table is None or table.table_scale is None else table.shard.format.row_format.table_scale_name
-    if scale_name is not None and param is getattr(module, scale_name, None):  # it reaches the table too
-        assert table is not None and table.table_scale is not None
+    if table is None or table.table_scale is None:
+        return
+    if param is getattr(module, table.shard.format.row_format.table_scale_name, None):  # it reaches the table too
         table.weight_loader("table_scale")(table.table_scale, loaded_weight)
 
 
